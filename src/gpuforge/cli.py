@@ -1,0 +1,133 @@
+"""The `gpuforge` command: one verb a function, each a thin call into the modules that do the work.
+
+    gpuforge train SPEC.yaml [--out DIR] [--max-steps N] [--set key=value]...
+    gpuforge demo [--examples DIR] [--out DIR] [--max-steps N]
+    gpuforge hw
+
+Bad input is one line on stderr and exit code 2; a training failure (NaN loss) exits 1; a run stopped
+by SIGINT/SIGTERM exits 130/143 after its checkpoint.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpuforge.errors import GpuforgeError, TrainingFailed
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Train, compress and serve deep-learning models fast, and know what each run costs.")
+console = Console(stderr=True)
+out_console = Console()
+
+EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+
+
+def _default_out(name: str) -> Path:
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: bool = False):
+    # imported here so `gpuforge --help` stays fast (torch and transformers take seconds to import)
+    from gpuforge.spec import load_spec
+    from gpuforge.train.engine import train as run_training
+    from gpuforge.train.progress import Reporter, RichReporter
+
+    job = load_spec(spec_path, overrides)
+    out = out or _default_out(job.name)
+    summary = run_training(job, out, Reporter() if quiet else RichReporter(console))
+    return job, out, summary
+
+
+def _describe(summary: dict) -> str:
+    evaluation = summary.get("eval") or {}
+    metric = (f"eval accuracy {evaluation['accuracy']:.3f}" if "accuracy" in evaluation
+              else f"eval perplexity {evaluation['perplexity']:.2f}" if "perplexity" in evaluation else "no eval")
+    loss = summary.get("final_loss")
+    return (f"{summary['status']} at step {summary['steps']}/{summary['total_steps']}, "
+            f"loss {loss:.4f}, {metric}, " if loss is not None else f"{summary['status']}, ") + (
+            f"{summary['samples_per_s'] or 0:.1f} samples/s on {summary['device_type']} ({summary['precision']}), "
+            f"${summary['cost_usd']:.4f}")
+
+
+@app.command()
+def train(
+    spec: Annotated[Path, typer.Argument(help="job spec (YAML)")],
+    out: Annotated[Path | None, typer.Option("--out", help="run directory; resumes if it holds checkpoints")] = None,
+    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="override train.max_steps")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override a field: --set train.lr=1e-3")] = None,
+) -> None:
+    """Train a job locally, with no server, into a run directory."""
+    overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
+    _, out, summary = _run_job(spec, out, overrides)
+    out_console.print(f"{_describe(summary)}\nrun directory: {out}")
+    if summary.get("signal"):
+        raise typer.Exit(128 + summary["signal"])
+
+
+@app.command()
+def demo(
+    examples: Annotated[Path, typer.Option(help="folder of example specs")] = Path("examples"),
+    out: Annotated[Path, typer.Option("--out", help="parent folder of the demo's run directories")] = Path("runs/demo"),
+    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="cap every example's steps")] = None,
+) -> None:
+    """Train every shipped example on this machine's best device and say where the results are."""
+    specs = sorted(examples.glob("*.yaml"))
+    if not specs:
+        raise GpuforgeError(f"--examples {examples}: no *.yaml example specs there")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    table = Table(title="gpuforge demo")
+    for column in ("job", "status", "steps", "loss", "eval", "samples/s", "device", "wall s", "run directory"):
+        table.add_column(column)
+    for spec_path in specs:
+        out_console.print(f"[bold]{spec_path.name}[/bold]")
+        overrides = [f"train.max_steps={max_steps}"] if max_steps else []
+        job, run_dir, s = _run_job(spec_path, out / f"{spec_path.stem}-{stamp}", overrides)
+        evaluation = s.get("eval") or {}
+        shown = (f"acc {evaluation['accuracy']:.3f}" if "accuracy" in evaluation
+                 else f"ppl {evaluation['perplexity']:.1f}" if "perplexity" in evaluation else "-")
+        table.add_row(job.name, s["status"], str(s["steps"]), f"{s['final_loss']:.4f}" if s["final_loss"] else "-",
+                      shown, f"{s['samples_per_s'] or 0:.1f}", f"{s['device_type']}/{s['precision']}",
+                      f"{s['wall_s']:.0f}", str(run_dir))
+    out_console.print(table)
+    out_console.print(f"results: {out.resolve()} (each run: summary.json, metrics.jsonl, model/)")
+
+
+@app.command()
+def hw() -> None:
+    """Show the device gpuforge would use and its measured matmul speed per precision."""
+    from gpuforge.hardware.bench import peak_flops
+    from gpuforge.hardware.probe import device_name, select_device
+    from gpuforge.train.precision import choose_precision
+
+    device = select_device("auto")
+    out_console.print(f"device: {device_name(device)} ({device.type})")
+    for precision in ("fp32", "bf16", "fp16"):
+        if device.type == "cpu" and precision == "fp16":
+            continue  # CPU fp16 matmul is an emulation path, orders of magnitude slow; not worth the wait
+        out_console.print(f"  {precision}: {peak_flops(device, precision) / 1e12:.3f} TFLOP/s (measured matmul)")
+    out_console.print(f"precision auto -> {choose_precision('auto', device).name}")
+
+
+def main() -> None:
+    try:
+        app()
+    except TrainingFailed as err:
+        console.print(f"gpuforge: training failed: {err}", highlight=False, markup=False)
+        sys.exit(EXIT_FAILED)
+    except GpuforgeError as err:
+        console.print(f"gpuforge: error: {err}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        console.print("gpuforge: interrupted", highlight=False)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

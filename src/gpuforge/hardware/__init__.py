@@ -1,0 +1,1 @@
+"""What the machine has (probe) and how fast it really is (bench)."""

@@ -1,0 +1,63 @@
+"""Measured device speed: a short matmul run per (device, dtype), cached per machine.
+
+MFU is achieved FLOP/s over this measured peak, so it is comparable across machines whose datasheet
+numbers we do not know (a CPU, a throttled laptop GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from gpuforge.hardware.probe import device_name, synchronize
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("GPUFORGE_CACHE_DIR") or Path.home() / ".cache" / "gpuforge"
+    return Path(root)
+
+
+def measure_matmul_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3) -> float:
+    """FLOP/s of square matmuls on `device` in `dtype`, after one warm-up."""
+    n = 4096 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    a @ b
+    synchronize(device)
+    reps, start = 0, time.perf_counter()
+    while True:
+        for _ in range(4):
+            a @ b
+        reps += 4
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return 2 * n**3 * reps / elapsed
+
+
+def peak_flops(device: torch.device, precision: str) -> float:
+    """Measured matmul FLOP/s for this device and precision, measured once per machine then cached."""
+    key = f"{device_name(device)}|{precision}"
+    path = cache_dir() / "peak_flops.json"
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if key in cached:
+        return float(cached[key])
+    value = measure_matmul_flops(device, DTYPES[precision])
+    cached[key] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cached, indent=2))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home only costs a re-measure next time
+    return value

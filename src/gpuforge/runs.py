@@ -1,0 +1,153 @@
+"""The run directory: one job's files, the only thing a training process writes (DESIGN.md, contract).
+
+    <run>/spec.yaml  events.jsonl  metrics.jsonl  summary.json  checkpoints/step-NNNNNN/  model/  logs/
+
+Writers append one JSON object per line and flush it, so a reader (or a crash) sees whole lines only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuforge.errors import RunDirError
+
+EVENTS = ("queued", "started", "checkpoint", "retry", "finished", "failed", "cancelled")
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as null so every line stays valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """All whole lines of a JSON-lines file; a torn last line (killed writer) is skipped."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+class RunDir:
+    """Paths and writers of one run directory."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    # paths
+    @property
+    def spec_path(self) -> Path:
+        return self.root / "spec.yaml"
+
+    @property
+    def events_path(self) -> Path:
+        return self.root / "events.jsonl"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    def checkpoint_path(self, step: int) -> Path:
+        return self.checkpoints_dir / f"step-{step:06d}"
+
+    # checks and creation
+    def check_usable(self) -> None:
+        """Refuse a path that is a file, or a non-empty directory that is not a gpuforge run."""
+        if self.root.exists() and not self.root.is_dir():
+            raise RunDirError(f"--out {self.root}: is a file, not a directory")
+        if self.root.is_dir() and any(self.root.iterdir()) and not self.spec_path.exists():
+            raise RunDirError(f"--out {self.root}: is a non-empty directory that holds no gpuforge run")
+
+    def create(self) -> None:
+        for d in (self.root, self.checkpoints_dir, self.logs_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+    # checkpoints
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints, oldest first (a checkpoint is complete once its meta.json exists)."""
+        if not self.checkpoints_dir.is_dir():
+            return []
+        found = []
+        for p in self.checkpoints_dir.glob("step-*"):
+            if (p / "meta.json").exists():
+                try:
+                    found.append((int(p.name.removeprefix("step-")), p))
+                except ValueError:
+                    continue
+        return sorted(found)
+
+    def latest_checkpoint(self) -> tuple[int, Path] | None:
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    # writers
+    def event(self, event: str, **fields: Any) -> None:
+        assert event in EVENTS, event
+        self._append(self.events_path, {"ts": time.time(), "event": event, **fields})
+
+    def metric(self, record: dict[str, Any]) -> None:
+        self._append(self.metrics_path, record)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json_atomic(self.summary_path, summary)
+
+    def truncate_metrics_after(self, step: int) -> None:
+        """After a resume from `step`, drop lines the killed process logged past it, so no step counts twice."""
+        kept = [r for r in read_jsonl(self.metrics_path) if r.get("step", 0) <= step]
+        tmp = self.metrics_path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(_clean(r)) + "\n" for r in kept))
+        os.replace(tmp, self.metrics_path)
+
+    # readers
+    def events(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.events_path)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.metrics_path)
+
+    def summary(self) -> dict[str, Any] | None:
+        return json.loads(self.summary_path.read_text()) if self.summary_path.exists() else None
+
+    @staticmethod
+    def _append(path: Path, record: dict[str, Any]) -> None:
+        with path.open("a") as f:
+            f.write(json.dumps(_clean(record)) + "\n")
+            f.flush()
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_clean(obj), indent=2) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,299 @@
+"""The job spec: typed sections, YAML loading, `--set key=value` overrides and errors that name the field.
+
+A spec is YAML validated by pydantic. Unknown keys are errors. Relative paths (data files, `hf:` model
+dirs, `python:` files) are resolved against the spec file's directory, so a spec and its data travel
+together; the resolved spec (defaults filled in, paths absolute) is what a run directory stores.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpuforge.errors import SpecError
+
+TASKS = ("sequence-classification", "causal-lm", "image-classification")
+MODEL_SCHEMES = ("bundled", "hf", "torchvision", "python")
+DATA_SCHEMES = ("sklearn", "stdlib")  # built-in data sets; anything else is a file path
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSpec(Section):
+    source: str = Field(description="bundled:<name> | hf:<local dir> | torchvision:<arch> | python:<module>:<fn>")
+    task: Literal["sequence-classification", "causal-lm", "image-classification"]
+    num_labels: int | None = Field(None, ge=2, description="inferred from the data when absent")
+    pretrained: bool | None = Field(None, description="load the source's weights; default: when it has them")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the builder")
+
+    @field_validator("source")
+    @classmethod
+    def _known_scheme(cls, v: str) -> str:
+        scheme, sep, rest = v.partition(":")
+        if not sep or not rest:
+            raise ValueError(f"'{v}' must look like <scheme>:<name>, scheme one of {', '.join(MODEL_SCHEMES)}")
+        if scheme not in MODEL_SCHEMES:
+            raise ValueError(f"unknown scheme '{scheme}' (known: {', '.join(MODEL_SCHEMES)})")
+        if scheme == "python" and rest.count(":") != 1:
+            raise ValueError(f"'{v}' must be python:<module or file.py>:<function>")
+        return v
+
+
+class DataSpec(Section):
+    train: str = Field(description="a jsonl/csv/parquet/txt/npz file, or sklearn:digits, stdlib:docstrings")
+    eval: str | None = Field(None, description="held-out file; when absent, eval_fraction of train is held out")
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    text_field: str = "text"
+    label_field: str = "label"
+    max_length: int = Field(128, ge=4, le=65536)
+    tokenizer: str | None = Field(
+        None, description="bytes | hf:<dir> | bundled:<name>; defaults to the model's own tokenizer"
+    )
+    max_records: int | None = Field(None, ge=1, description="read at most this many records (quick trials)")
+
+
+class TrainSpec(Section):
+    max_steps: int | None = Field(None, ge=1)
+    epochs: float | None = Field(None, gt=0)
+    batch_size: int | Literal["auto"] = Field(32, description="micro-batch per device")
+    global_batch_size: int | None = Field(None, ge=1, description="reached by gradient accumulation")
+    lr: float = Field(5e-5, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_steps: int | None = Field(None, ge=0, description="default: warmup_ratio of the steps")
+    warmup_ratio: float = Field(0.05, ge=0, le=1)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine decays to lr * min_lr_ratio")
+    grad_clip: float | None = Field(1.0, gt=0)
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    seed: int = 0
+    log_every: int = Field(1, ge=1)
+    eval_every: int | None = Field(None, ge=1, description="default: only at the end")
+    checkpoint_every: int | None = Field(None, ge=1, description="default: only at the end and on signals")
+    keep_checkpoints: int = Field(2, ge=1)
+
+    @field_validator("batch_size")
+    @classmethod
+    def _batch_size(cls, v: int | str) -> int | str:
+        if v == "auto":
+            raise ValueError("'auto' is not available yet (automatic batch size comes with the next release)")
+        if v < 1:
+            raise ValueError("must be >= 1")
+        return v
+
+    @model_validator(mode="after")
+    def _global_batch(self) -> TrainSpec:
+        if self.global_batch_size is not None and isinstance(self.batch_size, int):
+            if self.global_batch_size % self.batch_size:
+                raise ValueError(
+                    f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                    f"train.batch_size ({self.batch_size})"
+                )
+        return self
+
+
+class LoraSpec(Section):
+    r: int = Field(8, ge=1)
+    alpha: float = Field(16, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | None = None
+
+
+class AdaptSpec(Section):
+    lora: LoraSpec | None = None
+    quantize_base: Literal["nf4", "int8"] | None = None
+
+    @field_validator("lora", "quantize_base")
+    @classmethod
+    def _not_yet(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError("not available yet (LoRA and QLoRA come with the next release); remove it")
+        return v
+
+
+class CompressSpec(Section):
+    """Filled by the compression release; no keys are accepted yet."""
+
+
+class ResourcesSpec(Section):
+    devices: int = Field(1, ge=1)
+    device_type: Literal["auto", "cuda", "mps", "cpu"] = "auto"
+    max_memory: str | None = Field(None, description="memory budget, e.g. 8GiB, for planners that cannot ask")
+
+    @field_validator("max_memory")
+    @classmethod
+    def _memory(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_bytes(v)
+        return v
+
+    @field_validator("devices")
+    @classmethod
+    def _one_device(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only 1 device per job is available yet (data parallel comes later)")
+        return v
+
+
+class DistributedSpec(Section):
+    strategy: Literal["none", "ddp", "fsdp"] = "none"
+    gradient_compression: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+
+    @field_validator("strategy", "gradient_compression")
+    @classmethod
+    def _not_yet(cls, v: str) -> str:
+        if v != "none":
+            raise ValueError("not available yet (distributed training comes in a later release)")
+        return v
+
+
+class CostSpec(Section):
+    usd_per_hour: float = Field(0.0, ge=0, description="what the device costs; 0 means not tracked")
+    instance: str | None = None
+    budget_usd: float | None = Field(None, gt=0, description="stop (with a checkpoint) once spent")
+
+
+class JobSpec(Section):
+    name: str = Field("job", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
+    model: ModelSpec
+    data: DataSpec
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    adapt: AdaptSpec = Field(default_factory=AdaptSpec)
+    compress: CompressSpec = Field(default_factory=CompressSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    distributed: DistributedSpec = Field(default_factory=DistributedSpec)
+    cost: CostSpec = Field(default_factory=CostSpec)
+    priority: int = 0
+
+    @model_validator(mode="after")
+    def _length_of_training(self) -> JobSpec:
+        if self.train.max_steps is None and self.train.epochs is None:
+            self.train.epochs = 1.0
+        if self.model.task == "image-classification" and self.data.tokenizer is not None:
+            raise ValueError("data.tokenizer is meaningless for image-classification")
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str | int) -> int:
+    """'8GiB' -> 8589934592; a bare number is bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"'{text}' is not a memory size (e.g. 512MiB, 8GiB, 16GB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line per problem, each naming its dotted path: `train.lr: must be > 0`."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("int", "literal", "function-")))
+        msg = e["msg"].removeprefix("Value error, ")
+        msg = (
+            msg.replace("Extra inputs are not permitted", "unknown key")
+            .replace("Input should be greater than or equal to", "must be >=")
+            .replace("Input should be greater than", "must be >")
+            .replace("Input should be less than or equal to", "must be <=")
+            .replace("Input should be less than", "must be <")
+            .replace("Input should be", "must be")
+        )
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(dict.fromkeys(lines))
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one `--set a.b.c=value` to the raw spec dict; the value is parsed as YAML (3, 1e-3, true, [a])."""
+    key, sep, value_text = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not p for p in key.split(".")):
+        raise SpecError(f"--set {assignment}: expected key.path=value, e.g. train.lr=1e-3")
+    try:
+        value = yaml.safe_load(value_text) if value_text.strip() else None
+    except yaml.YAMLError:
+        value = value_text
+    node = raw
+    parts = key.split(".")
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SpecError(f"--set {assignment}: {'.'.join(parts[: depth + 1])} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _resolve_path(value: str, base: Path) -> str:
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
+    """Make file references absolute, relative to the spec's directory."""
+    data = raw.get("data")
+    if isinstance(data, dict):
+        for key in ("train", "eval"):
+            v = data.get(key)
+            if isinstance(v, str) and v.partition(":")[0] not in DATA_SCHEMES:
+                data[key] = _resolve_path(v, base)
+        tok = data.get("tokenizer")
+        if isinstance(tok, str) and tok.startswith("hf:"):
+            data["tokenizer"] = "hf:" + _resolve_path(tok[3:], base)
+    model = raw.get("model")
+    if isinstance(model, dict) and isinstance(model.get("source"), str):
+        scheme, _, rest = model["source"].partition(":")
+        if scheme == "hf" and rest:
+            model["source"] = "hf:" + _resolve_path(rest, base)
+        elif scheme == "python" and rest.count(":") == 1:
+            module, fn = rest.split(":")
+            if module.endswith(".py"):
+                model["source"] = f"python:{_resolve_path(module, base)}:{fn}"
+
+
+def parse_spec(raw: Any, base_dir: Path, overrides: list[str] = (), default_name: str = "job") -> JobSpec:
+    """Validate a raw (YAML-decoded) spec, after overrides, with paths resolved against base_dir."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SpecError(f"the spec must be a mapping of sections (model, data, train, ...), got {type(raw).__name__}")
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    raw.setdefault("name", default_name)
+    _resolve_paths(raw, base_dir)
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as err:
+        raise SpecError(format_validation_error(err)) from None
+
+
+def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
+    """Read a spec file; every problem becomes a SpecError naming the file and the field."""
+    path = Path(path)
+    if not path.exists():
+        raise SpecError(f"{path}: no such spec file")
+    if path.is_dir():
+        raise SpecError(f"{path}: is a directory, expected a YAML spec file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError(f"{path}{where}: malformed YAML: {problem}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a text file") from None
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", path.stem).lstrip(".-_") or "job"
+    try:
+        return parse_spec(raw, path.resolve().parent, overrides, default_name=name)
+    except SpecError as err:
+        raise SpecError(f"{path}: {err}") from None

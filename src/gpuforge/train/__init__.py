@@ -1,0 +1,1 @@
+"""Training: the loop (engine.py) and the parts it calls."""

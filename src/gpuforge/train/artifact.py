@@ -1,0 +1,74 @@
+"""The run's model/ directory: the trained model plus gpuforge.json saying how to load it.
+
+transformers models are saved with save_pretrained (loadable by transformers alone); other modules as
+model.safetensors beside the source and options that rebuild them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from gpuforge.models import BuiltModel, ModelRequest, build_model
+from gpuforge.spec import JobSpec
+
+MANIFEST = "gpuforge.json"
+
+
+def save_artifact(model_dir: Path, built: BuiltModel, tokenizer, spec: JobSpec, labels: list[str] | None,
+                  extra: dict[str, Any]) -> None:
+    tmp = model_dir.with_name(model_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if built.is_transformers:
+        built.module.save_pretrained(str(tmp))
+        fmt = "transformers"
+    else:
+        save_model(built.module, str(tmp / "model.safetensors"))
+        fmt = "state_dict"
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    manifest = {
+        "format": fmt,
+        "kind": "full",  # LoRA runs will write "adapter" here
+        "task": spec.model.task,
+        "source": spec.model.source,
+        "options": spec.model.options,
+        "labels": labels,
+        "num_labels": len(labels) if labels else None,
+        "max_length": spec.data.max_length,
+        "tokenizer": "saved" if tokenizer is not None else None,
+        "job": spec.name,
+        **extra,
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(model_dir, ignore_errors=True)
+    tmp.rename(model_dir)
+
+
+def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu"):
+    """(module, tokenizer or None, manifest) of a saved model/ directory, in eval mode."""
+    model_dir = Path(model_dir)
+    manifest = json.loads((model_dir / MANIFEST).read_text())
+    tokenizer = None
+    if manifest.get("tokenizer"):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    if manifest["format"] == "transformers":
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+        auto = AutoModelForCausalLM if manifest["task"] == "causal-lm" else AutoModelForSequenceClassification
+        module = auto.from_pretrained(str(model_dir), local_files_only=True)
+    else:
+        request = ModelRequest(manifest["source"], manifest["task"], manifest["num_labels"], manifest["labels"],
+                               len(tokenizer) if tokenizer is not None else None, manifest["max_length"],
+                               None, manifest["options"])
+        module = build_model(request).module
+        load_model(module, str(model_dir / "model.safetensors"))
+    return module.to(device).eval(), tokenizer, manifest

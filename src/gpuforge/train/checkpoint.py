@@ -1,0 +1,63 @@
+"""Checkpoints: weights (safetensors), optimizer, scheduler, scaler, RNG states and the data position.
+
+A checkpoint directory is written under a temporary name and renamed into place, and its meta.json is
+written last, so a process killed mid-save leaves either a whole checkpoint or none.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from gpuforge.runs import RunDir
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run: RunDir, step: int, module: torch.nn.Module, optimizer, scheduler, scaler,
+                    meta: dict[str, Any], keep: int) -> Path:
+    final = run.checkpoint_path(step)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(module, str(tmp / "model.safetensors"))  # handles tied weights (shared tensors)
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state()},
+               tmp / "training_state.pt")
+    (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=2))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for _, old in run.checkpoints()[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path, module: torch.nn.Module, optimizer, scheduler, scaler,
+                    device: torch.device) -> dict[str, Any]:
+    """Restore everything saved by save_checkpoint; returns its meta (step, data position, cost so far)."""
+    load_model(module, str(path / "model.safetensors"), device=str(device))
+    state = torch.load(path / "training_state.pt", map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state["scaler"] is not None:
+        scaler.load_state_dict(state["scaler"])
+    set_rng_state(state["rng"])
+    return json.loads((path / "meta.json").read_text())

@@ -1,0 +1,348 @@
+"""The training loop. It reads top to bottom: set-up, resume, the steps, the end.
+
+    gpuforge train examples/digits-cnn.yaml --out runs/digits
+
+It writes only the run directory (runs.py): no server, no database. Signals (SIGTERM, SIGINT) make it
+checkpoint and stop cleanly; running it again on the same --out resumes from the newest checkpoint and
+continues the same loss curve.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from gpuforge.data import prepare_data
+from gpuforge.data.batches import BatchOrder, eval_batches
+from gpuforge.errors import RunDirError, TrainingFailed
+from gpuforge.hardware.bench import peak_flops
+from gpuforge.hardware.probe import device_name, peak_memory_bytes, reset_peak_memory, select_device
+from gpuforge.models import ModelRequest, build_model, load_tokenizer
+from gpuforge.runs import RunDir
+from gpuforge.spec import JobSpec
+from gpuforge.train import tasks
+from gpuforge.train.artifact import save_artifact
+from gpuforge.train.checkpoint import load_checkpoint, save_checkpoint
+from gpuforge.train.metrics import FlopModel, StepClock, usd
+from gpuforge.train.precision import autocast, choose_precision, make_scaler
+from gpuforge.train.progress import Reporter
+from gpuforge.train.schedule import make_scheduler
+
+log = logging.getLogger("gpuforge.train")
+
+# Keys that may differ between the spec of a stored run and the spec that resumes it.
+RESUMABLE_CHANGES = {("train", "max_steps"), ("train", "epochs"), ("name",)}
+
+
+def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Run a job to its end (or a signal, NaN loss, budget) and return its summary."""
+    process_start = time.perf_counter()
+    run = RunDir(out)
+    run.check_usable()
+    _check_same_job(run, spec)
+    reporter = reporter or Reporter()
+    seed_everything(spec.train.seed)
+
+    # --- device, precision, data, model: everything that can fail on bad input, before any write ---
+    device = select_device(spec.resources.device_type)
+    precision = choose_precision(spec.train.precision, device)
+    task = spec.model.task
+    tokenizer = load_tokenizer(spec.model.source, task, spec.data.tokenizer)
+    data = prepare_data(spec.data, task, tokenizer, spec.train.seed, spec.model.num_labels)
+    built = build_model(ModelRequest(
+        source=spec.model.source, task=task,
+        num_labels=len(data.labels) if data.labels else None, labels=data.labels,
+        vocab_size=len(tokenizer) if tokenizer is not None else None, max_length=spec.data.max_length,
+        pretrained=spec.model.pretrained, options=spec.model.options))
+    module = built.module.to(device)
+    module.train()
+
+    # --- batch geometry and length of training ---
+    order = BatchOrder(len(data.train), spec.train.batch_size, spec.train.seed)
+    micro = order.batch_size
+    accum = max(1, (spec.train.global_batch_size or micro) // micro)
+    steps_per_epoch = max(1, order.batches_per_epoch // accum)
+    total_steps = spec.train.max_steps or max(1, math.ceil(spec.train.epochs * steps_per_epoch))
+    warmup = spec.train.warmup_steps if spec.train.warmup_steps is not None else round(
+        spec.train.warmup_ratio * total_steps)
+
+    # --- optimizer, schedule, loss scaling ---
+    optimizer = make_optimizer(module, spec.train.lr, spec.train.weight_decay, device)
+    scheduler = make_scheduler(optimizer, warmup, total_steps, spec.train.min_lr_ratio)
+    scaler = make_scaler(precision, device)
+
+    # --- resume from the newest checkpoint, if the run directory has one ---
+    start_step, cost_before, resumed_from = 0, 0.0, None
+    latest = run.latest_checkpoint()
+    if latest is not None:
+        meta = load_checkpoint(latest[1], module, optimizer, scheduler, scaler, device)
+        start_step, cost_before, resumed_from = meta["step"], meta.get("cost_usd", 0.0), meta["step"]
+        run.truncate_metrics_after(start_step)  # steps logged after it by a killed process run again
+
+    run.create()
+    run.spec_path.write_text(spec.to_yaml())
+    with _log_to(run.logs_dir / "train.log", run):
+        log.info("job %s on %s (%s)", spec.name, device_name(device), device.type)
+        log.info("precision %s: %s", precision.name, precision.reason)
+        log.info("model %s: %.2fM parameters (%.2fM trainable)", built.description,
+                 built.num_parameters / 1e6, built.num_trainable_parameters / 1e6)
+        log.info("data: %d training and %d eval examples; micro-batch %d x %d accumulation = %d per step",
+                 len(data.train), len(data.eval) if data.eval else 0, micro, accum, micro * accum)
+        if resumed_from is not None:
+            log.info("resuming from checkpoint step %d of %d", resumed_from, total_steps)
+        run.event("started", step=start_step, total_steps=total_steps, device=device_name(device),
+                  precision=precision.name, resumed_from=resumed_from)
+
+        flops = FlopModel(built, task, _to_device(data.train.collate(order.batch(0)), device))
+        device_peak = peak_flops(device, precision.name)
+        clock = StepClock()
+        reset_peak_memory(device)
+        stop = StopFlag()
+        rate = spec.cost.usd_per_hour
+        status, reason, step, loss_value = "finished", None, start_step, float("nan")
+        last_eval: dict[str, float] | None = None
+        samples_done = tokens_done = 0
+        train_seconds = 0.0
+
+        def cost_so_far() -> float:
+            return cost_before + usd(time.perf_counter() - process_start, rate)
+
+        def checkpoint(at_step: int) -> None:
+            path = save_checkpoint(run, at_step, module, optimizer, scheduler, scaler,
+                                   {"data_position": at_step * accum, "micro_batch": micro, "grad_accum": accum,
+                                    "examples_seen": at_step * accum * micro, "cost_usd": cost_so_far()},
+                                   keep=spec.train.keep_checkpoints)
+            run.event("checkpoint", step=at_step, path=str(path.relative_to(run.root)))
+
+        reporter.start(total_steps, start_step)
+        with stop.installed(), _stopping(reporter):
+            for step in range(start_step + 1, total_steps + 1):
+                # --- one optimizer step: accum micro-batches, then clip, step, schedule ---
+                step_start = time.perf_counter()
+                data_wait = 0.0
+                loss_total = torch.zeros((), device=device)
+                samples = tokens = 0
+                lr = scheduler.get_last_lr()[0]
+                for position in range((step - 1) * accum, step * accum):
+                    fetch_start = time.perf_counter()
+                    batch = _to_device(data.train.collate(order.batch(position)), device)
+                    data_wait += time.perf_counter() - fetch_start
+                    with autocast(precision, device):
+                        logits = tasks.forward(built, task, batch)
+                    loss_sum, terms = tasks.loss_sum_and_count(task, logits, batch)
+                    loss = loss_sum / terms / accum
+                    (scaler.scale(loss) if scaler else loss).backward()
+                    loss_total += loss.detach()
+                    n_samples, n_tokens = tasks.count(task, batch)
+                    samples, tokens = samples + n_samples, tokens + n_tokens
+
+                loss_value = float(loss_total)  # the one host sync per step; also our NaN guard
+                if not math.isfinite(loss_value):
+                    status, reason = "failed", f"loss is {loss_value} at step {step}"
+                    break
+                if scaler:
+                    scaler.unscale_(optimizer)
+                if spec.train.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(module.parameters(), spec.train.grad_clip)
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                scheduler.step()
+
+                step_time = time.perf_counter() - step_start
+                clock.add(step_time)
+                train_seconds += step_time
+                samples_done, tokens_done = samples_done + samples, tokens_done + tokens
+
+                # --- evaluate, log, checkpoint ---
+                evaluation = None
+                is_last = step == total_steps
+                if data.eval is not None and (is_last or (spec.train.eval_every and step % spec.train.eval_every == 0)):
+                    evaluation = last_eval = evaluate(built, task, data.eval, micro, precision, device)
+                    module.train()
+                if step % spec.train.log_every == 0 or evaluation or is_last:
+                    record = {
+                        "step": step, "loss": loss_value, "lr": lr,
+                        "samples_per_s": samples / step_time, "tokens_per_s": tokens / step_time if tokens else None,
+                        "step_time_s": step_time, "data_wait_frac": data_wait / step_time,
+                        "peak_mem_bytes": peak_memory_bytes(device),
+                        "mfu": flops.step_flops(samples, tokens) / step_time / device_peak,
+                        "cost_usd": cost_so_far(), "step_cost_usd": usd(step_time, rate),
+                        "eta_s": clock.eta(total_steps - step),
+                    }
+                    if evaluation:
+                        record.update({f"eval_{k}": v for k, v in evaluation.items()})
+                    run.metric(record)
+                    reporter.step(record)
+                if spec.train.checkpoint_every and step % spec.train.checkpoint_every == 0 and not is_last:
+                    checkpoint(step)
+                if stop.signal_name:
+                    status, reason = "cancelled", f"stopped by {stop.signal_name} at step {step}"
+                    break
+                if spec.cost.budget_usd is not None and cost_so_far() >= spec.cost.budget_usd and not is_last:
+                    status, reason = "cancelled", f"cost.budget_usd {spec.cost.budget_usd} spent at step {step}"
+                    break
+
+        # --- the end: checkpoint what is good, write the model and the summary ---
+        done_step = step if status != "failed" else step - 1
+        if status != "failed" and done_step > start_step:
+            checkpoint(done_step)
+        if status == "finished" and done_step == total_steps:
+            save_artifact(run.model_dir, built, tokenizer, spec, data.labels,
+                          {"step": done_step, "precision": precision.name, "sample_shape": data.sample_shape})
+        summary = {
+            "status": status, "reason": reason,
+            "steps": done_step, "total_steps": total_steps, "resumed_from": resumed_from,
+            "samples_per_s": samples_done / train_seconds if train_seconds else None,
+            "tokens_per_s": tokens_done / train_seconds if train_seconds and tokens_done else None,
+            "median_step_s": clock.median(),
+            "peak_mem_bytes": peak_memory_bytes(device),
+            "final_loss": loss_value if status != "failed" else None,
+            "eval": last_eval,
+            "device": device_name(device), "device_type": device.type,
+            "precision": precision.name, "precision_reason": precision.reason,
+            "batch_size": micro, "grad_accum": accum, "global_batch_size": micro * accum,
+            "parameters": built.num_parameters, "trainable_parameters": built.num_trainable_parameters,
+            "flops_method": flops.method, "device_peak_flops": device_peak,
+            "mfu": (flops.step_flops(samples_done, tokens_done) / train_seconds / device_peak
+                    if train_seconds else None),
+            "cost_usd": cost_so_far(), "usd_per_hour": rate,
+            "wall_s": time.perf_counter() - process_start,
+        }
+        run.write_summary(summary)
+        if status == "failed":
+            good = run.latest_checkpoint()
+            kept = f"; the last good checkpoint is {good[1].name}" if good else "; no checkpoint was written"
+            run.event("failed", step=step, reason=reason + kept)
+            log.error("%s%s", reason, kept)
+            raise TrainingFailed(f"{reason}{kept} (run directory {run.root})")
+        run.event(status, step=done_step, reason=reason)
+        log.info("%s at step %d/%d%s", status, done_step, total_steps, f" ({reason})" if reason else "")
+    summary["signal"] = stop.signal_number
+    return summary
+
+
+def evaluate(built, task: str, data, batch_size: int, precision, device: torch.device) -> dict[str, float]:
+    """Loss and accuracy (classification) or perplexity (causal-lm) over the whole eval set."""
+    built.module.eval()
+    tally = tasks.EvalTally(task)
+    with torch.no_grad():
+        for indices in eval_batches(len(data), batch_size):
+            batch = _to_device(data.collate(indices), device)
+            with autocast(precision, device):
+                logits = tasks.forward(built, task, batch)
+            tally.add(logits, batch)
+    return tally.result()
+
+
+def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
+    """AdamW; no weight decay on biases and norm weights (1-D tensors), as careful users set it up."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, fused=device.type == "cuda")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    if device.type == "cpu":
+        return batch
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _check_same_job(run: RunDir, spec: JobSpec) -> None:
+    """Resuming is only for the same job: refuse a run directory that holds another spec."""
+    if not run.spec_path.exists():
+        return
+    stored = yaml.safe_load(run.spec_path.read_text()) or {}
+    current = spec.model_dump(mode="json")
+    differing = [key for key in _diff_keys(stored, current) if key not in RESUMABLE_CHANGES]
+    if differing:
+        names = ", ".join(".".join(k) for k in differing[:5])
+        raise RunDirError(f"--out {run.root}: holds a run of a different spec (differs in {names}); "
+                          "use another --out to start a new run")
+
+
+def _diff_keys(a: Any, b: Any, prefix: tuple = ()) -> list[tuple]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [k for key in sorted(set(a) | set(b)) for k in _diff_keys(a.get(key), b.get(key), prefix + (key,))]
+    return [] if a == b else [prefix]
+
+
+@contextmanager
+def _stopping(reporter: Reporter):
+    try:
+        yield
+    finally:
+        reporter.stop()
+
+
+@contextmanager
+def _log_to(path: Path, run: RunDir):
+    """Log to logs/train.log; an unexpected error or interrupt also becomes a failed/cancelled event."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("gpuforge")
+    root.addHandler(handler)
+    root.setLevel(min(root.level or logging.INFO, logging.INFO))
+    try:
+        yield
+    except TrainingFailed:
+        raise
+    except KeyboardInterrupt:
+        run.event("cancelled", reason="interrupted (second SIGINT), no checkpoint written")
+        raise
+    except Exception as err:
+        log.exception("training stopped by an error")
+        run.event("failed", reason=f"{type(err).__name__}: {err}")
+        raise
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+class StopFlag:
+    """SIGTERM/SIGINT set a flag the loop checks after each step; a second SIGINT interrupts at once."""
+
+    def __init__(self):
+        self.signal_number: int | None = None
+
+    @property
+    def signal_name(self) -> str | None:
+        return signal.Signals(self.signal_number).name if self.signal_number else None
+
+    def _handle(self, signum, frame):
+        if self.signal_number == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_number = signum
+
+    @contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach only the main thread; a thread-run job is stopped by its owner
+            return
+        previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
