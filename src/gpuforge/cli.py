@@ -21,8 +21,12 @@ from rich.table import Table
 
 from gpuforge.errors import GpuforgeError, TrainingFailed
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Train, compress and serve deep-learning models fast, and know what each run costs.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Train, compress and serve deep-learning models fast, and know what each run costs.",
+)
 console = Console(stderr=True)
 out_console = Console()
 
@@ -47,21 +51,34 @@ def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: boo
 
 def _describe(summary: dict) -> str:
     evaluation = summary.get("eval") or {}
-    metric = (f"eval accuracy {evaluation['accuracy']:.3f}" if "accuracy" in evaluation
-              else f"eval perplexity {evaluation['perplexity']:.2f}" if "perplexity" in evaluation else "no eval")
+    metric = (
+        f"eval accuracy {evaluation['accuracy']:.3f}"
+        if "accuracy" in evaluation
+        else f"eval perplexity {evaluation['perplexity']:.2f}"
+        if "perplexity" in evaluation
+        else "no eval"
+    )
     loss = summary.get("final_loss")
-    return (f"{summary['status']} at step {summary['steps']}/{summary['total_steps']}, "
-            f"loss {loss:.4f}, {metric}, " if loss is not None else f"{summary['status']}, ") + (
-            f"{summary['samples_per_s'] or 0:.1f} samples/s on {summary['device_type']} ({summary['precision']}), "
-            f"${summary['cost_usd']:.4f}")
+    progress = f"{summary['status']} at step {summary['steps']}/{summary['total_steps']}"
+    figures = f"loss {loss:.4f}, {metric}, " if loss is not None else ""
+    speed = (
+        f"{summary['samples_per_s'] or 0:.1f} samples/s on {summary['device_type']} ({summary['precision']})"
+    )
+    return f"{progress}, {figures}{speed}, ${summary['cost_usd']:.4f}"
 
 
 @app.command()
 def train(
     spec: Annotated[Path, typer.Argument(help="job spec (YAML)")],
-    out: Annotated[Path | None, typer.Option("--out", help="run directory; resumes if it holds checkpoints")] = None,
-    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="override train.max_steps")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override a field: --set train.lr=1e-3")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="run directory; resumes if it holds checkpoints")
+    ] = None,
+    max_steps: Annotated[
+        int | None, typer.Option("--max-steps", min=1, help="override train.max_steps")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override a field: --set train.lr=1e-3")
+    ] = None,
 ) -> None:
     """Train a job locally, with no server, into a run directory."""
     overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
@@ -74,8 +91,12 @@ def train(
 @app.command()
 def demo(
     examples: Annotated[Path, typer.Option(help="folder of example specs")] = Path("examples"),
-    out: Annotated[Path, typer.Option("--out", help="parent folder of the demo's run directories")] = Path("runs/demo"),
-    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="cap every example's steps")] = None,
+    out: Annotated[Path, typer.Option("--out", help="parent folder of the demo's run directories")] = Path(
+        "runs/demo"
+    ),
+    max_steps: Annotated[
+        int | None, typer.Option("--max-steps", min=1, help="cap every example's steps")
+    ] = None,
 ) -> None:
     """Train every shipped example on this machine's best device and say where the results are."""
     specs = sorted(examples.glob("*.yaml"))
@@ -83,18 +104,41 @@ def demo(
         raise GpuforgeError(f"--examples {examples}: no *.yaml example specs there")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     table = Table(title="gpuforge demo")
-    for column in ("job", "status", "steps", "loss", "eval", "samples/s", "device", "wall s", "run directory"):
+    for column in (
+        "job",
+        "status",
+        "steps",
+        "loss",
+        "eval",
+        "samples/s",
+        "device",
+        "wall s",
+        "run directory",
+    ):
         table.add_column(column)
     for spec_path in specs:
         out_console.print(f"[bold]{spec_path.name}[/bold]")
         overrides = [f"train.max_steps={max_steps}"] if max_steps else []
         job, run_dir, s = _run_job(spec_path, out / f"{spec_path.stem}-{stamp}", overrides)
         evaluation = s.get("eval") or {}
-        shown = (f"acc {evaluation['accuracy']:.3f}" if "accuracy" in evaluation
-                 else f"ppl {evaluation['perplexity']:.1f}" if "perplexity" in evaluation else "-")
-        table.add_row(job.name, s["status"], str(s["steps"]), f"{s['final_loss']:.4f}" if s["final_loss"] else "-",
-                      shown, f"{s['samples_per_s'] or 0:.1f}", f"{s['device_type']}/{s['precision']}",
-                      f"{s['wall_s']:.0f}", str(run_dir))
+        shown = (
+            f"acc {evaluation['accuracy']:.3f}"
+            if "accuracy" in evaluation
+            else f"ppl {evaluation['perplexity']:.1f}"
+            if "perplexity" in evaluation
+            else "-"
+        )
+        table.add_row(
+            job.name,
+            s["status"],
+            str(s["steps"]),
+            f"{s['final_loss']:.4f}" if s["final_loss"] else "-",
+            shown,
+            f"{s['samples_per_s'] or 0:.1f}",
+            f"{s['device_type']}/{s['precision']}",
+            f"{s['wall_s']:.0f}",
+            str(run_dir),
+        )
     out_console.print(table)
     out_console.print(f"results: {out.resolve()} (each run: summary.json, metrics.jsonl, model/)")
 
@@ -111,11 +155,20 @@ def hw() -> None:
     for precision in ("fp32", "bf16", "fp16"):
         if device.type == "cpu" and precision == "fp16":
             continue  # CPU fp16 matmul is an emulation path, orders of magnitude slow; not worth the wait
-        out_console.print(f"  {precision}: {peak_flops(device, precision) / 1e12:.3f} TFLOP/s (measured matmul)")
+        out_console.print(
+            f"  {precision}: {peak_flops(device, precision) / 1e12:.3f} TFLOP/s (measured matmul)"
+        )
     out_console.print(f"precision auto -> {choose_precision('auto', device).name}")
 
 
 def main() -> None:
+    import logging
+
+    from rich.logging import RichHandler
+
+    logger = logging.getLogger("gpuforge")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(RichHandler(console=console, show_time=False, show_path=False, markup=False))
     try:
         app()
     except TrainingFailed as err:

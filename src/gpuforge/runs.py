@@ -124,7 +124,7 @@ class RunDir:
         write_json_atomic(self.summary_path, summary)
 
     def truncate_metrics_after(self, step: int) -> None:
-        """After a resume from `step`, drop lines the killed process logged past it, so no step counts twice."""
+        """On resume from `step`, drop lines a killed process logged past it: no step counts twice."""
         kept = [r for r in read_jsonl(self.metrics_path) if r.get("step", 0) <= step]
         tmp = self.metrics_path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(_clean(r)) + "\n" for r in kept))

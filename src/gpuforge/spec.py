@@ -26,10 +26,12 @@ class Section(BaseModel):
 
 
 class ModelSpec(Section):
-    source: str = Field(description="bundled:<name> | hf:<local dir> | torchvision:<arch> | python:<module>:<fn>")
+    source: str = Field(
+        description="bundled:<name> | hf:<local dir> | torchvision:<arch> | python:<module>:<fn>"
+    )
     task: Literal["sequence-classification", "causal-lm", "image-classification"]
     num_labels: int | None = Field(None, ge=2, description="inferred from the data when absent")
-    pretrained: bool | None = Field(None, description="load the source's weights; default: when it has them")
+    pretrained: bool | None = Field(None, description="load the source's weights (default where it has them)")
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the builder")
 
     @field_validator("source")
@@ -37,7 +39,9 @@ class ModelSpec(Section):
     def _known_scheme(cls, v: str) -> str:
         scheme, sep, rest = v.partition(":")
         if not sep or not rest:
-            raise ValueError(f"'{v}' must look like <scheme>:<name>, scheme one of {', '.join(MODEL_SCHEMES)}")
+            raise ValueError(
+                f"'{v}' must look like <scheme>:<name>, scheme one of {', '.join(MODEL_SCHEMES)}"
+            )
         if scheme not in MODEL_SCHEMES:
             raise ValueError(f"unknown scheme '{scheme}' (known: {', '.join(MODEL_SCHEMES)})")
         if scheme == "python" and rest.count(":") != 1:
@@ -47,7 +51,9 @@ class ModelSpec(Section):
 
 class DataSpec(Section):
     train: str = Field(description="a jsonl/csv/parquet/txt/npz file, or sklearn:digits, stdlib:docstrings")
-    eval: str | None = Field(None, description="held-out file; when absent, eval_fraction of train is held out")
+    eval: str | None = Field(
+        None, description="held-out file; when absent, eval_fraction of train is held out"
+    )
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
     text_field: str = "text"
     label_field: str = "label"
@@ -181,8 +187,18 @@ class JobSpec(Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_bytes(text: str | int) -> int:
@@ -214,7 +230,7 @@ def format_validation_error(err: ValidationError) -> str:
 
 
 def apply_override(raw: dict[str, Any], assignment: str) -> None:
-    """Apply one `--set a.b.c=value` to the raw spec dict; the value is parsed as YAML (3, 1e-3, true, [a])."""
+    """Apply one `--set a.b.c=value` to the raw spec; the value is parsed as YAML (3, 1e-3, true)."""
     key, sep, value_text = assignment.partition("=")
     key = key.strip()
     if not sep or not key or any(not p for p in key.split(".")):
@@ -265,7 +281,9 @@ def parse_spec(raw: Any, base_dir: Path, overrides: list[str] = (), default_name
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise SpecError(f"the spec must be a mapping of sections (model, data, train, ...), got {type(raw).__name__}")
+        raise SpecError(
+            f"the spec must be a mapping of sections (model, data, train, ...), got {type(raw).__name__}"
+        )
     for assignment in overrides:
         apply_override(raw, assignment)
     raw.setdefault("name", default_name)

@@ -82,7 +82,9 @@ class PreparedData:
 
 def _texts(records: list[dict[str, Any]], field: str, where: str, ref: str) -> list[str]:
     if field not in records[0]:
-        raise DataError(f"data.text_field: '{field}' not found in {ref} (columns: {', '.join(map(str, records[0]))})")
+        raise DataError(
+            f"data.text_field: '{field}' not found in {ref} (columns: {', '.join(map(str, records[0]))})"
+        )
     texts = []
     for number, r in enumerate(records, 1):
         value = r.get(field)
@@ -94,7 +96,9 @@ def _texts(records: list[dict[str, Any]], field: str, where: str, ref: str) -> l
 
 def _raw_labels(records: list[dict[str, Any]], field: str, where: str, ref: str) -> list[Any]:
     if field not in records[0]:
-        raise DataError(f"data.label_field: '{field}' not found in {ref} (columns: {', '.join(map(str, records[0]))})")
+        raise DataError(
+            f"data.label_field: '{field}' not found in {ref} (columns: {', '.join(map(str, records[0]))})"
+        )
     labels = []
     for number, r in enumerate(records, 1):
         value = r.get(field)
@@ -122,7 +126,9 @@ def _encode_labels(raw: list[Any], names: list[str], where: str, ref: str) -> np
     for number, value in enumerate(raw):
         key = str(value).strip()
         if key not in index:
-            raise DataError(f"{where}: {ref} record {number + 1}: label '{key}' is not among the training labels")
+            raise DataError(
+                f"{where}: {ref} record {number + 1}: label '{key}' is not among the training labels"
+            )
         out[number] = index[key]
     return out
 
@@ -141,7 +147,9 @@ def _pack(tokenizer, texts: list[str], block: int, where: str, ref: str) -> torc
                 stream.append(eos)
     n_blocks = len(stream) // block
     if n_blocks == 0:
-        raise DataError(f"{where}: {ref}: {len(stream)} tokens, fewer than one block of data.max_length={block}")
+        raise DataError(
+            f"{where}: {ref}: {len(stream)} tokens, fewer than one block of data.max_length={block}"
+        )
     return torch.as_tensor(stream[: n_blocks * block], dtype=torch.long).view(n_blocks, block)
 
 
@@ -152,8 +160,15 @@ def _split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.sort(order[n_eval:]), np.sort(order[:n_eval])
 
 
-def _build(task: str, spec: DataSpec, ref: str, where: str, tokenizer, labels: list[str] | None,
-           num_labels: int | None):
+def _build(
+    task: str,
+    spec: DataSpec,
+    ref: str,
+    where: str,
+    tokenizer,
+    labels: list[str] | None,
+    num_labels: int | None,
+):
     """One source -> (task data, label names)."""
     source = read_source(ref, where, spec.max_records)
     if task == "image-classification":
@@ -173,16 +188,23 @@ def _build(task: str, spec: DataSpec, ref: str, where: str, tokenizer, labels: l
     texts = _texts(source, spec.text_field, where, ref)
     raw = _raw_labels(source, spec.label_field, where, ref)
     names = labels or _label_names(raw, num_labels)
-    data = TextClassification(_tokenize_examples(tokenizer, texts, spec.max_length),
-                              _encode_labels(raw, names, where, ref), tokenizer.pad_token_id or 0)
+    data = TextClassification(
+        _tokenize_examples(tokenizer, texts, spec.max_length),
+        _encode_labels(raw, names, where, ref),
+        tokenizer.pad_token_id or 0,
+    )
     return data, names
 
 
-def prepare_data(spec: DataSpec, task: str, tokenizer, seed: int, num_labels: int | None = None) -> PreparedData:
+def prepare_data(
+    spec: DataSpec, task: str, tokenizer, seed: int, num_labels: int | None = None
+) -> PreparedData:
     """Read, tokenize and split the job's data. Every problem is a DataError naming the field and file."""
     if task != "image-classification" and tokenizer is None:
-        raise DataError("data.tokenizer: this model brings no tokenizer; set data.tokenizer "
-                        "(bytes, hf:<dir> or bundled:minilm)")
+        raise DataError(
+            "data.tokenizer: this model brings no tokenizer; set data.tokenizer "
+            "(bytes, hf:<dir> or bundled:minilm)"
+        )
     train, labels = _build(task, spec, spec.train, "data.train", tokenizer, None, num_labels)
     if labels is not None and num_labels is not None and len(labels) > num_labels:
         raise DataError(f"model.num_labels: {num_labels}, but the training data has {len(labels)} labels")

@@ -41,7 +41,9 @@ def read_source(ref: str, where: str, max_records: int | None = None) -> Source:
     if ref == "stdlib:docstrings":
         return _stdlib_docstrings(max_records)
     if ref.partition(":")[0] in ("sklearn", "stdlib"):
-        raise DataError(f"{where}: unknown built-in data set '{ref}' (known: sklearn:digits, stdlib:docstrings)")
+        raise DataError(
+            f"{where}: unknown built-in data set '{ref}' (known: sklearn:digits, stdlib:docstrings)"
+        )
     path = Path(ref)
     if not path.exists():
         raise DataError(f"{where}: {path}: no such file")
@@ -59,8 +61,10 @@ def read_source(ref: str, where: str, max_records: int | None = None) -> Source:
         if suffix in RECORD_SUFFIXES:
             records = _records(path, suffix, where)
         else:
-            raise DataError(f"{where}: {path}: unknown file type '{suffix}' "
-                            f"(use {', '.join(sorted(RECORD_SUFFIXES | TEXT_SUFFIXES | {'.npz'}))})")
+            raise DataError(
+                f"{where}: {path}: unknown file type '{suffix}' "
+                f"(use {', '.join(sorted(RECORD_SUFFIXES | TEXT_SUFFIXES | {'.npz'}))})"
+            )
     except UnicodeDecodeError:
         raise DataError(f"{where}: {path}: not UTF-8 text") from None
     if max_records is not None:
@@ -118,8 +122,10 @@ def _npz(path: Path, where: str, max_records: int | None) -> Images:
             x, y = arrays[x_key], arrays[y_key]
             break
     else:
-        raise DataError(f"{where}: {path}: expected arrays 'x' and 'y' (or 'images' and 'labels'), "
-                        f"found {', '.join(arrays.files) or 'none'}")
+        raise DataError(
+            f"{where}: {path}: expected arrays 'x' and 'y' (or 'images' and 'labels'), "
+            f"found {', '.join(arrays.files) or 'none'}"
+        )
     if len(x) != len(y):
         raise DataError(f"{where}: {path}: {len(x)} images but {len(y)} labels")
     if len(x) == 0:

@@ -37,4 +37,6 @@ class BuiltModel:
 
     @property
     def num_embedding_parameters(self) -> int:
-        return sum(p.numel() for m in self.module.modules() if isinstance(m, nn.Embedding) for p in m.parameters())
+        return sum(
+            p.numel() for m in self.module.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
+        )

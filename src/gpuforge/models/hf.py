@@ -8,8 +8,12 @@ from gpuforge.errors import ModelError
 from gpuforge.models.base import BuiltModel, ModelRequest
 from gpuforge.models.tokenizers import hf_tokenizer
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def _model_dir(source: str) -> Path:
@@ -36,29 +40,38 @@ def load_transformers_model(path: Path, request: ModelRequest, name: str) -> Bui
 
     transformers.logging.set_verbosity_error()  # "newly initialized head" is expected; we say it ourselves
     transformers.utils.logging.disable_progress_bar()  # no shard bars inside our own progress display
-    auto = {"sequence-classification": AutoModelForSequenceClassification,
-            "causal-lm": AutoModelForCausalLM}.get(request.task)
+    auto = {
+        "sequence-classification": AutoModelForSequenceClassification,
+        "causal-lm": AutoModelForCausalLM,
+    }.get(request.task)
     if auto is None:
         raise ModelError(f"model.task: {request.task} is not supported by {name} (a transformers text model)")
     kwargs = dict(request.options)
     if request.task == "sequence-classification":
         kwargs["num_labels"] = request.num_labels
+        kwargs["ignore_mismatched_sizes"] = True  # a saved head of another label count is replaced, not fatal
         if request.labels:
             kwargs["id2label"] = dict(enumerate(request.labels))
             kwargs["label2id"] = {label: i for i, label in enumerate(request.labels)}
     has_weights = any((path / f).exists() for f in WEIGHT_FILES)
-    pretrained = has_weights if request.pretrained is None else request.pretrained
+    pretrained = request.pretrained is not False  # a dir without weights must be asked to start from scratch
     if pretrained and not has_weights:
-        raise ModelError(f"model.source: {path}: holds no weights; set model.pretrained: false to train from scratch")
+        raise ModelError(
+            f"model.source: {path}: holds no weights; set model.pretrained: false to train from scratch"
+        )
     try:
         if pretrained:
             module = auto.from_pretrained(str(path), local_files_only=True, **kwargs)
         else:
+            kwargs.pop("ignore_mismatched_sizes", None)
             config = AutoConfig.from_pretrained(str(path), local_files_only=True, **kwargs)
             module = auto.from_config(config)
-    except (OSError, ValueError, TypeError) as err:
-        raise ModelError(f"model.source: {name}: cannot load for {request.task}: {str(err).splitlines()[0]}") from None
+    except (OSError, ValueError, TypeError, RuntimeError) as err:
+        raise ModelError(
+            f"model.source: {name}: cannot load for {request.task}: {str(err).splitlines()[0]}"
+        ) from None
     how = "pretrained weights" if pretrained else "random init"
     note = ", new classification head" if pretrained and request.task == "sequence-classification" else ""
-    return BuiltModel(module, True, f"{name} ({type(module).__name__}, {how}{note})",
-                      {"pretrained": pretrained})
+    return BuiltModel(
+        module, True, f"{name} ({type(module).__name__}, {how}{note})", {"pretrained": pretrained}
+    )

@@ -54,8 +54,13 @@ def resolve(source: str):
 
 def build(request: ModelRequest) -> BuiltModel:
     fn = resolve(request.source)
-    offered = {"task": request.task, "num_labels": request.num_labels, "vocab_size": request.vocab_size,
-               "max_length": request.max_length, **request.options}
+    offered = {
+        "task": request.task,
+        "num_labels": request.num_labels,
+        "vocab_size": request.vocab_size,
+        "max_length": request.max_length,
+        **request.options,
+    }
     params = inspect.signature(fn).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in offered.items() if takes_all or k in params}
@@ -64,5 +69,7 @@ def build(request: ModelRequest) -> BuiltModel:
     except Exception as err:
         raise ModelError(f"model.source: {request.source} raised {type(err).__name__}: {err}") from None
     if not isinstance(module, nn.Module):
-        raise ModelError(f"model.source: {request.source} returned {type(module).__name__}, not a torch nn.Module")
+        raise ModelError(
+            f"model.source: {request.source} returned {type(module).__name__}, not a torch nn.Module"
+        )
     return BuiltModel(module, False, f"{request.source} ({type(module).__name__})", {"pretrained": False})

@@ -30,13 +30,19 @@ def build(request: ModelRequest) -> BuiltModel:
     try:
         import torchvision
     except Exception as err:  # ImportError, or a build that does not match this torch
-        raise ModelError(f"model.source: torchvision is not usable here ({err}); "
-                         "install a torchvision that matches torch: pip install 'gpuforge[vision]'") from None
+        raise ModelError(
+            f"model.source: torchvision is not usable here ({err}); "
+            "install a torchvision that matches torch: pip install 'gpuforge[vision]'"
+        ) from None
     arch = request.source.partition(":")[2]
     available = torchvision.models.list_models(module=torchvision.models)
     if arch not in available:
         raise ModelError(f"model.source: unknown torchvision architecture '{arch}'")
     if request.pretrained:
-        raise ModelError("model.pretrained: torchvision weights are never downloaded; use hf:<dir> or python:")
-    module = torchvision.models.get_model(arch, weights=None, num_classes=request.num_labels, **request.options)
+        raise ModelError(
+            "model.pretrained: torchvision weights are never downloaded; use hf:<dir> or python:"
+        )
+    module = torchvision.models.get_model(
+        arch, weights=None, num_classes=request.num_labels, **request.options
+    )
     return BuiltModel(GrayToRGB(module), False, f"torchvision:{arch} (random init)", {"pretrained": False})

@@ -20,8 +20,14 @@ from gpuforge.spec import JobSpec
 MANIFEST = "gpuforge.json"
 
 
-def save_artifact(model_dir: Path, built: BuiltModel, tokenizer, spec: JobSpec, labels: list[str] | None,
-                  extra: dict[str, Any]) -> None:
+def save_artifact(
+    model_dir: Path,
+    built: BuiltModel,
+    tokenizer,
+    spec: JobSpec,
+    labels: list[str] | None,
+    extra: dict[str, Any],
+) -> None:
     tmp = model_dir.with_name(model_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -66,9 +72,16 @@ def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu"):
         auto = AutoModelForCausalLM if manifest["task"] == "causal-lm" else AutoModelForSequenceClassification
         module = auto.from_pretrained(str(model_dir), local_files_only=True)
     else:
-        request = ModelRequest(manifest["source"], manifest["task"], manifest["num_labels"], manifest["labels"],
-                               len(tokenizer) if tokenizer is not None else None, manifest["max_length"],
-                               None, manifest["options"])
+        request = ModelRequest(
+            manifest["source"],
+            manifest["task"],
+            manifest["num_labels"],
+            manifest["labels"],
+            len(tokenizer) if tokenizer is not None else None,
+            manifest["max_length"],
+            None,
+            manifest["options"],
+        )
         module = build_model(request).module
         load_model(module, str(model_dir / "model.safetensors"))
     return module.to(device).eval(), tokenizer, manifest

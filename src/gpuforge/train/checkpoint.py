@@ -32,16 +32,30 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run: RunDir, step: int, module: torch.nn.Module, optimizer, scheduler, scaler,
-                    meta: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(
+    run: RunDir,
+    step: int,
+    module: torch.nn.Module,
+    optimizer,
+    scheduler,
+    scaler,
+    meta: dict[str, Any],
+    keep: int,
+) -> Path:
     final = run.checkpoint_path(step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(module, str(tmp / "model.safetensors"))  # handles tied weights (shared tensors)
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state()},
-               tmp / "training_state.pt")
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": rng_state(),
+        },
+        tmp / "training_state.pt",
+    )
     (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=2))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -50,8 +64,9 @@ def save_checkpoint(run: RunDir, step: int, module: torch.nn.Module, optimizer, 
     return final
 
 
-def load_checkpoint(path: Path, module: torch.nn.Module, optimizer, scheduler, scaler,
-                    device: torch.device) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path, module: torch.nn.Module, optimizer, scheduler, scaler, device: torch.device
+) -> dict[str, Any]:
     """Restore everything saved by save_checkpoint; returns its meta (step, data position, cost so far)."""
     load_model(module, str(path / "model.safetensors"), device=str(device))
     state = torch.load(path / "training_state.pt", map_location="cpu", weights_only=False)

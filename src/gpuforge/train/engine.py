@@ -60,11 +60,18 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     task = spec.model.task
     tokenizer = load_tokenizer(spec.model.source, task, spec.data.tokenizer)
     data = prepare_data(spec.data, task, tokenizer, spec.train.seed, spec.model.num_labels)
-    built = build_model(ModelRequest(
-        source=spec.model.source, task=task,
-        num_labels=len(data.labels) if data.labels else None, labels=data.labels,
-        vocab_size=len(tokenizer) if tokenizer is not None else None, max_length=spec.data.max_length,
-        pretrained=spec.model.pretrained, options=spec.model.options))
+    built = build_model(
+        ModelRequest(
+            source=spec.model.source,
+            task=task,
+            num_labels=len(data.labels) if data.labels else None,
+            labels=data.labels,
+            vocab_size=len(tokenizer) if tokenizer is not None else None,
+            max_length=spec.data.max_length,
+            pretrained=spec.model.pretrained,
+            options=spec.model.options,
+        )
+    )
     module = built.module.to(device)
     module.train()
 
@@ -74,8 +81,11 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     accum = max(1, (spec.train.global_batch_size or micro) // micro)
     steps_per_epoch = max(1, order.batches_per_epoch // accum)
     total_steps = spec.train.max_steps or max(1, math.ceil(spec.train.epochs * steps_per_epoch))
-    warmup = spec.train.warmup_steps if spec.train.warmup_steps is not None else round(
-        spec.train.warmup_ratio * total_steps)
+    warmup = (
+        spec.train.warmup_steps
+        if spec.train.warmup_steps is not None
+        else round(spec.train.warmup_ratio * total_steps)
+    )
 
     # --- optimizer, schedule, loss scaling ---
     optimizer = make_optimizer(module, spec.train.lr, spec.train.weight_decay, device)
@@ -95,14 +105,30 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     with _log_to(run.logs_dir / "train.log", run):
         log.info("job %s on %s (%s)", spec.name, device_name(device), device.type)
         log.info("precision %s: %s", precision.name, precision.reason)
-        log.info("model %s: %.2fM parameters (%.2fM trainable)", built.description,
-                 built.num_parameters / 1e6, built.num_trainable_parameters / 1e6)
-        log.info("data: %d training and %d eval examples; micro-batch %d x %d accumulation = %d per step",
-                 len(data.train), len(data.eval) if data.eval else 0, micro, accum, micro * accum)
+        log.info(
+            "model %s: %.2fM parameters (%.2fM trainable)",
+            built.description,
+            built.num_parameters / 1e6,
+            built.num_trainable_parameters / 1e6,
+        )
+        log.info(
+            "data: %d training and %d eval examples; micro-batch %d x %d accumulation = %d per step",
+            len(data.train),
+            len(data.eval) if data.eval else 0,
+            micro,
+            accum,
+            micro * accum,
+        )
         if resumed_from is not None:
             log.info("resuming from checkpoint step %d of %d", resumed_from, total_steps)
-        run.event("started", step=start_step, total_steps=total_steps, device=device_name(device),
-                  precision=precision.name, resumed_from=resumed_from)
+        run.event(
+            "started",
+            step=start_step,
+            total_steps=total_steps,
+            device=device_name(device),
+            precision=precision.name,
+            resumed_from=resumed_from,
+        )
 
         flops = FlopModel(built, task, _to_device(data.train.collate(order.batch(0)), device))
         device_peak = peak_flops(device, precision.name)
@@ -119,10 +145,22 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             return cost_before + usd(time.perf_counter() - process_start, rate)
 
         def checkpoint(at_step: int) -> None:
-            path = save_checkpoint(run, at_step, module, optimizer, scheduler, scaler,
-                                   {"data_position": at_step * accum, "micro_batch": micro, "grad_accum": accum,
-                                    "examples_seen": at_step * accum * micro, "cost_usd": cost_so_far()},
-                                   keep=spec.train.keep_checkpoints)
+            path = save_checkpoint(
+                run,
+                at_step,
+                module,
+                optimizer,
+                scheduler,
+                scaler,
+                {
+                    "data_position": at_step * accum,
+                    "micro_batch": micro,
+                    "grad_accum": accum,
+                    "examples_seen": at_step * accum * micro,
+                    "cost_usd": cost_so_far(),
+                },
+                keep=spec.train.keep_checkpoints,
+            )
             run.event("checkpoint", step=at_step, path=str(path.relative_to(run.root)))
 
         reporter.start(total_steps, start_step)
@@ -171,17 +209,24 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                 # --- evaluate, log, checkpoint ---
                 evaluation = None
                 is_last = step == total_steps
-                if data.eval is not None and (is_last or (spec.train.eval_every and step % spec.train.eval_every == 0)):
+                if data.eval is not None and (
+                    is_last or (spec.train.eval_every and step % spec.train.eval_every == 0)
+                ):
                     evaluation = last_eval = evaluate(built, task, data.eval, micro, precision, device)
                     module.train()
                 if step % spec.train.log_every == 0 or evaluation or is_last:
                     record = {
-                        "step": step, "loss": loss_value, "lr": lr,
-                        "samples_per_s": samples / step_time, "tokens_per_s": tokens / step_time if tokens else None,
-                        "step_time_s": step_time, "data_wait_frac": data_wait / step_time,
+                        "step": step,
+                        "loss": loss_value,
+                        "lr": lr,
+                        "samples_per_s": samples / step_time,
+                        "tokens_per_s": tokens / step_time if tokens else None,
+                        "step_time_s": step_time,
+                        "data_wait_frac": data_wait / step_time,
                         "peak_mem_bytes": peak_memory_bytes(device),
                         "mfu": flops.step_flops(samples, tokens) / step_time / device_peak,
-                        "cost_usd": cost_so_far(), "step_cost_usd": usd(step_time, rate),
+                        "cost_usd": cost_so_far(),
+                        "step_cost_usd": usd(step_time, rate),
                         "eta_s": clock.eta(total_steps - step),
                     }
                     if evaluation:
@@ -194,7 +239,10 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     status, reason = "cancelled", f"stopped by {stop.signal_name} at step {step}"
                     break
                 if spec.cost.budget_usd is not None and cost_so_far() >= spec.cost.budget_usd and not is_last:
-                    status, reason = "cancelled", f"cost.budget_usd {spec.cost.budget_usd} spent at step {step}"
+                    status, reason = (
+                        "cancelled",
+                        f"cost.budget_usd {spec.cost.budget_usd} spent at step {step}",
+                    )
                     break
 
         # --- the end: checkpoint what is good, write the model and the summary ---
@@ -202,25 +250,44 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         if status != "failed" and done_step > start_step:
             checkpoint(done_step)
         if status == "finished" and done_step == total_steps:
-            save_artifact(run.model_dir, built, tokenizer, spec, data.labels,
-                          {"step": done_step, "precision": precision.name, "sample_shape": data.sample_shape})
+            save_artifact(
+                run.model_dir,
+                built,
+                tokenizer,
+                spec,
+                data.labels,
+                {"step": done_step, "precision": precision.name, "sample_shape": data.sample_shape},
+            )
         summary = {
-            "status": status, "reason": reason,
-            "steps": done_step, "total_steps": total_steps, "resumed_from": resumed_from,
+            "status": status,
+            "reason": reason,
+            "steps": done_step,
+            "total_steps": total_steps,
+            "resumed_from": resumed_from,
             "samples_per_s": samples_done / train_seconds if train_seconds else None,
             "tokens_per_s": tokens_done / train_seconds if train_seconds and tokens_done else None,
             "median_step_s": clock.median(),
             "peak_mem_bytes": peak_memory_bytes(device),
             "final_loss": loss_value if status != "failed" else None,
             "eval": last_eval,
-            "device": device_name(device), "device_type": device.type,
-            "precision": precision.name, "precision_reason": precision.reason,
-            "batch_size": micro, "grad_accum": accum, "global_batch_size": micro * accum,
-            "parameters": built.num_parameters, "trainable_parameters": built.num_trainable_parameters,
-            "flops_method": flops.method, "device_peak_flops": device_peak,
-            "mfu": (flops.step_flops(samples_done, tokens_done) / train_seconds / device_peak
-                    if train_seconds else None),
-            "cost_usd": cost_so_far(), "usd_per_hour": rate,
+            "device": device_name(device),
+            "device_type": device.type,
+            "precision": precision.name,
+            "precision_reason": precision.reason,
+            "batch_size": micro,
+            "grad_accum": accum,
+            "global_batch_size": micro * accum,
+            "parameters": built.num_parameters,
+            "trainable_parameters": built.num_trainable_parameters,
+            "flops_method": flops.method,
+            "device_peak_flops": device_peak,
+            "mfu": (
+                flops.step_flops(samples_done, tokens_done) / train_seconds / device_peak
+                if train_seconds
+                else None
+            ),
+            "cost_usd": cost_so_far(),
+            "usd_per_hour": rate,
             "wall_s": time.perf_counter() - process_start,
         }
         run.write_summary(summary)
@@ -252,8 +319,10 @@ def evaluate(built, task: str, data, batch_size: int, precision, device: torch.d
 def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
     """AdamW; no weight decay on biases and norm weights (1-D tensors), as careful users set it up."""
     params = [p for p in module.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=lr, fused=device.type == "cuda")
 
 
@@ -278,13 +347,17 @@ def _check_same_job(run: RunDir, spec: JobSpec) -> None:
     differing = [key for key in _diff_keys(stored, current) if key not in RESUMABLE_CHANGES]
     if differing:
         names = ", ".join(".".join(k) for k in differing[:5])
-        raise RunDirError(f"--out {run.root}: holds a run of a different spec (differs in {names}); "
-                          "use another --out to start a new run")
+        raise RunDirError(
+            f"--out {run.root}: holds a run of a different spec (differs in {names}); "
+            "use another --out to start a new run"
+        )
 
 
 def _diff_keys(a: Any, b: Any, prefix: tuple = ()) -> list[tuple]:
     if isinstance(a, dict) and isinstance(b, dict):
-        return [k for key in sorted(set(a) | set(b)) for k in _diff_keys(a.get(key), b.get(key), prefix + (key,))]
+        return [
+            k for key in sorted(set(a) | set(b)) for k in _diff_keys(a.get(key), b.get(key), prefix + (key,))
+        ]
     return [] if a == b else [prefix]
 
 

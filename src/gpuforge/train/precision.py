@@ -31,7 +31,9 @@ class Precision:
 def choose_precision(requested: str, device: torch.device) -> Precision:
     if requested != "auto":
         if requested == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise GpuforgeError("train.precision: bf16 was asked for but this GPU does not support it; use fp16")
+            raise GpuforgeError(
+                "train.precision: bf16 was asked for but this GPU does not support it; use fp16"
+            )
         return Precision(requested, "asked for in the spec")
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():

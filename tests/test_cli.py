@@ -1,0 +1,125 @@
+"""The CLI as a user meets it: real subprocesses, one-line errors, nothing written over."""
+
+import json
+
+import pytest
+import yaml
+
+from tests.conftest import image_spec, run_cli, write_spec
+
+
+def _one_line_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("gpuforge: error: ") and "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_train_with_overrides_fills_out_and_says_where(tmp_path):
+    spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=50))
+    result = run_cli(
+        "train",
+        str(spec),
+        "--out",
+        str(tmp_path / "run"),
+        "--max-steps",
+        "3",
+        "--set",
+        "train.lr=1e-3",
+        "--set",
+        "cost.usd_per_hour=2",
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"run directory: {tmp_path / 'run'}" in result.stdout and "finished at step 3/3" in result.stdout
+    stored = yaml.safe_load((tmp_path / "run" / "spec.yaml").read_text())
+    assert stored["train"]["lr"] == 1e-3 and stored["train"]["max_steps"] == 3
+    assert stored["cost"]["usd_per_hour"] == 2
+    assert "precision fp32" in result.stderr or "precision bf16" in result.stderr  # auto says what it picked
+    assert "step     3/3" in result.stderr  # the progress bar's last state
+
+
+def _bad_inputs(tmp_path):
+    good = image_spec(tmp_path)
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "nolabel.jsonl").write_text(json.dumps({"text": "hello", "topic": "x"}) + "\n")
+    (tmp_path / "a-file").write_text("precious")
+    text_job = {"model": {"source": "bundled:minilm", "task": "sequence-classification"}}
+    return {
+        "malformed": ("name: a\n  model: b\n", [], ["malformed YAML", "line 2"]),
+        "unknown key": (yaml.safe_dump({**good, "trian": {}}), [], ["trian: unknown key"]),
+        "wrong type": (yaml.safe_dump({**good, "train": {"max_steps": "many"}}), [], ["train.max_steps"]),
+        "missing data": (
+            yaml.safe_dump({**text_job, "data": {"train": "absent.jsonl"}}),
+            [],
+            ["data.train", "absent.jsonl: no such file"],
+        ),
+        "empty data": (
+            yaml.safe_dump({**text_job, "data": {"train": "empty.jsonl"}}),
+            [],
+            ["holds no records"],
+        ),
+        "no label column": (
+            yaml.safe_dump({**text_job, "data": {"train": "nolabel.jsonl"}}),
+            [],
+            ["data.label_field: 'label' not found"],
+        ),
+        "model dir": (
+            yaml.safe_dump({**good, "model": {"source": "hf:nowhere", "task": "causal-lm"}}),
+            [],
+            ["model.source", "nowhere: no such directory"],
+        ),
+        "out is a file": (yaml.safe_dump(good), ["--out", str(tmp_path / "a-file")], ["is a file"]),
+        "bad --set": (
+            yaml.safe_dump(good),
+            ["--set", "train.lr"],
+            ["--set train.lr: expected key.path=value"],
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "malformed",
+        "unknown key",
+        "wrong type",
+        "missing data",
+        "empty data",
+        "no label column",
+        "model dir",
+        "out is a file",
+        "bad --set",
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, case):
+    text, extra, fragments = _bad_inputs(tmp_path)[case]
+    spec = tmp_path / "job.yaml"
+    spec.write_text(text)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    args = ["train", str(spec), *extra]
+    if "--out" not in extra:
+        args += ["--out", str(tmp_path / "out")]
+    _one_line_error(run_cli(*args, cwd=tmp_path), *fragments)
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before  # nothing written, nothing written over
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_spec_file(tmp_path):
+    _one_line_error(run_cli("train", str(tmp_path / "nope.yaml")), "no such spec file")
+
+
+def test_nan_loss_exits_1_with_one_line(tmp_path):
+    spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=8, options={"nan_after": 2}))
+    result = run_cli("train", str(spec), "--out", str(tmp_path / "run"))
+    assert result.returncode == 1 and "gpuforge: training failed: loss is nan at step 3" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_hw_reports_the_device_and_its_measured_speed():
+    result = run_cli("hw")
+    assert result.returncode == 0, result.stderr
+    assert "device:" in result.stdout and "TFLOP/s (measured matmul)" in result.stdout
+    assert "precision auto ->" in result.stdout

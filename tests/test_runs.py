@@ -1,0 +1,57 @@
+import json
+
+import pytest
+
+from gpuforge.errors import RunDirError
+from gpuforge.runs import RunDir, read_jsonl
+
+
+def test_events_and_metrics_are_json_lines_and_nan_becomes_null(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.create()
+    run.event("started", step=0)
+    run.metric({"step": 1, "loss": float("nan")})
+    assert [e["event"] for e in run.events()] == ["started"]
+    assert run.metrics() == [{"step": 1, "loss": None}]
+    with pytest.raises(AssertionError):
+        run.event("exploded")
+
+
+def test_a_torn_last_line_is_skipped(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1}) + "\n" + '{"step": 2, "lo')
+    assert read_jsonl(path) == [{"step": 1}]
+
+
+def test_truncate_metrics_after_a_resume_point(tmp_path):
+    run = RunDir(tmp_path)
+    run.create()
+    for step in range(1, 8):
+        run.metric({"step": step})
+    run.truncate_metrics_after(4)
+    assert [m["step"] for m in run.metrics()] == [1, 2, 3, 4]
+
+
+def test_only_complete_checkpoints_count(tmp_path):
+    run = RunDir(tmp_path)
+    run.create()
+    for step, complete in ((5, True), (10, True), (15, False)):
+        path = run.checkpoint_path(step)
+        path.mkdir()
+        if complete:
+            (path / "meta.json").write_text("{}")
+    assert [s for s, _ in run.checkpoints()] == [5, 10]
+    assert run.latest_checkpoint()[0] == 10
+
+
+def test_check_usable_refuses_files_and_foreign_directories(tmp_path):
+    afile = tmp_path / "f"
+    afile.write_text("x")
+    with pytest.raises(RunDirError, match="is a file"):
+        RunDir(afile).check_usable()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match="holds no gpuforge run"):
+        RunDir(foreign).check_usable()
+    RunDir(tmp_path / "new").check_usable()  # absent: fine

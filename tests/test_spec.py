@@ -1,0 +1,121 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuforge.errors import SpecError
+from gpuforge.spec import JobSpec, apply_override, load_spec, parse_bytes, parse_spec
+
+MINIMAL = {
+    "model": {"source": "bundled:minilm", "task": "sequence-classification"},
+    "data": {"train": "data.jsonl"},
+}
+
+
+def _spec(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_filled_and_paths_resolved_against_the_spec_dir(tmp_path):
+    spec = load_spec(_spec(tmp_path, yaml.safe_dump(MINIMAL)))
+    assert spec.name == "job"
+    assert spec.data.train == str(tmp_path / "data.jsonl")
+    assert spec.train.epochs == 1.0 and spec.train.max_steps is None
+    assert spec.train.precision == "auto" and spec.train.batch_size == 32
+    assert spec.cost.usd_per_hour == 0.0 and spec.distributed.strategy == "none"
+    # the resolved spec round-trips through YAML unchanged
+    assert JobSpec.model_validate(yaml.safe_load(spec.to_yaml())) == spec
+
+
+def test_builtin_data_and_hf_dir_and_python_file_are_resolved_correctly(tmp_path):
+    raw = {
+        "model": {"source": "python:models/m.py:build", "task": "image-classification"},
+        "data": {"train": "sklearn:digits"},
+    }
+    spec = parse_spec(raw, tmp_path)
+    assert spec.data.train == "sklearn:digits"
+    assert spec.model.source == f"python:{tmp_path / 'models' / 'm.py'}:build"
+    hf = parse_spec({**MINIMAL, "model": {"source": "hf:my-model", "task": "causal-lm"}}, tmp_path)
+    assert hf.model.source == f"hf:{tmp_path / 'my-model'}"
+    module = parse_spec({**MINIMAL, "model": {"source": "python:pkg.mod:fn", "task": "causal-lm"}}, tmp_path)
+    assert module.model.source == "python:pkg.mod:fn"
+
+
+@pytest.mark.parametrize(
+    "override, check",
+    [
+        ("train.lr=1e-3", lambda s: s.train.lr == 1e-3),
+        ("train.max_steps=7", lambda s: s.train.max_steps == 7),
+        ("train.precision=bf16", lambda s: s.train.precision == "bf16"),
+        ("cost.usd_per_hour=2.5", lambda s: s.cost.usd_per_hour == 2.5),
+        ("model.options.n_layer=2", lambda s: s.model.options == {"n_layer": 2}),
+        ("name=renamed", lambda s: s.name == "renamed"),
+    ],
+)
+def test_set_overrides(tmp_path, override, check):
+    assert check(load_spec(_spec(tmp_path, yaml.safe_dump(MINIMAL)), [override]))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("name: a\n  model: b\n", "line 2 column 8: malformed YAML"),
+        ("- a\n- b\n", "must be a mapping"),
+        (yaml.safe_dump({**MINIMAL, "trian": {}}), "trian: unknown key"),
+        (yaml.safe_dump({**MINIMAL, "train": {"lr": -1}}), "train.lr: must be > 0"),
+        (yaml.safe_dump({**MINIMAL, "train": {"lr": "fast"}}), "train.lr:"),
+        (yaml.safe_dump({**MINIMAL, "train": {"batch_size": 0}}), "train.batch_size"),
+        (yaml.safe_dump({**MINIMAL, "train": {"batch_size": 32, "global_batch_size": 48}}), "multiple of"),
+        (yaml.safe_dump({**MINIMAL, "train": {"precision": "fp8"}}), "train.precision"),
+        (
+            yaml.safe_dump({**MINIMAL, "model": {"source": "hub:bert", "task": "causal-lm"}}),
+            "unknown scheme 'hub'",
+        ),
+        (
+            yaml.safe_dump({**MINIMAL, "model": {"source": "bundled:minilm", "task": "regression"}}),
+            "model.task",
+        ),
+        (yaml.safe_dump({"data": {"train": "x"}}), "model: Field required"),
+        (yaml.safe_dump({**MINIMAL, "resources": {"max_memory": "lots"}}), "resources.max_memory"),
+        (yaml.safe_dump({**MINIMAL, "adapt": {"lora": {"r": 8}}}), "adapt.lora: not available yet"),
+        (
+            yaml.safe_dump({**MINIMAL, "train": {"batch_size": "auto"}}),
+            "train.batch_size: 'auto' is not available",
+        ),
+        (yaml.safe_dump({**MINIMAL, "distributed": {"strategy": "ddp"}}), "distributed.strategy"),
+    ],
+)
+def test_errors_name_the_field_and_the_problem(tmp_path, text, message):
+    with pytest.raises(SpecError) as err:
+        load_spec(_spec(tmp_path, text))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+    assert str(err.value).startswith(str(tmp_path / "job.yaml"))
+
+
+def test_missing_spec_file_and_directory(tmp_path):
+    with pytest.raises(SpecError, match="no such spec file"):
+        load_spec(tmp_path / "absent.yaml")
+    with pytest.raises(SpecError, match="is a directory"):
+        load_spec(tmp_path)
+
+
+@pytest.mark.parametrize("bad", ["train.lr", "=3", "train..lr=3"])
+def test_malformed_set(bad):
+    with pytest.raises(SpecError, match="--set"):
+        apply_override({}, bad)
+
+
+def test_set_into_a_non_section_is_an_error():
+    with pytest.raises(SpecError, match="train.lr is not a section"):
+        apply_override({"train": {"lr": 1.0}}, "train.lr.x=3")
+
+
+def test_parse_bytes():
+    assert parse_bytes("8GiB") == 8 * 2**30
+    assert parse_bytes("512MB") == 512 * 10**6
+    assert parse_bytes("1024") == 1024
+    with pytest.raises(ValueError):
+        parse_bytes("8 parsecs")

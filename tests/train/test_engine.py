@@ -1,0 +1,221 @@
+"""The training loop, in-process, on tiny models: every task, determinism, accumulation, stops, resume."""
+
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+from gpuforge.errors import RunDirError, TrainingFailed
+from gpuforge.runs import RunDir
+from gpuforge.spec import parse_spec
+from gpuforge.train.artifact import load_artifact
+from gpuforge.train.engine import train
+from gpuforge.train.progress import Reporter
+from tests.conftest import TEST_MODELS, image_spec
+
+METRIC_FIELDS = {
+    "step",
+    "loss",
+    "lr",
+    "samples_per_s",
+    "tokens_per_s",
+    "step_time_s",
+    "data_wait_frac",
+    "peak_mem_bytes",
+    "mfu",
+    "cost_usd",
+    "eta_s",
+}
+SUMMARY_FIELDS = {
+    "steps",
+    "samples_per_s",
+    "tokens_per_s",
+    "median_step_s",
+    "peak_mem_bytes",
+    "final_loss",
+    "eval",
+    "device",
+    "precision",
+    "batch_size",
+    "grad_accum",
+    "cost_usd",
+    "wall_s",
+}
+
+
+def _train(tmp_path, raw, out="run", reporter=None):
+    return train(parse_spec(raw, tmp_path), tmp_path / out, reporter)
+
+
+def _losses(run_dir):
+    return [m["loss"] for m in RunDir(run_dir).metrics()]
+
+
+def test_image_job_fills_the_run_directory(tmp_path):
+    raw = image_spec(tmp_path, max_steps=12, checkpoint_every=5, eval_every=6)
+    raw["cost"] = {"usd_per_hour": 3.6}
+    summary = _train(tmp_path, raw)
+    run = RunDir(tmp_path / "run")
+    assert summary["status"] == "finished" and summary["steps"] == 12
+    assert SUMMARY_FIELDS <= set(summary) and summary["device"] and summary["precision"] in ("fp32", "bf16")
+    assert run.summary() == {k: v for k, v in summary.items() if k != "signal"}
+    metrics = run.metrics()
+    assert [m["step"] for m in metrics] == list(range(1, 13))
+    assert all(METRIC_FIELDS <= set(m) for m in metrics)
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+    assert "eval_accuracy" in metrics[5] and "eval_accuracy" in metrics[11] and "eval_loss" not in metrics[4]
+    assert all(0 < m["mfu"] < 1 and m["peak_mem_bytes"] > 0 for m in metrics)
+    # cost: $3.60/h is $0.001/s; so far grows, per step matches the step time
+    assert metrics[-1]["cost_usd"] > metrics[0]["cost_usd"] > 0
+    assert math.isclose(metrics[3]["step_cost_usd"], metrics[3]["step_time_s"] * 0.001, rel_tol=1e-9)
+    events = [e["event"] for e in run.events()]
+    assert events == ["started", "checkpoint", "checkpoint", "checkpoint", "finished"]
+    assert [s for s, _ in run.checkpoints()] == [10, 12]  # keep_checkpoints=2 pruned step 5
+    assert (run.model_dir / "gpuforge.json").exists() and (run.logs_dir / "train.log").read_text()
+    assert "precision" in (run.logs_dir / "train.log").read_text()
+    assert run.spec_path.read_text().startswith("name: tiny-digits")
+
+
+def test_artifact_reloads_with_the_same_predictions(tmp_path):
+    _train(tmp_path, image_spec(tmp_path, max_steps=3))
+    module, tokenizer, manifest = load_artifact(tmp_path / "run" / "model")
+    assert manifest["format"] == "state_dict" and manifest["labels"] == [str(i) for i in range(10)]
+    assert tokenizer is None and manifest["sample_shape"] == [1, 8, 8]
+    x = torch.rand(4, 1, 8, 8)
+    again, _, _ = load_artifact(tmp_path / "run" / "model")
+    assert torch.equal(module(x), again(x))
+
+
+def test_text_classification_on_a_local_transformers_model(tmp_path, tiny_bert_dir, small_topics):
+    raw = {
+        "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},
+        "data": {"train": str(small_topics), "max_length": 32},
+        "train": {"max_steps": 4, "batch_size": 8, "lr": 1e-3},
+    }
+    summary = _train(tmp_path, raw)
+    assert summary["tokens_per_s"] > 0 and set(summary["eval"]) == {"loss", "accuracy"}
+    module, tokenizer, manifest = load_artifact(tmp_path / "run" / "model")
+    assert manifest["format"] == "transformers" and sorted(manifest["labels"]) == manifest["labels"]
+    assert module(**tokenizer(["the match went to extra time"], return_tensors="pt")).logits.shape == (1, 4)
+
+
+def test_plain_torch_text_model_with_the_byte_tokenizer(tmp_path, small_topics):
+    raw = {
+        "model": {"source": f"python:{TEST_MODELS}:text_model", "task": "sequence-classification"},
+        "data": {"train": str(small_topics), "tokenizer": "bytes"},
+        "train": {"max_steps": 3, "batch_size": 16, "lr": 1e-2},
+    }
+    summary = _train(tmp_path, raw)
+    assert summary["status"] == "finished" and summary["flops_method"].startswith("measured")
+
+
+def test_causal_lm_from_scratch_reports_perplexity(tmp_path):
+    (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 60)
+    raw = {
+        "model": {
+            "source": "bundled:gpt-tiny",
+            "task": "causal-lm",
+            "options": {"n_layer": 1, "n_embd": 32, "n_head": 2},
+        },
+        "data": {"train": "corpus.txt", "max_length": 32},
+        "train": {"max_steps": 5, "batch_size": 8, "lr": 3e-3},
+    }
+    summary = _train(tmp_path, raw)
+    assert summary["tokens_per_s"] > 0 and summary["eval"]["perplexity"] > 1
+    assert summary["flops_method"].startswith("6 x")
+    _, tokenizer, manifest = load_artifact(tmp_path / "run" / "model")
+    assert manifest["task"] == "causal-lm" and tokenizer.decode(tokenizer("fox")["input_ids"]) == "fox"
+
+
+def test_same_seed_same_losses_other_seed_other_losses(tmp_path):
+    a = _losses(_train(tmp_path, image_spec(tmp_path, seed=7), "a") and tmp_path / "a")
+    b = _losses(_train(tmp_path, image_spec(tmp_path, seed=7), "b") and tmp_path / "b")
+    c = _losses(_train(tmp_path, image_spec(tmp_path, seed=8), "c") and tmp_path / "c")
+    assert a == b and a != c
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path):
+    big = image_spec(tmp_path, batch_size=32, options={"dropout": 0.0})
+    accumulated = image_spec(tmp_path, batch_size=16, global_batch_size=32, options={"dropout": 0.0})
+    s_big = _train(tmp_path, big, "big")
+    s_acc = _train(tmp_path, accumulated, "acc")
+    assert (s_acc["batch_size"], s_acc["grad_accum"], s_acc["global_batch_size"]) == (16, 2, 32)
+    assert _losses(tmp_path / "acc") == pytest.approx(_losses(tmp_path / "big"), rel=1e-5)
+    assert s_big["grad_accum"] == 1
+
+
+def test_nan_loss_stops_with_a_failed_event_and_keeps_the_last_good_checkpoint(tmp_path):
+    raw = image_spec(tmp_path, max_steps=10, checkpoint_every=2, options={"nan_after": 5})
+    with pytest.raises(
+        TrainingFailed, match="loss is nan at step 6; the last good checkpoint is step-000004"
+    ):
+        _train(tmp_path, raw)
+    run = RunDir(tmp_path / "run")
+    failed = run.events()[-1]
+    assert failed["event"] == "failed" and "loss is nan" in failed["reason"]
+    assert [s for s, _ in run.checkpoints()] == [2, 4]
+    assert run.summary()["status"] == "failed" and not run.model_dir.exists()
+
+
+def test_budget_stops_with_a_checkpoint(tmp_path):
+    raw = image_spec(tmp_path, max_steps=50)
+    raw["cost"] = {"usd_per_hour": 1e6, "budget_usd": 0.5}
+    summary = _train(tmp_path, raw)
+    assert summary["status"] == "cancelled" and "budget" in summary["reason"]
+    assert RunDir(tmp_path / "run").latest_checkpoint()[0] == summary["steps"] < 50
+
+
+class SignalAt(Reporter):
+    """Sends this process a signal once a given step is logged, as `kill` would."""
+
+    def __init__(self, step, signum=signal.SIGTERM):
+        self.at, self.signum = step, signum
+
+    def step(self, record):
+        if record["step"] == self.at:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_checkpoints_and_a_rerun_resumes_the_same_loss_curve(tmp_path, signum):
+    raw = image_spec(tmp_path, max_steps=14, checkpoint_every=5)
+    reference = _train(tmp_path, raw, "reference")
+    stopped = _train(tmp_path, raw, "run", SignalAt(7, signum))
+    assert stopped["status"] == "cancelled" and stopped["signal"] == signum and stopped["steps"] == 7
+    run = RunDir(tmp_path / "run")
+    assert run.latest_checkpoint()[0] == 7 and not run.model_dir.exists()
+    resumed = _train(tmp_path, raw, "run")
+    assert resumed["resumed_from"] == 7 and resumed["status"] == "finished"
+    assert [m["step"] for m in run.metrics()] == list(range(1, 15))
+    assert _losses(tmp_path / "run") == pytest.approx(_losses(tmp_path / "reference"), rel=1e-6)
+    assert resumed["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-6)
+    assert [e["event"] for e in run.events()].count("started") == 2
+
+
+def test_a_finished_run_reruns_as_a_no_op_and_extends_with_more_steps(tmp_path):
+    raw = image_spec(tmp_path, max_steps=4)
+    _train(tmp_path, raw)
+    again = _train(tmp_path, raw)
+    assert again["steps"] == 4 and again["resumed_from"] == 4
+    raw["train"]["max_steps"] = 6
+    longer = _train(tmp_path, raw)
+    assert longer["steps"] == 6 and [m["step"] for m in RunDir(tmp_path / "run").metrics()] == list(
+        range(1, 7)
+    )
+
+
+def test_a_run_directory_of_another_spec_is_refused_and_left_alone(tmp_path):
+    _train(tmp_path, image_spec(tmp_path, max_steps=2))
+    before = sorted(p.name for p in (tmp_path / "run").rglob("*"))
+    with pytest.raises(RunDirError, match=r"different spec \(differs in train.lr\)"):
+        _train(tmp_path, image_spec(tmp_path, max_steps=2, lr=0.5))
+    assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == before
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_on_cpu(tmp_path, precision):
+    summary = _train(tmp_path, image_spec(tmp_path, max_steps=3, precision=precision))
+    assert summary["precision"] == precision and math.isfinite(summary["final_loss"])
+    assert "asked for" in summary["precision_reason"]
