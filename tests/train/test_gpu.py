@@ -31,11 +31,11 @@ def test_image_job_on_cuda(tmp_path, precision):
     assert summary["peak_mem_bytes"] > 0 and 0 < summary["mfu"] < 1
 
 
-def test_minilm_on_cuda_resumes_the_same_curve(tmp_path, small_topics):
+def test_text_classification_on_cuda_resumes_the_same_curve(tmp_path, tiny_bert_dir, small_topics):
     raw = {
-        "model": {"source": "bundled:minilm", "task": "sequence-classification"},
+        "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},
         "data": {"train": str(small_topics), "max_length": 64},
-        "train": {"max_steps": 6, "batch_size": 16, "lr": 1e-4, "checkpoint_every": 3, "precision": "bf16"},
+        "train": {"max_steps": 6, "batch_size": 16, "lr": 1e-3, "checkpoint_every": 3, "precision": "bf16"},
     }
     spec = parse_spec(raw, tmp_path)
     full = train(spec, tmp_path / "full")

