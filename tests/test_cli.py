@@ -123,3 +123,18 @@ def test_hw_reports_the_device_and_its_measured_speed():
     assert result.returncode == 0, result.stderr
     assert "device:" in result.stdout and "TFLOP/s (measured matmul)" in result.stdout
     assert "precision auto ->" in result.stdout
+
+
+def test_demo_trains_every_spec_in_the_folder_and_says_where(tmp_path):
+    examples = tmp_path / "examples"
+    examples.mkdir()
+    write_spec(examples / "a.yaml", image_spec(tmp_path))
+    write_spec(examples / "b.yaml", {**image_spec(tmp_path), "name": "other"})
+    result = run_cli("demo", "--examples", str(examples), "--out", str(tmp_path / "out"), "--max-steps", "2")
+    assert result.returncode == 0, result.stderr
+    runs = sorted((tmp_path / "out").iterdir())
+    assert [p.name.split("-")[0] for p in runs] == ["a", "b"]
+    for run in runs:
+        assert json.loads((run / "summary.json").read_text())["steps"] == 2
+        assert str(run.resolve()) in result.stdout
+    _one_line_error(run_cli("demo", "--examples", str(tmp_path / "none")), "no *.yaml example specs")

@@ -28,7 +28,7 @@ app = typer.Typer(
     help="Train, compress and serve deep-learning models fast, and know what each run costs.",
 )
 console = Console(stderr=True)
-out_console = Console()
+out_console = Console() if sys.stdout.isatty() else Console(width=120)  # logs and pipes: no squeeze
 
 EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
 
@@ -104,43 +104,35 @@ def demo(
         raise GpuforgeError(f"--examples {examples}: no *.yaml example specs there")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     table = Table(title="gpuforge demo")
-    for column in (
-        "job",
-        "status",
-        "steps",
-        "loss",
-        "eval",
-        "samples/s",
-        "device",
-        "wall s",
-        "run directory",
-    ):
-        table.add_column(column)
+    for column in ("job", "steps", "loss", "eval", "samples/s", "device", "wall s"):
+        table.add_column(column, no_wrap=True)
+    run_dirs = []
     for spec_path in specs:
         out_console.print(f"[bold]{spec_path.name}[/bold]")
         overrides = [f"train.max_steps={max_steps}"] if max_steps else []
         job, run_dir, s = _run_job(spec_path, out / f"{spec_path.stem}-{stamp}", overrides)
-        evaluation = s.get("eval") or {}
-        shown = (
-            f"acc {evaluation['accuracy']:.3f}"
-            if "accuracy" in evaluation
-            else f"ppl {evaluation['perplexity']:.1f}"
-            if "perplexity" in evaluation
-            else "-"
-        )
+        run_dirs.append((job.name, run_dir))
         table.add_row(
             job.name,
-            s["status"],
-            str(s["steps"]),
-            f"{s['final_loss']:.4f}" if s["final_loss"] else "-",
-            shown,
+            f"{s['steps']} {s['status']}",
+            f"{s['final_loss']:.4f}" if s["final_loss"] is not None else "-",
+            _eval_figure(s.get("eval") or {}),
             f"{s['samples_per_s'] or 0:.1f}",
-            f"{s['device_type']}/{s['precision']}",
+            f"{s['device_type']} {s['precision']}",
             f"{s['wall_s']:.0f}",
-            str(run_dir),
         )
     out_console.print(table)
-    out_console.print(f"results: {out.resolve()} (each run: summary.json, metrics.jsonl, model/)")
+    for name, run_dir in run_dirs:
+        out_console.print(f"{name}: {run_dir.resolve()}", soft_wrap=True)
+    out_console.print(
+        "each run directory holds summary.json, metrics.jsonl, events.jsonl, model/, checkpoints/"
+    )
+
+
+def _eval_figure(evaluation: dict) -> str:
+    if "accuracy" in evaluation:
+        return f"acc {evaluation['accuracy']:.3f}"
+    return f"ppl {evaluation['perplexity']:.1f}" if "perplexity" in evaluation else "-"
 
 
 @app.command()
