@@ -80,32 +80,21 @@ class PreparedData:
     sample_shape: tuple[int, ...] | None = None  # one image's C x H x W
 
 
-def _texts(records: list[dict[str, Any]], field: str, where: str, ref: str) -> list[str]:
+def _column(records: list[dict[str, Any]], field: str, setting: str, where: str, ref: str) -> list[Any]:
+    """One field of every record; `setting` (data.text_field / data.label_field) is named in errors."""
     if field not in records[0]:
-        raise DataError(
-            f"data.text_field: '{field}' not found in {ref} (columns: {', '.join(map(str, records[0]))})"
-        )
-    texts = []
+        columns = ", ".join(map(str, records[0]))
+        raise DataError(f"{setting}: '{field}' not found in {ref} (columns: {columns})")
+    is_text = setting == "data.text_field"
+    values = []
     for number, r in enumerate(records, 1):
         value = r.get(field)
-        if not isinstance(value, str) or not value.strip():
-            raise DataError(f"{where}: {ref} record {number}: '{field}' is missing or not text")
-        texts.append(value)
-    return texts
-
-
-def _raw_labels(records: list[dict[str, Any]], field: str, where: str, ref: str) -> list[Any]:
-    if field not in records[0]:
-        raise DataError(
-            f"data.label_field: '{field}' not found in {ref} (columns: {', '.join(map(str, records[0]))})"
-        )
-    labels = []
-    for number, r in enumerate(records, 1):
-        value = r.get(field)
-        if value is None or (isinstance(value, str) and not value.strip()):
-            raise DataError(f"{where}: {ref} record {number}: label '{field}' is missing")
-        labels.append(value)
-    return labels
+        blank = value is None or (isinstance(value, str) and not value.strip())
+        if blank or (is_text and not isinstance(value, str)):
+            what = f"'{field}' is missing or not text" if is_text else f"label '{field}' is missing"
+            raise DataError(f"{where}: {ref} record {number}: {what}")
+        values.append(value)
+    return values
 
 
 def _label_names(train_labels: list[Any], num_labels: int | None) -> list[str]:
@@ -181,12 +170,16 @@ def _build(
     if isinstance(source, Images):
         raise DataError(f"{where}: {ref}: holds images, but model.task is {task}")
     if task == "causal-lm":
-        texts = [source] if isinstance(source, str) else _texts(source, spec.text_field, where, ref)
+        texts = (
+            [source]
+            if isinstance(source, str)
+            else _column(source, spec.text_field, "data.text_field", where, ref)
+        )
         return PackedBlocks(_pack(tokenizer, texts, spec.max_length, where, ref)), None
     if isinstance(source, str):
         raise DataError(f"{where}: {ref}: plain text has no labels; {task} needs jsonl/csv/parquet records")
-    texts = _texts(source, spec.text_field, where, ref)
-    raw = _raw_labels(source, spec.label_field, where, ref)
+    texts = _column(source, spec.text_field, "data.text_field", where, ref)
+    raw = _column(source, spec.label_field, "data.label_field", where, ref)
     names = labels or _label_names(raw, num_labels)
     data = TextClassification(
         _tokenize_examples(tokenizer, texts, spec.max_length),
