@@ -106,18 +106,23 @@ class LoraSpec(Section):
     r: int = Field(8, ge=1)
     alpha: float = Field(16, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] | None = None
+    target_modules: list[str] | None = Field(
+        None, description="name patterns (fnmatch); default: attention query/value of known families"
+    )
+    modules_to_save: list[str] | None = Field(
+        None, description="modules trained in full beside LoRA (a classification head is added for you)"
+    )
 
 
 class AdaptSpec(Section):
     lora: LoraSpec | None = None
     quantize_base: Literal["nf4", "int8"] | None = None
 
-    @field_validator("lora", "quantize_base")
+    @field_validator("quantize_base")
     @classmethod
     def _not_yet(cls, v: Any) -> Any:
         if v is not None:
-            raise ValueError("not available yet (LoRA and QLoRA come with the next release); remove it")
+            raise ValueError("not available yet (QLoRA comes with a later step); remove it")
         return v
 
 

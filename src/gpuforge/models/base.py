@@ -26,6 +26,7 @@ class BuiltModel:
     is_transformers: bool  # a transformers PreTrainedModel: saved with save_pretrained, called by keyword
     description: str  # one line for logs: what was built and from where
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in model/gpuforge.json
+    adapter: bool = False  # a PEFT model: the base is frozen, only adapter weights train and are saved
 
     @property
     def num_parameters(self) -> int:

@@ -31,7 +31,10 @@ def save_artifact(
     tmp = model_dir.with_name(model_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    if built.is_transformers:
+    if built.adapter:
+        built.module.save_pretrained(str(tmp))  # PEFT: adapter_config.json + adapter_model.safetensors
+        fmt = "peft-adapter"
+    elif built.is_transformers:
         built.module.save_pretrained(str(tmp))
         fmt = "transformers"
     else:
@@ -41,7 +44,10 @@ def save_artifact(
         tokenizer.save_pretrained(str(tmp))
     manifest = {
         "format": fmt,
-        "kind": "full",  # LoRA runs will write "adapter" here
+        "kind": "adapter" if built.adapter else "full",
+        "base": spec.model.source if built.adapter else None,  # an adapter loads on top of this base
+        "pretrained": built.extra.get("pretrained"),
+        "lora_targets": built.extra.get("lora_targets"),
         "task": spec.model.task,
         "source": spec.model.source,
         "options": spec.model.options,
@@ -66,22 +72,31 @@ def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu"):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    if manifest["format"] == "transformers":
+    if manifest["kind"] == "adapter":
+        from peft import PeftModel
+
+        base = build_model(_request(manifest, tokenizer)).module
+        module = PeftModel.from_pretrained(base, str(model_dir))
+    elif manifest["format"] == "transformers":
         from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
         auto = AutoModelForCausalLM if manifest["task"] == "causal-lm" else AutoModelForSequenceClassification
         module = auto.from_pretrained(str(model_dir), local_files_only=True)
     else:
-        request = ModelRequest(
-            manifest["source"],
-            manifest["task"],
-            manifest["num_labels"],
-            manifest["labels"],
-            len(tokenizer) if tokenizer is not None else None,
-            manifest["max_length"],
-            None,
-            manifest["options"],
-        )
-        module = build_model(request).module
+        module = build_model(_request(manifest, tokenizer)).module
         load_model(module, str(model_dir / "model.safetensors"))
     return module.to(device).eval(), tokenizer, manifest
+
+
+def _request(manifest: dict[str, Any], tokenizer) -> ModelRequest:
+    """How to rebuild the model (or the adapter's base) a manifest describes."""
+    return ModelRequest(
+        manifest["source"],
+        manifest["task"],
+        manifest["num_labels"],
+        manifest["labels"],
+        len(tokenizer) if tokenizer is not None else None,
+        manifest["max_length"],
+        manifest.get("pretrained"),
+        manifest["options"],
+    )

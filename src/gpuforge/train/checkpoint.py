@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from gpuforge.runs import RunDir
 
@@ -32,6 +32,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What an adapter run saves: trainable parameters and buffers; the frozen base rebuilds from source."""
+    state = {n: p.detach() for n, p in module.named_parameters() if p.requires_grad}
+    state.update(dict(module.named_buffers()))
+    return {n: t.contiguous() for n, t in state.items()}
+
+
 def save_checkpoint(
     run: RunDir,
     step: int,
@@ -41,12 +48,16 @@ def save_checkpoint(
     scaler,
     meta: dict[str, Any],
     keep: int,
+    adapter: bool = False,
 ) -> Path:
     final = run.checkpoint_path(step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_model(module, str(tmp / "model.safetensors"))  # handles tied weights (shared tensors)
+    if adapter:
+        save_file(trainable_state(module), str(tmp / "adapter.safetensors"))
+    else:
+        save_model(module, str(tmp / "model.safetensors"))  # handles tied weights (shared tensors)
     torch.save(
         {
             "optimizer": optimizer.state_dict(),
@@ -68,7 +79,13 @@ def load_checkpoint(
     path: Path, module: torch.nn.Module, optimizer, scheduler, scaler, device: torch.device
 ) -> dict[str, Any]:
     """Restore everything saved by save_checkpoint; returns its meta (step, data position, cost so far)."""
-    load_model(module, str(path / "model.safetensors"), device=str(device))
+    if (path / "adapter.safetensors").exists():
+        state = load_file(str(path / "adapter.safetensors"), device=str(device))
+        unexpected = module.load_state_dict(state, strict=False).unexpected_keys
+        if unexpected:
+            raise RuntimeError(f"checkpoint {path} holds weights this model lacks: {unexpected[:5]}")
+    else:
+        load_model(module, str(path / "model.safetensors"), device=str(device))
     state = torch.load(path / "training_state.pt", map_location="cpu", weights_only=False)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])

@@ -32,6 +32,7 @@ from gpuforge.models import ModelRequest, build_model, load_tokenizer
 from gpuforge.runs import RunDir
 from gpuforge.spec import JobSpec
 from gpuforge.train import tasks
+from gpuforge.train.adapt import apply_lora
 from gpuforge.train.artifact import save_artifact
 from gpuforge.train.checkpoint import load_checkpoint, save_checkpoint
 from gpuforge.train.metrics import FlopModel, StepClock, usd
@@ -72,6 +73,8 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             options=spec.model.options,
         )
     )
+    if spec.adapt.lora is not None:
+        built = apply_lora(built, spec.adapt.lora, task)
     module = built.module.to(device)
     module.train()
 
@@ -164,6 +167,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     "cost_usd": cost_so_far(),
                 },
                 keep=spec.train.keep_checkpoints,
+                adapter=built.adapter,
             )
             run.event("checkpoint", step=at_step, path=str(path.relative_to(run.root)))
 
@@ -283,6 +287,8 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             "global_batch_size": micro * accum,
             "parameters": built.num_parameters,
             "trainable_parameters": built.num_trainable_parameters,
+            "optimizer_state_bytes": optimizer_state_bytes(optimizer),
+            "adapter": "lora" if built.adapter else None,
             "flops_method": flops.method,
             "device_peak_flops": device_peak,
             "mfu": (
@@ -329,6 +335,16 @@ def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, devi
     ]
     # fused AdamW: one kernel over all tensors; on a CPU it makes the optimizer step ~5x faster
     return torch.optim.AdamW(groups, lr=lr, fused=device.type in ("cuda", "cpu"))
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes the optimizer keeps (AdamW: two moments per trainable parameter, plus step counters)."""
+    return sum(
+        t.numel() * t.element_size()
+        for state in optimizer.state.values()
+        for t in state.values()
+        if isinstance(t, torch.Tensor)
+    )
 
 
 def seed_everything(seed: int) -> None:

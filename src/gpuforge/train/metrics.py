@@ -25,8 +25,10 @@ class FlopModel:
             self.per_sample = self._measure_per_sample(built, task, sample_batch)
             self.method = "measured (torch.utils.flop_counter)"
         else:
-            self.per_token = 6.0 * (built.num_parameters - built.num_embedding_parameters)
-            self.method = "6 x non-embedding params x tokens"
+            # forward 2N, activation gradients 2N, weight gradients 2N only where weights train
+            factor = 4.0 if built.adapter else 6.0
+            self.per_token = factor * (built.num_parameters - built.num_embedding_parameters)
+            self.method = f"{factor:.0f} x non-embedding params x tokens"
 
     @staticmethod
     def _measure_per_sample(built: BuiltModel, task: str, batch: dict[str, torch.Tensor]) -> float:

@@ -28,6 +28,8 @@ def forward(built: BuiltModel, task: str, batch: dict[str, torch.Tensor]) -> tor
 
 
 def _accepts(module: torch.nn.Module, name: str) -> bool:
+    if hasattr(module, "get_base_model"):  # a PEFT wrapper forwards *args/**kwargs to its base
+        module = module.get_base_model()
     return name in inspect.signature(module.forward).parameters
 
 
