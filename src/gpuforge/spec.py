@@ -81,6 +81,8 @@ class TrainSpec(Section):
     eval_every: int | None = Field(None, ge=1, description="default: only at the end")
     checkpoint_every: int | None = Field(None, ge=1, description="default: only at the end and on signals")
     keep_checkpoints: int = Field(2, ge=1)
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory")
+    compile: bool = Field(False, description="torch.compile the model (first steps pay the compile time)")
 
     @field_validator("batch_size")
     @classmethod

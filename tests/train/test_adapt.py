@@ -97,3 +97,30 @@ def test_a_target_matching_nothing_names_the_modules_it_saw():
         apply_lora(
             built, LoraSpec(target_modules=["net.1"], modules_to_save=["head9"]), "image-classification"
         )
+
+
+def test_activation_checkpointing_keeps_the_loss_curve(tmp_path, tiny_bert_dir, small_topics):
+    plain = _text_job(tiny_bert_dir, small_topics, lora={"r": 4})
+    checkpointed = {**plain, "train": {**plain["train"], "gradient_checkpointing": True}}
+    train(parse_spec(plain, tmp_path), tmp_path / "plain")
+    train(parse_spec(checkpointed, tmp_path), tmp_path / "ckpt")
+    losses = [m["loss"] for m in RunDir(tmp_path / "ckpt").metrics()]
+    assert losses == pytest.approx([m["loss"] for m in RunDir(tmp_path / "plain").metrics()], rel=1e-5)
+
+
+def test_activation_checkpointing_needs_a_transformers_model(tmp_path):
+    with pytest.raises(SpecError, match="train.gradient_checkpointing: only transformers models"):
+        train(parse_spec(image_spec(tmp_path, gradient_checkpointing=True), tmp_path), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_compiled_model_trains_the_same_curve_and_checkpoints_plain_names(tmp_path):
+    train(
+        parse_spec(image_spec(tmp_path, max_steps=4, options={"dropout": 0.0}), tmp_path), tmp_path / "eager"
+    )
+    raw = image_spec(tmp_path, max_steps=4, compile=True, options={"dropout": 0.0})
+    train(parse_spec(raw, tmp_path), tmp_path / "compiled")
+    losses = [m["loss"] for m in RunDir(tmp_path / "compiled").metrics()]
+    assert losses == pytest.approx([m["loss"] for m in RunDir(tmp_path / "eager").metrics()], rel=1e-4)
+    module, _, _ = load_artifact(tmp_path / "compiled" / "model")  # names without torch.compile's prefix
+    assert module(torch.rand(1, 1, 8, 8)).shape == (1, 10)

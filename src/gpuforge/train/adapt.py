@@ -1,4 +1,6 @@
-"""LoRA through PEFT, for every model source: the base is frozen, low-rank factors train beside it.
+"""Ways to adapt a model for cheaper training: LoRA through PEFT (any source), activation checkpointing.
+
+LoRA: the base is frozen, low-rank factors train beside it.
 
 Target modules are name patterns (fnmatch, matched against the full module name or its last parts), resolved
 here to exact names so that a pattern matching nothing is an error that lists what could have matched.
@@ -94,6 +96,22 @@ def apply_lora(built: BuiltModel, lora: LoraSpec, task: str) -> BuiltModel:
         {**built.extra, "lora_targets": targets, "modules_to_save": to_save},
         adapter=True,
     )
+
+
+def enable_activation_checkpointing(built: BuiltModel) -> None:
+    """Recompute activations in the backward pass instead of keeping them (transformers models)."""
+    module = built.module
+    base = module.get_base_model() if hasattr(module, "get_base_model") else module
+    if not hasattr(base, "gradient_checkpointing_enable"):
+        raise SpecError(
+            "train.gradient_checkpointing: only transformers models (bundled:, hf:) support it; "
+            f"{type(base).__name__} does not"
+        )
+    # non-reentrant: works with a frozen base (LoRA) without forcing gradients on the inputs
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5 names it so
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _is_gpt2_conv1d(module: nn.Module, targets: list[str]) -> bool:

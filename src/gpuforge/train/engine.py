@@ -32,7 +32,7 @@ from gpuforge.models import ModelRequest, build_model, load_tokenizer
 from gpuforge.runs import RunDir
 from gpuforge.spec import JobSpec
 from gpuforge.train import tasks
-from gpuforge.train.adapt import apply_lora
+from gpuforge.train.adapt import apply_lora, enable_activation_checkpointing
 from gpuforge.train.artifact import save_artifact
 from gpuforge.train.checkpoint import load_checkpoint, save_checkpoint
 from gpuforge.train.metrics import FlopModel, StepClock, usd
@@ -75,8 +75,12 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     )
     if spec.adapt.lora is not None:
         built = apply_lora(built, spec.adapt.lora, task)
+    if spec.train.gradient_checkpointing:
+        enable_activation_checkpointing(built)
     module = built.module.to(device)
     module.train()
+    if spec.train.compile:
+        module.compile()  # in place: parameter names (and so checkpoints) stay those of the eager model
 
     # --- batch geometry and length of training ---
     order = BatchOrder(len(data.train), spec.train.batch_size, spec.train.seed)
