@@ -9,19 +9,22 @@ from torch import nn
 class TinyImageNet(nn.Module):
     """Linear classifier on flattened images, with dropout so RNG state matters on resume."""
 
-    def __init__(self, num_labels: int, pixels: int, sleep_s: float, nan_after: int | None, dropout: float):
+    def __init__(self, num_labels, pixels, sleep_s, nan_after, dropout, oom_above):
         super().__init__()
         self.net = nn.Sequential(
             nn.Flatten(), nn.Linear(pixels, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, num_labels)
         )
-        self.sleep_s, self.nan_after, self.calls = sleep_s, nan_after, 0
+        self.sleep_s, self.nan_after, self.calls, self.oom_above = sleep_s, nan_after, 0, oom_above
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             self.calls += 1
             if self.sleep_s:
                 time.sleep(self.sleep_s)  # makes a run slow enough to be killed mid-way
-        out = self.net(x)
+        hidden = self.net[:4](x)  # dropout has drawn its mask: a real OOM strikes mid-forward too
+        if self.training and self.oom_above is not None and len(x) > self.oom_above:
+            raise torch.OutOfMemoryError(f"injected: a batch of {len(x)} does not fit, {self.oom_above} does")
+        out = self.net[4](hidden)
         if self.training and self.nan_after is not None and self.calls > self.nan_after:
             out = out * float("nan")
         return out
@@ -33,8 +36,9 @@ def image_model(
     sleep_s: float = 0.0,
     nan_after: int | None = None,
     dropout: float = 0.1,
+    oom_above: int | None = None,
 ) -> nn.Module:
-    return TinyImageNet(num_labels, pixels, sleep_s, nan_after, dropout)
+    return TinyImageNet(num_labels, pixels, sleep_s, nan_after, dropout, oom_above)
 
 
 class TinyTextNet(nn.Module):

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from gpuforge.data import prepare_data
-from gpuforge.data.batches import BatchOrder, eval_batches
+from gpuforge.data.batches import BatchOrder, eval_batches, micro_batches
 from gpuforge.errors import DataError
 from gpuforge.models.tokenizers import byte_tokenizer
 from gpuforge.spec import DataSpec
@@ -116,7 +116,7 @@ def test_wrong_kind_of_data_for_the_task(tmp_path):
 
 def test_batch_order_is_a_pure_function_of_position():
     order = BatchOrder(10, 3, seed=5)
-    assert order.batches_per_epoch == 3
+    assert order.steps_per_epoch == 3
     first = [order.batch(p) for p in range(7)]
     again = BatchOrder(10, 3, seed=5)
     assert [again.batch(p) for p in (6, 2, 0)] == [first[6], first[2], first[0]]  # any order, same batches
@@ -125,3 +125,4 @@ def test_batch_order_is_a_pure_function_of_position():
     assert first[3] != first[0]  # a new shuffle each epoch
     assert BatchOrder(2, 8, seed=0).batch(0) in ([0, 1], [1, 0])  # a set smaller than a batch is one batch
     assert list(eval_batches(5, 2)) == [[0, 1], [2, 3], [4]]
+    assert micro_batches([5, 6, 7, 8, 9], 2) == [[5, 6], [7, 8], [9]]

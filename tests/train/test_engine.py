@@ -1,5 +1,6 @@
 """The training loop, in-process, on tiny models: every task, determinism, accumulation, stops, resume."""
 
+import json
 import math
 import os
 import signal
@@ -220,3 +221,33 @@ def test_reduced_precision_on_cpu(tmp_path, precision):
     summary = _train(tmp_path, image_spec(tmp_path, max_steps=3, precision=precision))
     assert summary["precision"] == precision and math.isfinite(summary["final_loss"])
     assert "asked for" in summary["precision_reason"]
+
+
+def test_out_of_memory_halves_the_micro_batch_and_keeps_the_loss_curve(tmp_path):
+    # the model "runs out of memory" above 16 examples per forward, mid-forward, after dropout drew its mask
+    oom = image_spec(tmp_path, max_steps=8, batch_size=64, checkpoint_every=4, options={"oom_above": 16})
+    fits = image_spec(tmp_path, max_steps=8, batch_size=16, global_batch_size=64, checkpoint_every=4)
+    summary = _train(tmp_path, oom, "oom")
+    _train(tmp_path, fits, "fits")
+    assert (summary["batch_size"], summary["grad_accum"], summary["global_batch_size"]) == (16, 4, 64)
+    run = RunDir(tmp_path / "oom")
+    retries = [e for e in run.events() if e["event"] == "retry"]
+    assert [(e["step"], e["micro_batch"], e["grad_accum"]) for e in retries] == [(1, 32, 2), (1, 16, 4)]
+    assert [m["step"] for m in run.metrics()] == list(range(1, 9))  # no step lost or counted twice
+    assert _losses(tmp_path / "oom") == pytest.approx(_losses(tmp_path / "fits"), rel=1e-5)
+    assert json.loads((run.checkpoint_path(8) / "meta.json").read_text())["micro_batch"] == 16
+
+
+def test_a_resumed_run_keeps_the_micro_batch_an_oom_cut(tmp_path):
+    raw = image_spec(tmp_path, max_steps=8, batch_size=64, checkpoint_every=2, options={"oom_above": 16})
+    _train(tmp_path, raw, "run", SignalAt(3))
+    resumed = _train(tmp_path, raw, "run")
+    retries = [e for e in RunDir(tmp_path / "run").events() if e["event"] == "retry"]
+    assert len(retries) == 2 and resumed["batch_size"] == 16 and resumed["steps"] == 8
+
+
+def test_out_of_memory_at_a_micro_batch_of_one_fails_cleanly(tmp_path):
+    raw = image_spec(tmp_path, max_steps=4, batch_size=4, checkpoint_every=1, options={"oom_above": 0})
+    with pytest.raises(TrainingFailed, match="out of memory at step 1 even with a micro-batch of 1"):
+        _train(tmp_path, raw)
+    assert RunDir(tmp_path / "run").events()[-1]["event"] == "failed"

@@ -1,4 +1,6 @@
-"""Seeded, resumable batch order: the data position is one integer (micro-batches consumed so far).
+"""Seeded, resumable batch order. Each optimizer step has a fixed global batch of examples; micro-batches
+are slices of it. So the data position is the step number alone, and a smaller micro-batch (after an
+out-of-memory retry, or on resume) still sums gradients over exactly the same examples.
 
 Epoch e shuffles with seed + e, so a resumed run sees exactly the batches the uninterrupted run would
 have seen, without replaying the earlier ones.
@@ -12,10 +14,10 @@ import torch
 
 
 class BatchOrder:
-    def __init__(self, n_examples: int, batch_size: int, seed: int, shuffle: bool = True):
+    def __init__(self, n_examples: int, global_batch: int, seed: int, shuffle: bool = True):
         self.n, self.seed, self.shuffle = n_examples, seed, shuffle
-        self.batch_size = min(batch_size, n_examples)  # a set smaller than a batch is one batch
-        self.batches_per_epoch = n_examples // self.batch_size  # drop the ragged tail: shapes stay fixed
+        self.global_batch = min(global_batch, n_examples)  # a set smaller than a batch is one batch
+        self.steps_per_epoch = n_examples // self.global_batch  # the ragged tail is dropped: fixed shapes
         self._epoch, self._order = -1, None
 
     def _epoch_order(self, epoch: int) -> torch.Tensor:
@@ -25,17 +27,15 @@ class BatchOrder:
             self._epoch = epoch
         return self._order
 
-    def batch(self, position: int) -> list[int]:
-        """Example indices of the micro-batch at this global position."""
-        epoch, within = divmod(position, self.batches_per_epoch)
+    def batch(self, step_index: int) -> list[int]:
+        """Example indices of the global batch of optimizer step `step_index` (0-based)."""
+        epoch, within = divmod(step_index, self.steps_per_epoch)
         order = self._epoch_order(epoch)
-        return order[within * self.batch_size : (within + 1) * self.batch_size].tolist()
+        return order[within * self.global_batch : (within + 1) * self.global_batch].tolist()
 
-    def iterate(self, start: int) -> Iterator[tuple[int, list[int]]]:
-        position = start
-        while True:
-            yield position, self.batch(position)
-            position += 1
+
+def micro_batches(indices: list[int], micro: int) -> list[list[int]]:
+    return [indices[i : i + micro] for i in range(0, len(indices), micro)]
 
 
 def eval_batches(n_examples: int, batch_size: int) -> Iterator[list[int]]:

@@ -24,7 +24,7 @@ import torch
 import yaml
 
 from gpuforge.data import prepare_data
-from gpuforge.data.batches import BatchOrder, eval_batches
+from gpuforge.data.batches import BatchOrder, eval_batches, micro_batches
 from gpuforge.errors import RunDirError, TrainingFailed
 from gpuforge.hardware.bench import peak_flops
 from gpuforge.hardware.probe import device_name, peak_memory_bytes, reset_peak_memory, select_device
@@ -34,7 +34,7 @@ from gpuforge.spec import JobSpec
 from gpuforge.train import tasks
 from gpuforge.train.adapt import apply_lora, enable_activation_checkpointing
 from gpuforge.train.artifact import save_artifact
-from gpuforge.train.checkpoint import load_checkpoint, save_checkpoint
+from gpuforge.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gpuforge.train.metrics import FlopModel, StepClock, usd
 from gpuforge.train.precision import autocast, choose_precision, make_scaler
 from gpuforge.train.progress import Reporter
@@ -83,11 +83,11 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         module.compile()  # in place: parameter names (and so checkpoints) stay those of the eager model
 
     # --- batch geometry and length of training ---
-    order = BatchOrder(len(data.train), spec.train.batch_size, spec.train.seed)
-    micro = order.batch_size
-    accum = max(1, (spec.train.global_batch_size or micro) // micro)
-    steps_per_epoch = max(1, order.batches_per_epoch // accum)
-    total_steps = spec.train.max_steps or max(1, math.ceil(spec.train.epochs * steps_per_epoch))
+    order = BatchOrder(
+        len(data.train), spec.train.global_batch_size or spec.train.batch_size, spec.train.seed
+    )
+    micro = min(spec.train.batch_size, order.global_batch)
+    total_steps = spec.train.max_steps or max(1, math.ceil(spec.train.epochs * order.steps_per_epoch))
     warmup = (
         spec.train.warmup_steps
         if spec.train.warmup_steps is not None
@@ -105,6 +105,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     if latest is not None:
         meta = load_checkpoint(latest[1], module, optimizer, scheduler, scaler, device)
         start_step, cost_before, resumed_from = meta["step"], meta.get("cost_usd", 0.0), meta["step"]
+        micro = min(micro, meta.get("micro_batch", micro))  # a micro-batch cut by an OOM stays cut
         run.truncate_metrics_after(start_step)  # steps logged after it by a killed process run again
         finished = run.summary()
         if start_step >= total_steps and finished and finished.get("status") == "finished":
@@ -123,12 +124,11 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             built.num_trainable_parameters / 1e6,
         )
         log.info(
-            "data: %d training and %d eval examples; micro-batch %d x %d accumulation = %d per step",
+            "data: %d training and %d eval examples; %d per step in micro-batches of %d",
             len(data.train),
             len(data.eval) if data.eval else 0,
+            order.global_batch,
             micro,
-            accum,
-            micro * accum,
         )
         if resumed_from is not None:
             log.info("resuming from checkpoint step %d of %d", resumed_from, total_steps)
@@ -141,7 +141,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             resumed_from=resumed_from,
         )
 
-        flops = FlopModel(built, task, _to_device(data.train.collate(order.batch(0)), device))
+        flops = FlopModel(built, task, _to_device(data.train.collate(order.batch(0)[:micro]), device))
         device_peak = peak_flops(device, precision.name)
         clock = StepClock()
         reset_peak_memory(device)
@@ -164,10 +164,10 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                 scheduler,
                 scaler,
                 {
-                    "data_position": at_step * accum,
+                    "data_position": at_step,  # steps done; each step's global batch is fixed (batches.py)
                     "micro_batch": micro,
-                    "grad_accum": accum,
-                    "examples_seen": at_step * accum * micro,
+                    "global_batch": order.global_batch,
+                    "examples_seen": at_step * order.global_batch,
                     "cost_usd": cost_so_far(),
                 },
                 keep=spec.train.keep_checkpoints,
@@ -178,26 +178,34 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         reporter.start(total_steps, start_step)
         with stop.installed(), _stopping(reporter):
             for step in range(start_step + 1, total_steps + 1):
-                # --- one optimizer step: accum micro-batches, then clip, step, schedule ---
+                # --- one optimizer step: forward/backward over the global batch, then clip, step ---
                 step_start = time.perf_counter()
-                data_wait = 0.0
-                loss_total = torch.zeros((), device=device)
-                samples = tokens = 0
                 lr = scheduler.get_last_lr()[0]
-                for position in range((step - 1) * accum, step * accum):
-                    fetch_start = time.perf_counter()
-                    batch = _to_device(data.train.collate(order.batch(position)), device)
-                    data_wait += time.perf_counter() - fetch_start
-                    with autocast(precision, device):
-                        logits = tasks.forward(built, task, batch)
-                    loss_sum, terms = tasks.loss_sum_and_count(task, logits, batch)
-                    loss = loss_sum / terms / accum
-                    (scaler.scale(loss) if scaler else loss).backward()
-                    loss_total += loss.detach()
-                    n_samples, n_tokens = tasks.count(task, batch)
-                    samples, tokens = samples + n_samples, tokens + n_tokens
-
-                loss_value = float(loss_total)  # the one host sync per step; also our NaN guard
+                indices, rng_at_start = order.batch(step - 1), rng_state()
+                result = None
+                while result is None:
+                    try:
+                        result = forward_backward(
+                            built, task, data.train, indices, micro, precision, device, scaler
+                        )
+                    except Exception as err:
+                        if not is_out_of_memory(err):
+                            raise
+                        optimizer.zero_grad(set_to_none=True)
+                        _release_memory(device)
+                        if micro == 1:
+                            break
+                        micro //= 2  # same global batch, more accumulation: the loss curve is unchanged
+                        set_rng_state(rng_at_start)  # the retried step draws the same dropout masks
+                        accum = math.ceil(order.global_batch / micro)
+                        run.event(
+                            "retry", step=step, reason="out of memory", micro_batch=micro, grad_accum=accum
+                        )
+                        log.warning("out of memory at step %d: retrying with micro-batch %d", step, micro)
+                if result is None:
+                    status, reason = "failed", f"out of memory at step {step} even with a micro-batch of 1"
+                    break
+                loss_value, samples, tokens, data_wait = result
                 if not math.isfinite(loss_value):
                     status, reason = "failed", f"loss is {loss_value} at step {step}"
                     break
@@ -287,8 +295,8 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             "precision": precision.name,
             "precision_reason": precision.reason,
             "batch_size": micro,
-            "grad_accum": accum,
-            "global_batch_size": micro * accum,
+            "grad_accum": math.ceil(order.global_batch / micro),
+            "global_batch_size": order.global_batch,
             "parameters": built.num_parameters,
             "trainable_parameters": built.num_trainable_parameters,
             "optimizer_state_bytes": optimizer_state_bytes(optimizer),
@@ -315,6 +323,40 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         log.info("%s at step %d/%d%s", status, done_step, total_steps, f" ({reason})" if reason else "")
     summary["signal"] = stop.signal_number
     return summary
+
+
+def forward_backward(built, task: str, data, indices: list[int], micro: int, precision, device, scaler):
+    """Gradients of the mean loss over `indices`, summed over micro-batches of at most `micro` examples.
+
+    Each micro-batch's mean loss is weighted by its share of the global batch, so the gradient is the same
+    whatever the micro-batch size. Returns (loss, samples, tokens, seconds spent fetching data)."""
+    loss_total = torch.zeros((), device=device)
+    samples = tokens = 0
+    data_wait = 0.0
+    for chunk in micro_batches(indices, micro):
+        fetch_start = time.perf_counter()
+        batch = _to_device(data.collate(chunk), device)
+        data_wait += time.perf_counter() - fetch_start
+        with autocast(precision, device):
+            logits = tasks.forward(built, task, batch)
+        loss_sum, terms = tasks.loss_sum_and_count(task, logits, batch)
+        loss = loss_sum / terms * (len(chunk) / len(indices))
+        (scaler.scale(loss) if scaler else loss).backward()
+        loss_total += loss.detach()
+        n_samples, n_tokens = tasks.count(task, batch)
+        samples, tokens = samples + n_samples, tokens + n_tokens
+    return float(loss_total), samples, tokens, data_wait  # float(): the one host sync per step, our NaN guard
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    if isinstance(err, torch.OutOfMemoryError):
+        return True
+    return isinstance(err, RuntimeError) and "out of memory" in str(err).lower()
+
+
+def _release_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def evaluate(built, task: str, data, batch_size: int, precision, device: torch.device) -> dict[str, float]:
