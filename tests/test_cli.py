@@ -71,6 +71,11 @@ def _bad_inputs(tmp_path):
             ["model.source", "nowhere: no such directory"],
         ),
         "out is a file": (yaml.safe_dump(good), ["--out", str(tmp_path / "a-file")], ["is a file"]),
+        "out under a file": (
+            yaml.safe_dump(good),
+            ["--out", str(tmp_path / "a-file" / "run")],
+            ["is a file"],
+        ),
         "bad --set": (
             yaml.safe_dump(good),
             ["--set", "train.lr"],
@@ -91,6 +96,7 @@ def _bad_inputs(tmp_path):
         "model dir",
         "out is a file",
         "bad --set",
+        "out under a file",
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, case):

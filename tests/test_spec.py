@@ -64,6 +64,8 @@ def test_set_overrides(tmp_path, override, check):
         ("name: a\n  model: b\n", "line 2 column 8: malformed YAML"),
         ("- a\n- b\n", "must be a mapping"),
         (yaml.safe_dump({**MINIMAL, "trian": {}}), "trian: unknown key"),
+        (yaml.safe_dump({**MINIMAL, "train": {"interval": 3}}), "train.interval: unknown key"),
+        (yaml.safe_dump({**MINIMAL, "train": {"seed": -1}}), "train.seed: must be >= 0"),
         (yaml.safe_dump({**MINIMAL, "train": {"lr": -1}}), "train.lr: must be > 0"),
         (yaml.safe_dump({**MINIMAL, "train": {"lr": "fast"}}), "train.lr:"),
         (yaml.safe_dump({**MINIMAL, "train": {"batch_size": 0}}), "train.batch_size"),

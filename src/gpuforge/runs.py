@@ -89,6 +89,13 @@ class RunDir:
             raise RunDirError(f"--out {self.root}: is a file, not a directory")
         if self.root.is_dir() and any(self.root.iterdir()) and not self.spec_path.exists():
             raise RunDirError(f"--out {self.root}: is a non-empty directory that holds no gpuforge run")
+        ancestor = self.root.absolute()
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise RunDirError(f"--out {self.root}: {ancestor} is a file, not a directory")
+        if not os.access(ancestor, os.W_OK):
+            raise RunDirError(f"--out {self.root}: {ancestor} is not writable")
 
     def create(self) -> None:
         for d in (self.root, self.checkpoints_dir, self.logs_dir):

@@ -76,7 +76,7 @@ class TrainSpec(Section):
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine decays to lr * min_lr_ratio")
     grad_clip: float | None = Field(1.0, gt=0)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32)
     log_every: int = Field(1, ge=1)
     eval_every: int | None = Field(None, ge=1, description="default: only at the end")
     checkpoint_every: int | None = Field(None, ge=1, description="default: only at the end and on signals")
@@ -218,11 +218,15 @@ def parse_bytes(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+# pydantic names the branch of a union in an error's location (`int`, `literal['auto']`): not a field
+_UNION_TAG = re.compile(r"int|str|bool|float|literal\[.*\]|function-\w+\[.*\]")
+
+
 def format_validation_error(err: ValidationError) -> str:
     """One line per problem, each naming its dotted path: `train.lr: must be > 0`."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("int", "literal", "function-")))
+        loc = ".".join(str(p) for p in e["loc"] if not _UNION_TAG.fullmatch(str(p)))
         msg = e["msg"].removeprefix("Value error, ")
         msg = (
             msg.replace("Extra inputs are not permitted", "unknown key")

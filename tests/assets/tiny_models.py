@@ -9,8 +9,9 @@ from torch import nn
 class TinyImageNet(nn.Module):
     """Linear classifier on flattened images, with dropout so RNG state matters on resume."""
 
-    def __init__(self, num_labels, pixels, sleep_s, nan_after, dropout, oom_above):
+    def __init__(self, num_labels, pixels, sleep_s, nan_after, dropout, oom_above, nan_grad_after=None):
         super().__init__()
+        self.nan_grad_after = nan_grad_after
         self.net = nn.Sequential(
             nn.Flatten(), nn.Linear(pixels, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, num_labels)
         )
@@ -25,6 +26,8 @@ class TinyImageNet(nn.Module):
         if self.training and self.oom_above is not None and len(x) > self.oom_above:
             raise torch.OutOfMemoryError(f"injected: a batch of {len(x)} does not fit, {self.oom_above} does")
         out = self.net[4](hidden)
+        if self.training and self.nan_grad_after is not None and self.calls > self.nan_grad_after:
+            out = out + torch.sqrt(self.net[4].weight.sum() * 0.0)  # adds 0, but its gradient is NaN
         if self.training and self.nan_after is not None and self.calls > self.nan_after:
             out = out * float("nan")
         return out
@@ -37,8 +40,9 @@ def image_model(
     nan_after: int | None = None,
     dropout: float = 0.1,
     oom_above: int | None = None,
+    nan_grad_after: int | None = None,
 ) -> nn.Module:
-    return TinyImageNet(num_labels, pixels, sleep_s, nan_after, dropout, oom_above)
+    return TinyImageNet(num_labels, pixels, sleep_s, nan_after, dropout, oom_above, nan_grad_after)
 
 
 class TinyTextNet(nn.Module):

@@ -85,13 +85,17 @@ def test_python_source_from_an_importable_module():
         (f"python:{TEST_MODELS}:absent", "has no function 'absent'"),
         (f"python:{TEST_MODELS}:not_a_module", "returned int, not a torch nn.Module"),
         (f"python:{TEST_MODELS}:raises", "raised RuntimeError: boom in user code"),
+        (f"python:{TEST_MODELS}:image_model?dropuot", "unexpected keyword argument 'dropuot'"),
         ("python:/no/such/file.py:build", "no such file"),
         ("python:no_such_module_xyz:build", "cannot import module"),
     ],
 )
 def test_python_source_errors(source, message):
+    source, _, typo = source.partition("?")  # "?name": a misspelled model.option
     with pytest.raises(ModelError, match=message):
-        build_model(ModelRequest(source, "image-classification", num_labels=2))
+        build_model(
+            ModelRequest(source, "image-classification", num_labels=2, options={typo: 1} if typo else {})
+        )
 
 
 def test_tokenizer_choice():

@@ -8,7 +8,7 @@ import signal
 import pytest
 import torch
 
-from gpuforge.errors import RunDirError, TrainingFailed
+from gpuforge.errors import ModelError, RunDirError, TrainingFailed
 from gpuforge.runs import RunDir
 from gpuforge.spec import parse_spec
 from gpuforge.train.artifact import load_artifact
@@ -251,3 +251,68 @@ def test_out_of_memory_at_a_micro_batch_of_one_fails_cleanly(tmp_path):
     with pytest.raises(TrainingFailed, match="out of memory at step 1 even with a micro-batch of 1"):
         _train(tmp_path, raw)
     assert RunDir(tmp_path / "run").events()[-1]["event"] == "failed"
+
+
+def test_nan_gradients_under_a_finite_loss_never_reach_the_weights(tmp_path):
+    raw = image_spec(tmp_path, max_steps=8, checkpoint_every=1, options={"nan_grad_after": 3})
+    with pytest.raises(
+        TrainingFailed, match="gradient norm is nan at step 4; the last good checkpoint is step-000003"
+    ):
+        _train(tmp_path, raw)
+    from safetensors.torch import load_file
+
+    weights = load_file(str(RunDir(tmp_path / "run").checkpoint_path(3) / "model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def test_steps_logged_before_any_checkpoint_are_not_counted_twice(tmp_path):
+    raw = image_spec(tmp_path, max_steps=5)
+    spec = parse_spec(raw, tmp_path)
+    run = RunDir(tmp_path / "run")
+    run.create()
+    run.spec_path.write_text(spec.to_yaml())
+    for step in (1, 2, 3):  # what a process killed before its first checkpoint leaves behind
+        run.metric({"step": step, "loss": 9.0})
+    train(spec, run.root)
+    assert [m["step"] for m in run.metrics()] == [1, 2, 3, 4, 5] and run.metrics()[0]["loss"] != 9.0
+
+
+def test_fewer_steps_than_the_run_already_has_is_refused(tmp_path):
+    raw = image_spec(tmp_path, max_steps=10)
+    _train(tmp_path, raw, "run", SignalAt(6))
+    raw["train"]["max_steps"] = 3
+    with pytest.raises(RunDirError, match="already at step 6, past the 3 steps asked for"):
+        _train(tmp_path, raw)
+
+
+def test_max_length_beyond_the_model_positions_is_refused_before_writing(
+    tmp_path, tiny_bert_dir, small_topics
+):
+    raw = {
+        "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},
+        "data": {"train": str(small_topics), "max_length": 512},
+    }
+    with pytest.raises(ModelError, match="data.max_length: 512 is more than the 128 positions"):
+        _train(tmp_path, raw)
+    assert not (tmp_path / "run").exists()
+
+
+def test_num_labels_larger_than_the_data_shows_is_kept(tmp_path, tiny_bert_dir, small_topics):
+    raw = {
+        "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification", "num_labels": 6},
+        "data": {"train": str(small_topics), "max_length": 32},
+        "train": {"max_steps": 1, "batch_size": 8},
+    }
+    _train(tmp_path, raw)
+    _, _, manifest = load_artifact(tmp_path / "run" / "model")
+    assert manifest["num_labels"] == 6 and manifest["labels"][4:] == ["unseen_4", "unseen_5"]
+
+
+def test_measuring_the_device_leaves_the_training_rng_alone():
+    from gpuforge.hardware.bench import measure_matmul_flops
+
+    torch.manual_seed(3)
+    expected = torch.rand(3)
+    torch.manual_seed(3)
+    measure_matmul_flops(torch.device("cpu"), torch.float32, seconds=0.01)
+    assert torch.equal(torch.rand(3), expected)

@@ -201,6 +201,8 @@ def prepare_data(
     train, labels = _build(task, spec, spec.train, "data.train", tokenizer, None, num_labels)
     if labels is not None and num_labels is not None and len(labels) > num_labels:
         raise DataError(f"model.num_labels: {num_labels}, but the training data has {len(labels)} labels")
+    if labels is not None and num_labels is not None:  # more classes than the data shows: keep their slots
+        labels = labels + [f"unseen_{i}" for i in range(len(labels), num_labels)]
     if spec.eval is not None:
         evaluation, _ = _build(task, spec, spec.eval, "data.eval", tokenizer, labels, num_labels)
     else:

@@ -98,7 +98,7 @@ def _records(path: Path, suffix: str, where: str) -> list[dict[str, Any]]:
             raise DataError(f"{where}: {path}: expected a list of JSON objects")
         return records
     if suffix in (".csv", ".tsv"):
-        with path.open(encoding="utf-8", newline="") as f:
+        with path.open(encoding="utf-8-sig", newline="") as f:  # -sig: spreadsheets write a BOM
             try:
                 return list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
             except csv.Error as err:

@@ -26,8 +26,11 @@ def cache_dir() -> Path:
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3) -> float:
     """FLOP/s of square matmuls on `device` in `dtype`, after one warm-up."""
     n = 4096 if device.type == "cuda" else 1024
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    g = torch.Generator(device=device).manual_seed(
+        0
+    )  # private: a training's global RNG stream stays untouched
+    a = torch.randn(n, n, device=device, generator=g).to(dtype)
+    b = torch.randn(n, n, device=device, generator=g).to(dtype)
     a @ b
     synchronize(device)
     reps, start = 0, time.perf_counter()

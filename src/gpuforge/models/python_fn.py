@@ -59,11 +59,11 @@ def build(request: ModelRequest) -> BuiltModel:
         "num_labels": request.num_labels,
         "vocab_size": request.vocab_size,
         "max_length": request.max_length,
-        **request.options,
     }
     params = inspect.signature(fn).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    kwargs = {k: v for k, v in offered.items() if takes_all or k in params}
+    # what gpuforge offers goes only where declared; model.options always go, so a typo is an error
+    kwargs = {k: v for k, v in offered.items() if takes_all or k in params} | dict(request.options)
     try:
         module = fn(**kwargs)
     except Exception as err:

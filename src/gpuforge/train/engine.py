@@ -9,6 +9,7 @@ continues the same loss curve.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -25,7 +26,7 @@ import yaml
 
 from gpuforge.data import prepare_data
 from gpuforge.data.batches import BatchOrder, eval_batches, micro_batches
-from gpuforge.errors import RunDirError, TrainingFailed
+from gpuforge.errors import ModelError, RunDirError, TrainingFailed
 from gpuforge.hardware.bench import peak_flops
 from gpuforge.hardware.probe import device_name, peak_memory_bytes, reset_peak_memory, select_device
 from gpuforge.models import ModelRequest, build_model, load_tokenizer
@@ -36,7 +37,7 @@ from gpuforge.train.adapt import apply_lora, enable_activation_checkpointing
 from gpuforge.train.artifact import save_artifact
 from gpuforge.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gpuforge.train.metrics import FlopModel, StepClock, usd
-from gpuforge.train.precision import autocast, choose_precision, make_scaler
+from gpuforge.train.precision import Precision, autocast, choose_precision, make_scaler
 from gpuforge.train.progress import Reporter
 from gpuforge.train.schedule import make_scheduler
 
@@ -54,10 +55,15 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     _check_same_job(run, spec)
     reporter = reporter or Reporter()
     seed_everything(spec.train.seed)
+    latest = run.latest_checkpoint()
+    resume_meta = json.loads((latest[1] / "meta.json").read_text()) if latest else {}
 
     # --- device, precision, data, model: everything that can fail on bad input, before any write ---
     device = select_device(spec.resources.device_type)
-    precision = choose_precision(spec.train.precision, device)
+    if spec.train.precision == "auto" and resume_meta.get("precision"):  # a resumed run keeps its numerics
+        precision = Precision(resume_meta["precision"], "auto, kept from the checkpoint this run resumes")
+    else:
+        precision = choose_precision(spec.train.precision, device)
     task = spec.model.task
     tokenizer = load_tokenizer(spec.model.source, task, spec.data.tokenizer)
     data = prepare_data(spec.data, task, tokenizer, spec.train.seed, spec.model.num_labels)
@@ -65,7 +71,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         ModelRequest(
             source=spec.model.source,
             task=task,
-            num_labels=len(data.labels) if data.labels else None,
+            num_labels=len(data.labels) if data.labels else None,  # num_labels of the spec included
             labels=data.labels,
             vocab_size=len(tokenizer) if tokenizer is not None else None,
             max_length=spec.data.max_length,
@@ -73,6 +79,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             options=spec.model.options,
         )
     )
+    check_positions(built, spec.data.max_length)
     if spec.adapt.lora is not None:
         built = apply_lora(built, spec.adapt.lora, task)
     if spec.train.gradient_checkpointing:
@@ -88,6 +95,11 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     )
     micro = min(spec.train.batch_size, order.global_batch)
     total_steps = spec.train.max_steps or max(1, math.ceil(spec.train.epochs * order.steps_per_epoch))
+    if latest and latest[0] > total_steps:
+        raise RunDirError(
+            f"--out {run.root}: holds a run already at step {latest[0]}, past the {total_steps} steps "
+            "asked for"
+        )
     warmup = (
         spec.train.warmup_steps
         if spec.train.warmup_steps is not None
@@ -101,20 +113,19 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
 
     # --- resume from the newest checkpoint, if the run directory has one ---
     start_step, cost_before, resumed_from = 0, 0.0, None
-    latest = run.latest_checkpoint()
     if latest is not None:
         meta = load_checkpoint(latest[1], module, optimizer, scheduler, scaler, device)
         start_step, cost_before, resumed_from = meta["step"], meta.get("cost_usd", 0.0), meta["step"]
         micro = min(micro, meta.get("micro_batch", micro))  # a micro-batch cut by an OOM stays cut
-        run.truncate_metrics_after(start_step)  # steps logged after it by a killed process run again
         finished = run.summary()
         if start_step >= total_steps and finished and finished.get("status") == "finished":
             log.info("%s: already finished at step %d; nothing to do", run.root, start_step)
             return {**finished, "signal": None}
+    if run.metrics_path.exists():
+        run.truncate_metrics_after(start_step)  # steps a killed process logged past its checkpoint run again
 
-    run.create()
-    run.spec_path.write_text(spec.to_yaml())
-    with _log_to(run.logs_dir / "train.log", run):
+    stop = StopFlag()
+    with _running(run, spec, stop):
         log.info("job %s on %s (%s)", spec.name, device_name(device), device.type)
         log.info("precision %s: %s", precision.name, precision.reason)
         log.info(
@@ -145,7 +156,6 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         device_peak = peak_flops(device, precision.name)
         clock = StepClock()
         reset_peak_memory(device)
-        stop = StopFlag()
         rate = spec.cost.usd_per_hour
         status, reason, step, loss_value = "finished", None, start_step, float("nan")
         last_eval: dict[str, float] | None = None
@@ -169,6 +179,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     "global_batch": order.global_batch,
                     "examples_seen": at_step * order.global_batch,
                     "cost_usd": cost_so_far(),
+                    "precision": precision.name,
                 },
                 keep=spec.train.keep_checkpoints,
                 adapter=built.adapter,
@@ -176,7 +187,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             run.event("checkpoint", step=at_step, path=str(path.relative_to(run.root)))
 
         reporter.start(total_steps, start_step)
-        with stop.installed(), _stopping(reporter):
+        with _stopping(reporter):
             for step in range(start_step + 1, total_steps + 1):
                 # --- one optimizer step: forward/backward over the global batch, then clip, step ---
                 step_start = time.perf_counter()
@@ -211,8 +222,14 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     break
                 if scaler:
                     scaler.unscale_(optimizer)
-                if spec.train.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(module.parameters(), spec.train.grad_clip)
+                # the gradient norm (clipped or not) also guards the weights: a finite loss can still
+                # give NaN/inf gradients, and one optimizer step on them would poison every checkpoint after
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    module.parameters(), spec.train.grad_clip or math.inf
+                )
+                if not scaler and not math.isfinite(float(grad_norm)):
+                    status, reason = "failed", f"gradient norm is {float(grad_norm)} at step {step}"
+                    break
                 if scaler:
                     scaler.step(optimizer)
                     scaler.update()
@@ -399,6 +416,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def check_positions(built, max_length: int) -> None:
+    """A sequence longer than the model's position table fails mid-step; say so before anything runs."""
+    config = getattr(built.module, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if limit and max_length > limit:
+        raise ModelError(f"data.max_length: {max_length} is more than the {limit} positions the model has")
+
+
 def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     if device.type == "cpu":
         return batch
@@ -437,8 +462,18 @@ def _stopping(reporter: Reporter):
 
 
 @contextmanager
+def _running(run: RunDir, spec: JobSpec, stop: StopFlag):
+    """From the first write to the last: signals only set the stop flag, the log goes to logs/train.log,
+    and an unexpected error or interrupt becomes a failed/cancelled event."""
+    with stop.installed():
+        run.create()
+        run.spec_path.write_text(spec.to_yaml())
+        with _log_to(run.logs_dir / "train.log", run):
+            yield
+
+
+@contextmanager
 def _log_to(path: Path, run: RunDir):
-    """Log to logs/train.log; an unexpected error or interrupt also becomes a failed/cancelled event."""
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("gpuforge")
