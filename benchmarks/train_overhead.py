@@ -1,10 +1,14 @@
 """Training overhead: gpuforge's engine against a hand-written loop and the HF Trainer, on one job.
 
-    python benchmarks/train_overhead.py                  # 2 rounds, the precision gpuforge's `auto` picks
-    python benchmarks/train_overhead.py --rounds 3 --precision bf16 --json bench.json
+    python benchmarks/train_overhead.py                  # both cases, 2 rounds, the precision `auto` picks
+    python benchmarks/train_overhead.py --case lora --rounds 3 --precision bf16 --json bench.json
 
-The job: full fine-tune of the pretrained all-MiniLM-L6-v2 for 4-way sequence classification on
-examples/data/topics.jsonl (480 short sentences), micro-batch 32, max length 64, AdamW lr 1e-4, seed 0.
+The job: the pretrained all-MiniLM-L6-v2 trained for 4-way sequence classification on
+examples/data/topics.jsonl (480 short sentences), micro-batch 32, max length 64, AdamW lr 1e-4, seed 0,
+in two cases (--case full|lora|all):
+  full   full fine-tune: every parameter trains
+  lora   LoRA r=8, alpha 16, dropout 0 on the attention query/value projections (PEFT); the encoder is
+         frozen, the factors and the new classification head train
 Every contender runs 2 warm-up steps then 20 timed steps, and is timed the same way: wall-clock from the
 end of optimizer step 2 to the end of optimizer step 22, so batch fetch/collation, forward, backward and
 the optimizer step are all inside the window; samples/s = 32 * 20 / that time.
@@ -13,7 +17,10 @@ Contenders:
   gpuforge     gpuforge.train.engine.train on a spec built in code (its per-step metrics included)
   hand loop    a minimal PyTorch loop as a careful user writes it (per-batch padding, fused AdamW, clip)
   HF Trainer   transformers.Trainer set up carefully (DataCollatorWithPadding, no logging/saving in the way)
-  naive HF     transformers.Trainer as it comes: every example padded to max_length, fp32
+  naive HF     transformers.Trainer as it comes: every example padded to max_length, fp32 (full case only)
+In the lora case gpuforge gets `adapt: {lora: ...}` in its spec, and the hand loop and the HF Trainer get
+the model wrapped by peft.get_peft_model(LoraConfig(task_type="SEQ_CLS", ...)) (the head trains in full
+there too); the hand loop's fused AdamW and clipping then cover the trainable parameters only.
 
 The contenders run in alternating order for --rounds rounds and each keeps its best round, which damps
 the noise of a shared machine. This is a benchmark, not a test: it prints PASS/BELOW against the floors
@@ -52,12 +59,9 @@ WARMUP_STEPS = 2  # untimed: first-call allocations, lazy initialisation, optimi
 TIMED_STEPS = 20
 TOTAL_STEPS = WARMUP_STEPS + TIMED_STEPS
 
-# (numerator, denominator, floor): gpuforge must be at least `floor` times as fast as the other.
-RATIOS = [
-    ("gpuforge", "hand loop", 0.95),  # a framework may cost a little over a bare loop, not more
-    ("gpuforge", "HF Trainer", 1.0),
-    ("gpuforge", "naive HF", 1.0),  # the out-of-the-box gain over a Trainer set up without care
-]
+# The lora case: the same job with LoRA factors on the attention query/value projections.
+LORA_R, LORA_ALPHA, LORA_DROPOUT = 8, 16, 0.0
+LORA_TARGETS = ["query", "value"]
 
 
 # --------------------------------------------------------------------------- timing
@@ -124,6 +128,21 @@ def load_model():
     )
 
 
+def with_lora(model):
+    """The model wrapped by PEFT as its docs show for sequence classification (the head joins
+    modules_to_save, so it trains in full, as in gpuforge)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        task_type="SEQ_CLS",
+        r=LORA_R,
+        lora_alpha=LORA_ALPHA,
+        lora_dropout=LORA_DROPOUT,
+        target_modules=LORA_TARGETS,
+    )
+    return get_peft_model(model, config)
+
+
 def autocast_for(precision: str):
     """bf16 autocast when asked for; fp32 needs nothing."""
     if precision == "fp32":
@@ -134,7 +153,7 @@ def autocast_for(precision: str):
 # --------------------------------------------------------------------------- contender 1: gpuforge
 
 
-def run_gpuforge(precision: str) -> RunResult:
+def run_gpuforge(precision: str, lora: bool = False) -> RunResult:
     from gpuforge.spec import parse_spec
     from gpuforge.train.engine import train
     from gpuforge.train.progress import Reporter
@@ -159,6 +178,10 @@ def run_gpuforge(precision: str) -> RunResult:
             "warmup_steps": 0,
         },
     }
+    if lora:
+        raw["adapt"] = {
+            "lora": {"r": LORA_R, "alpha": LORA_ALPHA, "dropout": LORA_DROPOUT, "target_modules": LORA_TARGETS}
+        }
     spec = parse_spec(raw, base_dir=ROOT)
     with tempfile.TemporaryDirectory(prefix="gpuforge-bench-") as tmp:
         # The checkpoint and model the engine writes after step 22 fall outside the timed window.
@@ -208,14 +231,15 @@ def hand_loop_padded_length() -> float:
     return statistics.mean(max(len(ids[i]) for i in rows) for rows in timed)
 
 
-def run_hand_loop(precision: str) -> RunResult:
+def run_hand_loop(precision: str, lora: bool = False) -> RunResult:
     tokenizer = load_tokenizer()
     texts, labels = load_texts_and_labels()
     ids = tokenizer(texts, truncation=True, max_length=MAX_LENGTH)["input_ids"]  # tokenized once, up front
-    model = load_model()
+    model = with_lora(load_model()) if lora else load_model()
     model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]  # all of them, unless LoRA froze the base
     # the same fused AdamW gpuforge and the HF Trainer use, so the ratio measures loop overhead only
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
+    optimizer = torch.optim.AdamW(trainable, lr=LR, fused=True)
     marks = StepMarks()
 
     for step, rows in enumerate(batch_indices(len(ids), TOTAL_STEPS), start=1):
@@ -224,7 +248,7 @@ def run_hand_loop(precision: str) -> RunResult:
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         loss = F.cross_entropy(logits.float(), batch["labels"])
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         marks.mark(step)
@@ -268,7 +292,7 @@ def shape_recording(collate: Callable, lengths: list[int]) -> Callable:
     return collate_and_record
 
 
-def run_hf_trainer(precision: str, naive: bool = False) -> RunResult:
+def run_hf_trainer(precision: str, naive: bool = False, lora: bool = False) -> RunResult:
     tokenizer = load_tokenizer()
     texts, labels = load_texts_and_labels()
     if naive:
@@ -278,7 +302,7 @@ def run_hf_trainer(precision: str, naive: bool = False) -> RunResult:
     else:
         encoded = tokenizer(texts, truncation=True, max_length=MAX_LENGTH)  # padded per batch by the collator
     items = [{**{k: v[i] for k, v in encoded.items()}, "labels": labels[i]} for i in range(len(texts))]
-    model = load_model()
+    model = with_lora(load_model()) if lora else load_model()  # the Trainer optimizes what requires grad
 
     with tempfile.TemporaryDirectory(prefix="hf-bench-") as tmp:
         common = dict(
@@ -330,18 +354,50 @@ def resolve_precision(requested: str) -> str:
     return choose_precision(requested, select_device("auto")).name
 
 
-def contenders(precision: str) -> dict[str, Callable[[], RunResult]]:
-    return {
-        "gpuforge": lambda: run_gpuforge(precision),
-        "hand loop": lambda: run_hand_loop(precision),
-        "HF Trainer": lambda: run_hf_trainer(precision),
-        "naive HF": lambda: run_hf_trainer(precision, naive=True),
-    }
+@dataclass(frozen=True)
+class Case:
+    """One training job, its contenders and the floors gpuforge is held to."""
+
+    what: str  # for the job line of the report
+    contenders: Callable[[str], dict[str, Callable[[], RunResult]]]  # precision -> name -> runner
+    # (numerator, denominator, floor): gpuforge must be at least `floor` times as fast as the other.
+    ratios: list[tuple[str, str, float]]
 
 
-def run_rounds(precision: str, rounds: int) -> dict[str, list[RunResult]]:
+CASES = {
+    "full": Case(
+        "full fine-tune",
+        lambda precision: {
+            "gpuforge": lambda: run_gpuforge(precision),
+            "hand loop": lambda: run_hand_loop(precision),
+            "HF Trainer": lambda: run_hf_trainer(precision),
+            "naive HF": lambda: run_hf_trainer(precision, naive=True),
+        },
+        [
+            ("gpuforge", "hand loop", 0.95),  # a framework may cost a little over a bare loop, not more
+            ("gpuforge", "HF Trainer", 1.0),
+            ("gpuforge", "naive HF", 1.0),  # the out-of-the-box gain over a Trainer set up without care
+        ],
+    ),
+    "lora": Case(
+        f"LoRA r={LORA_R} alpha={LORA_ALPHA} dropout {LORA_DROPOUT:g} on {'/'.join(LORA_TARGETS)}",
+        lambda precision: {
+            "gpuforge": lambda: run_gpuforge(precision, lora=True),
+            "hand loop+PEFT": lambda: run_hand_loop(precision, lora=True),
+            "HF Trainer+PEFT": lambda: run_hf_trainer(precision, lora=True),
+        },
+        [
+            ("gpuforge", "hand loop+PEFT", 0.95),
+            # the frozen base leaves less compute per step, so a Trainer's per-step overhead weighs more
+            ("gpuforge", "HF Trainer+PEFT", 1.1),
+        ],
+    ),
+}
+
+
+def run_rounds(case: Case, precision: str, rounds: int) -> dict[str, list[RunResult]]:
     """Alternate the running order each round so no contender always runs first (or after another)."""
-    runners = contenders(precision)
+    runners = case.contenders(precision)
     results: dict[str, list[RunResult]] = {name: [] for name in runners}
     names = list(runners)
     for r in range(rounds):
@@ -355,24 +411,25 @@ def run_rounds(precision: str, rounds: int) -> dict[str, list[RunResult]]:
     return results
 
 
-def report(results: dict[str, list[RunResult]], precision: str, rounds: int) -> dict:
+def report(case: Case, results: dict[str, list[RunResult]], precision: str, rounds: int) -> dict:
     best = {name: max(r.samples_per_s for r in runs) for name, runs in results.items()}
     print(
         f"\nprecision {precision} | torch {torch.__version__} | transformers {transformers.__version__} | "
         f"threads {torch.get_num_threads()} | python {platform.python_version()}"
     )
     print(
-        f"job: all-MiniLM-L6-v2 seq-cls, batch {BATCH_SIZE}, max_length {MAX_LENGTH}, "
+        f"job: all-MiniLM-L6-v2 seq-cls, {case.what}, batch {BATCH_SIZE}, max_length {MAX_LENGTH}, "
         f"{WARMUP_STEPS} warm-up + {TIMED_STEPS} timed steps, best of {rounds} round(s)\n"
     )
     round_heads = "".join(f"{'round ' + str(i + 1):>10}" for i in range(rounds))
-    print(f"{'contender':<12}{round_heads}{'best':>10}{'med-step':>10}{'pad len':>9}   (samples/s)")
+    width = max(12, max(len(name) for name in results) + 2)
+    print(f"{'contender':<{width}}{round_heads}{'best':>10}{'med-step':>10}{'pad len':>9}   (samples/s)")
     for name, runs in results.items():
         cells = "".join(f"{r.samples_per_s:>10.1f}" for r in runs)
         median_rate = max(r.median_step_samples_per_s for r in runs)
         pad = runs[0].mean_padded_length
         pad_text = "-" if pad is None else f"{pad:.1f}"
-        print(f"{name:<12}{cells}{best[name]:>10.1f}{median_rate:>10.1f}{pad_text:>9}")
+        print(f"{name:<{width}}{cells}{best[name]:>10.1f}{median_rate:>10.1f}{pad_text:>9}")
     print(
         "(best: the timed window, best round; med-step: 32 / median step time, best round, a noise check;\n"
         " pad len: mean padded tokens per row in the timed batches)"
@@ -380,12 +437,13 @@ def report(results: dict[str, list[RunResult]], precision: str, rounds: int) -> 
 
     print()
     ratios = []
-    for top, bottom, floor in RATIOS:
+    for top, bottom, floor in case.ratios:
         value = best[top] / best[bottom]
         mark = "PASS" if value >= floor else "BELOW"
-        print(f"{top + ' / ' + bottom:<24}{value:>7.3f}   floor {floor:.2f}   {mark}")
+        print(f"{top + ' / ' + bottom:<32}{value:>7.3f}   floor {floor:.2f}   {mark}")
         ratios.append({"numerator": top, "denominator": bottom, "ratio": value, "floor": floor, "mark": mark})
     return {
+        "job": case.what,
         "precision": precision,
         "rounds": rounds,
         "torch": torch.__version__,
@@ -412,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         help="force a precision; default: what gpuforge's auto picks here (fp16 is left out: "
         "the hand loop has no loss scaler)",
     )
+    parser.add_argument(
+        "--case", default="all", choices=[*CASES, "all"], help="which job to time (default: both, in turn)"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="rounds of all contenders; the best counts")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
@@ -423,8 +484,11 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
 
     precision = resolve_precision(args.precision)
-    results = run_rounds(precision, max(1, args.rounds))
-    summary = report(results, precision, max(1, args.rounds))
+    rounds = max(1, args.rounds)
+    summary = {}
+    for name in CASES if args.case == "all" else [args.case]:
+        print(f"== case {name} ==", file=sys.stderr, flush=True)
+        summary[name] = report(CASES[name], run_rounds(CASES[name], precision, rounds), precision, rounds)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
         print(f"\nresults written to {args.json}")

@@ -87,14 +87,17 @@ class TrainSpec(Section):
     @field_validator("batch_size")
     @classmethod
     def _batch_size(cls, v: int | str) -> int | str:
-        if v == "auto":
-            raise ValueError("'auto' is not available yet (automatic batch size comes with the next release)")
-        if v < 1:
+        if v != "auto" and v < 1:
             raise ValueError("must be >= 1")
         return v
 
     @model_validator(mode="after")
     def _global_batch(self) -> TrainSpec:
+        if self.batch_size == "auto" and self.global_batch_size is None:
+            raise ValueError(
+                "train.global_batch_size: required with batch_size: auto, so that the batch the "
+                "optimizer sees does not depend on the machine"
+            )
         if self.global_batch_size is not None and isinstance(self.batch_size, int):
             if self.global_batch_size % self.batch_size:
                 raise ValueError(

@@ -31,10 +31,11 @@ from gpuforge.hardware.bench import peak_flops
 from gpuforge.hardware.probe import device_name, peak_memory_bytes, reset_peak_memory, select_device
 from gpuforge.models import ModelRequest, build_model, load_tokenizer
 from gpuforge.runs import RunDir
-from gpuforge.spec import JobSpec
+from gpuforge.spec import JobSpec, parse_bytes
 from gpuforge.train import tasks
 from gpuforge.train.adapt import apply_lora, enable_activation_checkpointing
 from gpuforge.train.artifact import save_artifact
+from gpuforge.train.batch import search_micro_batch
 from gpuforge.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gpuforge.train.metrics import FlopModel, StepClock, usd
 from gpuforge.train.precision import Precision, autocast, choose_precision, make_scaler
@@ -86,14 +87,22 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         enable_activation_checkpointing(built)
     module = built.module.to(device)
     module.train()
-    if spec.train.compile:
-        module.compile()  # in place: parameter names (and so checkpoints) stay those of the eager model
 
-    # --- batch geometry and length of training ---
+    # --- batch geometry (the micro-batch measured where asked) and length of training ---
     order = BatchOrder(
         len(data.train), spec.train.global_batch_size or spec.train.batch_size, spec.train.seed
     )
-    micro = min(spec.train.batch_size, order.global_batch)
+    search = None
+    if resume_meta.get("micro_batch"):  # a resumed run keeps its micro-batch (searched, or cut by an OOM)
+        micro = min(resume_meta["micro_batch"], order.global_batch)
+    elif spec.train.batch_size == "auto":
+        budget = parse_bytes(spec.resources.max_memory) if spec.resources.max_memory else None
+        search = search_micro_batch(built, task, data.train, order.global_batch, precision, device, budget)
+        micro = search.micro
+    else:
+        micro = min(spec.train.batch_size, order.global_batch)
+    if spec.train.compile:
+        module.compile()  # in place: parameter names (and so checkpoints) stay those of the eager model
     total_steps = spec.train.max_steps or max(1, math.ceil(spec.train.epochs * order.steps_per_epoch))
     if latest and latest[0] > total_steps:
         raise RunDirError(
@@ -116,7 +125,6 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     if latest is not None:
         meta = load_checkpoint(latest[1], module, optimizer, scheduler, scaler, device)
         start_step, cost_before, resumed_from = meta["step"], meta.get("cost_usd", 0.0), meta["step"]
-        micro = min(micro, meta.get("micro_batch", micro))  # a micro-batch cut by an OOM stays cut
         finished = run.summary()
         if start_step >= total_steps and finished and finished.get("status") == "finished":
             log.info("%s: already finished at step %d; nothing to do", run.root, start_step)
@@ -143,6 +151,15 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         )
         if resumed_from is not None:
             log.info("resuming from checkpoint step %d of %d", resumed_from, total_steps)
+        if search is not None:
+            log.info(
+                "batch size auto: micro-batch %d (%.0f MiB per sample, %.2f of %.2f GiB budget: %s)",
+                micro,
+                search.per_sample_bytes / 2**20,
+                search.predicted_bytes(micro) / 2**30,
+                search.budget_bytes / 2**30,
+                search.budget_source,
+            )
         run.event(
             "started",
             step=start_step,
@@ -150,6 +167,9 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             device=device_name(device),
             precision=precision.name,
             resumed_from=resumed_from,
+            micro_batch=micro,
+            global_batch=order.global_batch,
+            batch_search=search.as_dict() if search else None,
         )
 
         flops = FlopModel(built, task, _to_device(data.train.collate(order.batch(0)[:micro]), device))
@@ -314,6 +334,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             "batch_size": micro,
             "grad_accum": math.ceil(order.global_batch / micro),
             "global_batch_size": order.global_batch,
+            "batch_search": search.as_dict() if search else None,
             "parameters": built.num_parameters,
             "trainable_parameters": built.num_trainable_parameters,
             "optimizer_state_bytes": optimizer_state_bytes(optimizer),
