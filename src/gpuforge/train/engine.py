@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import signal
 import threading
 import time
@@ -20,27 +19,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 
-from gpuforge.data import prepare_data
-from gpuforge.data.batches import BatchOrder, eval_batches, micro_batches
-from gpuforge.errors import ModelError, RunDirError, TrainingFailed
+from gpuforge.data.batches import eval_batches, micro_batches
+from gpuforge.errors import RunDirError, TrainingFailed
 from gpuforge.hardware.bench import peak_flops
-from gpuforge.hardware.probe import device_name, peak_memory_bytes, reset_peak_memory, select_device
-from gpuforge.models import ModelRequest, build_model, load_tokenizer
+from gpuforge.hardware.probe import device_name, peak_memory_bytes, reset_peak_memory
 from gpuforge.runs import RunDir
-from gpuforge.spec import JobSpec, parse_bytes
+from gpuforge.spec import JobSpec
 from gpuforge.train import tasks
-from gpuforge.train.adapt import apply_lora, enable_activation_checkpointing
 from gpuforge.train.artifact import save_artifact
-from gpuforge.train.batch import search_micro_batch
 from gpuforge.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gpuforge.train.metrics import FlopModel, StepClock, usd
-from gpuforge.train.precision import Precision, autocast, choose_precision, make_scaler
+from gpuforge.train.precision import autocast, make_scaler
 from gpuforge.train.progress import Reporter
 from gpuforge.train.schedule import make_scheduler
+from gpuforge.train.setup import build_job
 
 log = logging.getLogger("gpuforge.train")
 
@@ -55,55 +50,14 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     run.check_usable()
     _check_same_job(run, spec)
     reporter = reporter or Reporter()
-    seed_everything(spec.train.seed)
     latest = run.latest_checkpoint()
     resume_meta = json.loads((latest[1] / "meta.json").read_text()) if latest else {}
 
-    # --- device, precision, data, model: everything that can fail on bad input, before any write ---
-    device = select_device(spec.resources.device_type)
-    if spec.train.precision == "auto" and resume_meta.get("precision"):  # a resumed run keeps its numerics
-        precision = Precision(resume_meta["precision"], "auto, kept from the checkpoint this run resumes")
-    else:
-        precision = choose_precision(spec.train.precision, device)
-    task = spec.model.task
-    tokenizer = load_tokenizer(spec.model.source, task, spec.data.tokenizer)
-    data = prepare_data(spec.data, task, tokenizer, spec.train.seed, spec.model.num_labels)
-    built = build_model(
-        ModelRequest(
-            source=spec.model.source,
-            task=task,
-            num_labels=len(data.labels) if data.labels else None,  # num_labels of the spec included
-            labels=data.labels,
-            vocab_size=len(tokenizer) if tokenizer is not None else None,
-            max_length=spec.data.max_length,
-            pretrained=spec.model.pretrained,
-            options=spec.model.options,
-        )
-    )
-    check_positions(built, spec.data.max_length)
-    if spec.adapt.lora is not None:
-        built = apply_lora(built, spec.adapt.lora, task)
-    if spec.train.gradient_checkpointing:
-        enable_activation_checkpointing(built)
-    module = built.module.to(device)
-    module.train()
-
-    # --- batch geometry (the micro-batch measured where asked) and length of training ---
-    order = BatchOrder(
-        len(data.train), spec.train.global_batch_size or spec.train.batch_size, spec.train.seed
-    )
-    search = None
-    if resume_meta.get("micro_batch"):  # a resumed run keeps its micro-batch (searched, or cut by an OOM)
-        micro = min(resume_meta["micro_batch"], order.global_batch)
-    elif spec.train.batch_size == "auto":
-        budget = parse_bytes(spec.resources.max_memory) if spec.resources.max_memory else None
-        search = search_micro_batch(built, task, data.train, order.global_batch, precision, device, budget)
-        micro = search.micro
-    else:
-        micro = min(spec.train.batch_size, order.global_batch)
-    if spec.train.compile:
-        module.compile()  # in place: parameter names (and so checkpoints) stay those of the eager model
-    total_steps = spec.train.max_steps or max(1, math.ceil(spec.train.epochs * order.steps_per_epoch))
+    # --- device, precision, data, model, batch: everything that can fail on bad input, before any write ---
+    job = build_job(spec, resume_meta)
+    device, precision, task, built, module = job.device, job.precision, job.task, job.built, job.module
+    data, tokenizer, order, search = job.data, job.tokenizer, job.order, job.search
+    micro, total_steps = job.micro, job.total_steps
     if latest and latest[0] > total_steps:
         raise RunDirError(
             f"--out {run.root}: holds a run already at step {latest[0]}, past the {total_steps} steps "
@@ -429,20 +383,6 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
         for t in state.values()
         if isinstance(t, torch.Tensor)
     )
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def check_positions(built, max_length: int) -> None:
-    """A sequence longer than the model's position table fails mid-step; say so before anything runs."""
-    config = getattr(built.module, "config", None)
-    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if limit and max_length > limit:
-        raise ModelError(f"data.max_length: {max_length} is more than the {limit} positions the model has")
 
 
 def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
