@@ -136,6 +136,77 @@ def _eval_figure(evaluation: dict) -> str:
 
 
 @app.command()
+def plan(
+    spec: Annotated[Path, typer.Argument(help="job spec (YAML)")],
+    measure: Annotated[
+        bool, typer.Option("--measure", help="time a few real steps (else: FLOPs / peak)")
+    ] = False,
+    max_steps: Annotated[
+        int | None, typer.Option("--max-steps", min=1, help="override train.max_steps")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override a field: --set train.lr=1e-3")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+) -> None:
+    """Say before anything runs: parameters, memory, batch, time and cost; refuse a job that cannot fit."""
+    import json
+
+    from gpuforge.plan import make_plan
+    from gpuforge.spec import load_spec
+
+    overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
+    result = make_plan(load_spec(spec, overrides), measure=measure)
+    if as_json:
+        out_console.print_json(json.dumps(result.as_dict()))
+    else:
+        out_console.print(_plan_table(result))
+    if not result.fits:
+        raise GpuforgeError(
+            "does not fit: "
+            + "; would fit with ".join(
+                result.suggestions[:1]
+                + [" / ".join(result.suggestions[1:]) or "nothing gpuforge can offer here"]
+            )
+        )
+
+
+def _plan_table(p) -> Table:
+    gib = 2**30
+    table = Table(title=f"plan: {p.job} on {p.device} ({p.device_type}, {p.precision})", show_header=False)
+    table.add_column("what", no_wrap=True)
+    table.add_column("figure")
+    m = p.memory
+    rows = [
+        ("parameters", f"{p.parameters:,} ({p.trainable_parameters:,} trainable)"),
+        ("batch", f"micro-batch {p.micro_batch} x {p.grad_accum} accumulation = {p.global_batch} per step"),
+        ("memory: weights", f"{m['weights'] / gib:.3f} GiB"),
+        ("memory: gradients", f"{m['gradients'] / gib:.3f} GiB"),
+        ("memory: optimizer state", f"{m['optimizer_state'] / gib:.3f} GiB"),
+        (
+            "memory: activations",
+            f"{m['activations'] / gib:.3f} GiB ({m['activations_per_sample'] / 2**20:.2f} MiB "
+            "per sample, measured)",
+        ),
+        ("memory: runtime + step overhead", f"{(m['runtime'] + m['step_overhead']) / gib:.3f} GiB"),
+        (
+            "memory: predicted peak",
+            f"{m['total'] / gib:.3f} GiB of {p.capacity_bytes / gib:.2f} GiB "
+            f"({p.capacity_source}): {'fits' if p.fits else 'DOES NOT FIT'}",
+        ),
+        ("step time", f"{p.step_time_s:.4f} s ({p.step_time_method})"),
+        ("total", f"{p.total_steps} steps, {p.total_time_s:.0f} s, ${p.cost_usd:.4f} at ${p.usd_per_hour}/h"),
+    ]
+    if p.measured_peak_bytes:
+        rows.insert(
+            8, ("memory: measured peak", f"{p.measured_peak_bytes / gib:.3f} GiB (in the measured steps)")
+        )
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+@app.command()
 def hw() -> None:
     """Show the device gpuforge would use and its measured matmul speed per precision."""
     from gpuforge.hardware.bench import peak_flops

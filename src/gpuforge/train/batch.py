@@ -58,7 +58,7 @@ def _proc_status(key: str) -> int:
     raise GpuforgeError(f"/proc/self/status has no {key}")
 
 
-def _reset_cpu_peak() -> None:
+def reset_cpu_peak() -> None:
     try:  # return freed heap pages first, so the next peak counts what the trial really touches
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:
@@ -103,7 +103,7 @@ def trial_peak_bytes(built, task: str, data, indices: list[int], precision: Prec
                 torch.cuda.reset_peak_memory_stats(device)
                 before = torch.cuda.memory_allocated(device)
             else:
-                _reset_cpu_peak()
+                reset_cpu_peak()
                 before = _proc_status("VmRSS")
             with autocast(precision, device):
                 logits = tasks.forward(built, task, batch)
@@ -150,35 +150,41 @@ def _budget(device, max_memory: int | None) -> tuple[int, int, str]:
     return held, int(budget * CPU_HEADROOM), f"{source}, less {1 - CPU_HEADROOM:.0%} headroom"
 
 
-def search_micro_batch(
-    built, task: str, data, global_batch: int, precision: Precision, device, max_memory: int | None
-) -> BatchSearch:
-    """The largest micro-batch (power of two, or the whole global batch) that fits; see module doc."""
-    if device.type not in ("cuda", "cpu") or (device.type == "cpu" and not _can_measure_cpu()):
-        raise GpuforgeError(
-            f"train.batch_size: auto cannot measure memory on this {device.type}; set a number instead"
-        )
-    order = longest_first(data)
+class MemoryProbe:
+    """Trial steps on the longest examples of a data set; `peak(m)` is None where m runs out of memory."""
 
-    def trial(m: int) -> int | None:
+    def __init__(self, built, task: str, data, precision: Precision, device):
+        if device.type not in ("cuda", "cpu") or (device.type == "cpu" and not _can_measure_cpu()):
+            raise GpuforgeError(
+                f"memory cannot be measured on this {device.type} (needs CUDA, or Linux /proc)"
+            )
+        self.built, self.task, self.data, self.precision, self.device = built, task, data, precision, device
+        self.order = longest_first(data)
+
+    def peak(self, micro: int) -> int | None:
         try:
-            return trial_peak_bytes(built, task, data, order[:m], precision, device)
+            return trial_peak_bytes(
+                self.built, self.task, self.data, self.order[:micro], self.precision, self.device
+            )
         except torch.OutOfMemoryError:
             return None
 
-    # two small trials give the bytes per sample; the peaks include the gradients
-    trial(1)  # warm-up: one-time allocations (kernels, allocator pools) are not per-sample costs
+
+def measure_memory(probe: MemoryProbe, global_batch: int, max_memory: int | None) -> BatchSearch:
+    """Bytes per sample and fixed costs, from two small trials (the peaks include the gradients)."""
+    probe.peak(1)  # warm-up: one-time allocations (kernels, allocator pools) are not per-sample costs
     small, large = min(2, global_batch), min(8, global_batch)
-    peaks = {m: trial(m) for m in sorted({small, large})}
+    peaks = {m: probe.peak(m) for m in sorted({small, large})}
     if None in peaks.values():
-        raise GpuforgeError(f"train.batch_size: auto: a micro-batch of {small} already runs out of memory")
+        raise GpuforgeError(f"a micro-batch of {small} already runs out of memory on this device")
     per_sample = (
         max(1, (peaks[large] - peaks[small]) // max(1, large - small)) if large > small else peaks[small]
     )
-    optimizer_state = 2 * sum(p.numel() * 4 for p in built.module.parameters() if p.requires_grad)  # AdamW
-    held, budget, source = _budget(device, max_memory)
-    search = BatchSearch(
-        1,
+    trainable = [p for p in probe.built.module.parameters() if p.requires_grad]
+    optimizer_state = 2 * sum(p.numel() * 4 for p in trainable)  # AdamW: two fp32 moments per parameter
+    held, budget, source = _budget(probe.device, max_memory)
+    return BatchSearch(
+        0,
         budget,
         source,
         per_sample,
@@ -187,6 +193,14 @@ def search_micro_batch(
         [{"micro": m, "peak_bytes": p} for m, p in peaks.items()],
     )
 
+
+def search_micro_batch(
+    built, task: str, data, global_batch: int, precision: Precision, device, max_memory: int | None
+) -> BatchSearch:
+    """The largest micro-batch (power of two, or the whole global batch) that fits; see module doc."""
+    probe = MemoryProbe(built, task, data, precision, device)
+    search = measure_memory(probe, global_batch, max_memory)
+    budget = search.budget_bytes
     candidates = [m for m in _candidates(global_batch) if search.predicted_bytes(m) <= budget]
     if not candidates:
         need = search.predicted_bytes(1) / (CPU_HEADROOM if device.type == "cpu" else 1)
@@ -198,9 +212,10 @@ def search_micro_batch(
             f"bytes{', with 15% headroom' if device.type == 'cpu' else ''})"
         )
     # memory grows a little faster than linearly at large batches: measure the pick, step down if over
+    measured = {t["micro"]: t["peak_bytes"] for t in search.trials}
     while True:
         pick = candidates.pop()
-        peak = peaks.get(pick) or trial(pick)
+        peak = measured.get(pick) or probe.peak(pick)
         search.trials.append({"micro": pick, "peak_bytes": peak})
         if (peak is not None and search.persistent_bytes + peak <= budget) or not candidates:
             search.micro = pick
