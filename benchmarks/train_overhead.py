@@ -179,9 +179,13 @@ def run_gpuforge(precision: str, lora: bool = False) -> RunResult:
         },
     }
     if lora:
-        raw["adapt"] = {
-            "lora": {"r": LORA_R, "alpha": LORA_ALPHA, "dropout": LORA_DROPOUT, "target_modules": LORA_TARGETS}
+        lora_spec = {
+            "r": LORA_R,
+            "alpha": LORA_ALPHA,
+            "dropout": LORA_DROPOUT,
+            "target_modules": LORA_TARGETS,
         }
+        raw["adapt"] = {"lora": lora_spec}
     spec = parse_spec(raw, base_dir=ROOT)
     with tempfile.TemporaryDirectory(prefix="gpuforge-bench-") as tmp:
         # The checkpoint and model the engine writes after step 22 fall outside the timed window.

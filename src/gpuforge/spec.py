@@ -123,12 +123,13 @@ class AdaptSpec(Section):
     lora: LoraSpec | None = None
     quantize_base: Literal["nf4", "int8"] | None = None
 
-    @field_validator("quantize_base")
-    @classmethod
-    def _not_yet(cls, v: Any) -> Any:
-        if v is not None:
-            raise ValueError("not available yet (QLoRA comes with a later step); remove it")
-        return v
+    @model_validator(mode="after")
+    def _quantized_base_needs_lora(self) -> AdaptSpec:
+        if self.quantize_base is not None and self.lora is None:
+            raise ValueError(
+                "adapt.quantize_base: needs adapt.lora (the quantized base is frozen; LoRA is what trains)"
+            )
+        return self
 
 
 class CompressSpec(Section):

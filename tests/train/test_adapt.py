@@ -124,3 +124,38 @@ def test_compiled_model_trains_the_same_curve_and_checkpoints_plain_names(tmp_pa
     assert losses == pytest.approx([m["loss"] for m in RunDir(tmp_path / "eager").metrics()], rel=1e-4)
     module, _, _ = load_artifact(tmp_path / "compiled" / "model")  # names without torch.compile's prefix
     assert module(torch.rand(1, 1, 8, 8)).shape == (1, 10)
+
+
+@pytest.mark.parametrize("kind", ["nf4", "int8"])
+def test_qlora_on_cpu_quantizes_the_base_trains_and_resumes(tmp_path, tiny_bert_dir, small_topics, kind):
+    pytest.importorskip("bitsandbytes")
+    raw = _text_job(tiny_bert_dir, small_topics, lora={"r": 4}, quantize_base=kind)
+    reference = train(parse_spec(raw, tmp_path), tmp_path / "reference")
+    full = train(
+        parse_spec(_text_job(tiny_bert_dir, small_topics, lora={"r": 4}), tmp_path), tmp_path / "lora"
+    )
+    assert reference["adapter"] == f"qlora-{kind}"
+    assert reference["weight_bytes"] < full["weight_bytes"]  # the quantized linear layers are smaller
+    stopped = train(parse_spec(raw, tmp_path), tmp_path / "run", SignalAt(4))
+    assert stopped["status"] == "cancelled"
+    train(parse_spec(raw, tmp_path), tmp_path / "run")
+    losses = [m["loss"] for m in RunDir(tmp_path / "run").metrics()]
+    assert losses == pytest.approx([m["loss"] for m in RunDir(tmp_path / "reference").metrics()], rel=1e-5)
+    module, tokenizer, manifest = load_artifact(tmp_path / "run" / "model")
+    assert manifest["quantize_base"] == kind
+    spec = parse_spec(raw, tmp_path)
+    data = prepare_data(spec.data, spec.model.task, tokenizer, spec.train.seed)
+    again = evaluate(
+        BuiltModel(module, True, "", adapter=True),
+        spec.model.task,
+        data.eval,
+        8,
+        Precision(reference["precision"], ""),
+        torch.device("cpu"),
+    )
+    assert again["loss"] == pytest.approx(reference["eval"]["loss"], rel=1e-4)
+
+
+def test_a_quantized_base_needs_lora(tmp_path):
+    with pytest.raises(SpecError, match="adapt.quantize_base: needs adapt.lora"):
+        parse_spec({**image_spec(tmp_path), "adapt": {"quantize_base": "nf4"}}, tmp_path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 
+import torch
 from torch import nn
 
 from gpuforge.errors import SpecError
@@ -96,6 +97,58 @@ def apply_lora(built: BuiltModel, lora: LoraSpec, task: str) -> BuiltModel:
         {**built.extra, "lora_targets": targets, "modules_to_save": to_save},
         adapter=True,
     )
+
+
+KEEP_FULL = ("classifier", "score", "lm_head")  # heads stay full precision (lm_head is often tied)
+
+
+def quantize_base(
+    built: BuiltModel, kind: str, keep_full: list[str], compute_dtype: torch.dtype
+) -> BuiltModel:
+    """Swap the base's nn.Linear layers for bitsandbytes 4-bit (nf4) or 8-bit layers, frozen.
+
+    The weights are quantized when the model moves to its device (`.to(device)`, CPU included); LoRA
+    (applied next) trains beside them. Heads and modules_to_save stay in full precision."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise SpecError(
+            "adapt.quantize_base: needs bitsandbytes, which is not installed (pip install 'gpuforge[qlora]')"
+        ) from None
+    skip = list(KEEP_FULL) + list(keep_full)
+    replaced = 0
+    for name, child in list(built.module.named_modules()):
+        if not isinstance(child, nn.Linear) or any(
+            _matches(name, s) or name.startswith(s + ".") for s in skip
+        ):
+            continue
+        bias = child.bias is not None
+        if kind == "nf4":
+            layer = bnb.nn.Linear4bit(
+                child.in_features,
+                child.out_features,
+                bias=bias,
+                compute_dtype=compute_dtype,
+                quant_type="nf4",
+            )
+            layer.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4")
+        else:
+            layer = bnb.nn.Linear8bitLt(
+                child.in_features, child.out_features, bias=bias, has_fp16_weights=False
+            )
+            layer.weight = bnb.nn.Int8Params(child.weight.data, requires_grad=False, has_fp16_weights=False)
+        if bias:
+            layer.bias = nn.Parameter(child.bias.data, requires_grad=False)
+        parent_name, _, attr = name.rpartition(".")
+        setattr(built.module.get_submodule(parent_name) if parent_name else built.module, attr, layer)
+        replaced += 1
+    if not replaced:
+        raise SpecError("adapt.quantize_base: the model has no nn.Linear layer to quantize")
+    for p in built.module.parameters():
+        p.requires_grad_(False)  # the base is frozen; LoRA adds what trains
+    built.description += f", base quantized {kind} ({replaced} linear layers)"
+    built.extra["quantize_base"] = kind
+    return built
 
 
 def enable_activation_checkpointing(built: BuiltModel) -> None:

@@ -48,6 +48,8 @@ def save_artifact(
         "base": spec.model.source if built.adapter else None,  # an adapter loads on top of this base
         "pretrained": built.extra.get("pretrained"),
         "lora_targets": built.extra.get("lora_targets"),
+        "modules_to_save": built.extra.get("modules_to_save"),
+        "quantize_base": built.extra.get("quantize_base"),
         "task": spec.model.task,
         "source": spec.model.source,
         "options": spec.model.options,
@@ -75,8 +77,14 @@ def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu"):
     if manifest["kind"] == "adapter":
         from peft import PeftModel
 
-        base = build_model(_request(manifest, tokenizer)).module
-        module = PeftModel.from_pretrained(base, str(model_dir))
+        base = build_model(_request(manifest, tokenizer))
+        if manifest.get("quantize_base"):  # the adapter was trained on the quantized base: rebuild that
+            from gpuforge.train.adapt import quantize_base
+
+            base = quantize_base(
+                base, manifest["quantize_base"], manifest.get("modules_to_save") or [], torch.float32
+            )
+        module = PeftModel.from_pretrained(base.module.to(device), str(model_dir))
     elif manifest["format"] == "transformers":
         from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 

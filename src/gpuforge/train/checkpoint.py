@@ -34,9 +34,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """What an adapter run saves: trainable parameters and buffers; the frozen base rebuilds from source."""
-    state = {n: p.detach() for n, p in module.named_parameters() if p.requires_grad}
-    state.update(dict(module.named_buffers()))
-    return {n: t.contiguous() for n, t in state.items()}
+    keep = {n for n, p in module.named_parameters() if p.requires_grad} | {
+        n for n, _ in module.named_buffers()
+    }
+    # state_dict leaves out non-persistent buffers (position ids) that load_state_dict would not take back
+    return {n: t.detach().contiguous() for n, t in module.state_dict().items() if n in keep}
 
 
 def save_checkpoint(

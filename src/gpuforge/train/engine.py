@@ -292,7 +292,12 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             "parameters": built.num_parameters,
             "trainable_parameters": built.num_trainable_parameters,
             "optimizer_state_bytes": optimizer_state_bytes(optimizer),
-            "adapter": "lora" if built.adapter else None,
+            "adapter": (
+                "qlora-" + built.extra["quantize_base"] if built.extra.get("quantize_base") else "lora"
+            )
+            if built.adapter
+            else None,
+            "weight_bytes": sum(p.numel() * p.element_size() for p in module.parameters()),
             "flops_method": flops.method,
             "device_peak_flops": device_peak,
             "mfu": (

@@ -20,7 +20,7 @@ from gpuforge.errors import ModelError
 from gpuforge.hardware.probe import select_device
 from gpuforge.models import BuiltModel, ModelRequest, build_model, load_tokenizer
 from gpuforge.spec import JobSpec, parse_bytes
-from gpuforge.train.adapt import apply_lora, enable_activation_checkpointing
+from gpuforge.train.adapt import apply_lora, enable_activation_checkpointing, quantize_base
 from gpuforge.train.batch import BatchSearch, search_micro_batch
 from gpuforge.train.precision import Precision, choose_precision
 
@@ -89,6 +89,9 @@ def build_job(spec: JobSpec, resume: dict[str, Any] | None = None) -> Job:
         )
     )
     check_positions(built, spec.data.max_length)
+    if spec.adapt.quantize_base is not None:
+        compute = precision.autocast_dtype or torch.float32
+        built = quantize_base(built, spec.adapt.quantize_base, spec.adapt.lora.modules_to_save or [], compute)
     if spec.adapt.lora is not None:
         built = apply_lora(built, spec.adapt.lora, task)
     if spec.train.gradient_checkpointing:
