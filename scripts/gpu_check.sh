@@ -24,9 +24,15 @@ else
   bench_rc=0
 fi
 
+timeout 240 python3 benchmarks/gpu_mfu.py --json "$OUT/gpu_mfu.json" 2>&1 | tee "$OUT/gpu_mfu.log"
+mfu_rc=${PIPESTATUS[0]}
+timeout 120 python3 benchmarks/auto_batch.py --rounds 1 --json "$OUT/auto_batch.json" 2>&1 | tee "$OUT/auto_batch.log"
+
 echo
 echo "== gpu_check summary =="
 printf '%-28s %s\n' "GPU tests (pytest -m gpu)" "$(tail -n 1 "$OUT/gpu_tests.log") (rc $tests_rc)"
 printf '%-28s %s\n' "benchmarks/train_overhead" "rc $bench_rc"
 grep -E "^(ratio|gpuforge|hand|HF|naive)" "$OUT/train_overhead.log" || true
-exit $(( tests_rc || bench_rc ))
+grep -E "^gpu_mfu" "$OUT/gpu_mfu.log" || echo "gpu_mfu: failed (rc $mfu_rc)"
+grep -E "^ratio" "$OUT/auto_batch.log" || true
+exit $(( tests_rc || bench_rc || mfu_rc ))

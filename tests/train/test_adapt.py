@@ -159,3 +159,18 @@ def test_qlora_on_cpu_quantizes_the_base_trains_and_resumes(tmp_path, tiny_bert_
 def test_a_quantized_base_needs_lora(tmp_path):
     with pytest.raises(SpecError, match="adapt.quantize_base: needs adapt.lora"):
         parse_spec({**image_spec(tmp_path), "adapt": {"quantize_base": "nf4"}}, tmp_path)
+
+
+def test_lora_in_bf16_keeps_the_frozen_base_in_bf16_and_the_factors_in_fp32(
+    tmp_path, tiny_bert_dir, small_topics
+):
+    raw = _text_job(tiny_bert_dir, small_topics, lora={"r": 4})
+    raw["train"]["precision"] = "bf16"
+    from gpuforge.train.setup import build_job
+
+    job = build_job(parse_spec(raw, tmp_path))
+    dtypes = {p.dtype for p in job.module.parameters() if not p.requires_grad}
+    assert dtypes == {torch.bfloat16}
+    assert {p.dtype for p in job.module.parameters() if p.requires_grad} == {torch.float32}
+    summary = train(parse_spec(raw, tmp_path), tmp_path / "run")
+    assert summary["status"] == "finished" and summary["precision"] == "bf16"

@@ -96,6 +96,11 @@ def build_job(spec: JobSpec, resume: dict[str, Any] | None = None) -> Job:
         built = apply_lora(built, spec.adapt.lora, task)
     if spec.train.gradient_checkpointing:
         enable_activation_checkpointing(built)
+    if built.adapter and precision.autocast_dtype is not None and spec.adapt.quantize_base is None:
+        # the frozen base is only read: keep it in the compute dtype instead of casting it every step
+        for p in built.module.parameters():
+            if not p.requires_grad and p.is_floating_point():
+                p.data = p.data.to(precision.autocast_dtype)
     built.module.to(device).train()
 
     order = BatchOrder(
