@@ -32,6 +32,11 @@ out_console = Console() if sys.stdout.isatty() else Console(width=120)  # logs a
 
 EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
 
+# options several verbs share
+SpecPath = Annotated[Path, typer.Argument(help="job spec (YAML)")]
+MaxSteps = Annotated[int | None, typer.Option("--max-steps", min=1, help="override train.max_steps")]
+Overrides = Annotated[list[str] | None, typer.Option("--set", help="override a field: --set train.lr=1e-3")]
+
 
 def _default_out(name: str) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -69,16 +74,12 @@ def _describe(summary: dict) -> str:
 
 @app.command()
 def train(
-    spec: Annotated[Path, typer.Argument(help="job spec (YAML)")],
+    spec: SpecPath,
     out: Annotated[
         Path | None, typer.Option("--out", help="run directory; resumes if it holds checkpoints")
     ] = None,
-    max_steps: Annotated[
-        int | None, typer.Option("--max-steps", min=1, help="override train.max_steps")
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="override a field: --set train.lr=1e-3")
-    ] = None,
+    max_steps: MaxSteps = None,
+    set_: Overrides = None,
 ) -> None:
     """Train a job locally, with no server, into a run directory."""
     overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
@@ -137,16 +138,12 @@ def _eval_figure(evaluation: dict) -> str:
 
 @app.command()
 def plan(
-    spec: Annotated[Path, typer.Argument(help="job spec (YAML)")],
+    spec: SpecPath,
     measure: Annotated[
         bool, typer.Option("--measure", help="time a few real steps (else: FLOPs / peak)")
     ] = False,
-    max_steps: Annotated[
-        int | None, typer.Option("--max-steps", min=1, help="override train.max_steps")
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="override a field: --set train.lr=1e-3")
-    ] = None,
+    max_steps: MaxSteps = None,
+    set_: Overrides = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Say before anything runs: parameters, memory, batch, time and cost; refuse a job that cannot fit."""

@@ -26,6 +26,15 @@ def _text_job(tiny_bert_dir, topics, **adapt):
     }
 
 
+def _eval_loss(module, tokenizer, raw, tmp_path, summary) -> float:
+    """The eval loss of a reloaded model on the job's own held-out split."""
+    spec = parse_spec(raw, tmp_path)
+    data = prepare_data(spec.data, spec.model.task, tokenizer, spec.train.seed)
+    built = BuiltModel(module, True, "", adapter=True)
+    precision = Precision(summary["precision"], "")
+    return evaluate(built, spec.model.task, data.eval, 8, precision, torch.device("cpu"))["loss"]
+
+
 def test_lora_trains_a_fraction_and_saves_the_adapter_alone(tmp_path, tiny_bert_dir, small_topics):
     full = train(parse_spec(_text_job(tiny_bert_dir, small_topics), tmp_path), tmp_path / "full")
     lora = train(
@@ -43,17 +52,10 @@ def test_lora_trains_a_fraction_and_saves_the_adapter_alone(tmp_path, tiny_bert_
     # the saved adapter, loaded on its rebuilt base, scores the eval set exactly as the trained model did
     module, tokenizer, manifest = load_artifact(run.model_dir)
     assert manifest["kind"] == "adapter" and manifest["base"] == f"hf:{tiny_bert_dir}"
-    spec = parse_spec(_text_job(tiny_bert_dir, small_topics, lora={"r": 4}), tmp_path)
-    data = prepare_data(spec.data, spec.model.task, tokenizer, spec.train.seed)
-    again = evaluate(
-        BuiltModel(module, True, "", adapter=True),
-        spec.model.task,
-        data.eval,
-        8,
-        Precision(lora["precision"], ""),
-        torch.device("cpu"),
+    again = _eval_loss(
+        module, tokenizer, _text_job(tiny_bert_dir, small_topics, lora={"r": 4}), tmp_path, lora
     )
-    assert again["loss"] == pytest.approx(lora["eval"]["loss"], rel=1e-5)
+    assert again == pytest.approx(lora["eval"]["loss"], rel=1e-5)
 
 
 def test_lora_on_a_python_model_resumes_the_same_loss_curve(tmp_path):
@@ -143,17 +145,8 @@ def test_qlora_on_cpu_quantizes_the_base_trains_and_resumes(tmp_path, tiny_bert_
     assert losses == pytest.approx([m["loss"] for m in RunDir(tmp_path / "reference").metrics()], rel=1e-5)
     module, tokenizer, manifest = load_artifact(tmp_path / "run" / "model")
     assert manifest["quantize_base"] == kind
-    spec = parse_spec(raw, tmp_path)
-    data = prepare_data(spec.data, spec.model.task, tokenizer, spec.train.seed)
-    again = evaluate(
-        BuiltModel(module, True, "", adapter=True),
-        spec.model.task,
-        data.eval,
-        8,
-        Precision(reference["precision"], ""),
-        torch.device("cpu"),
-    )
-    assert again["loss"] == pytest.approx(reference["eval"]["loss"], rel=1e-4)
+    again = _eval_loss(module, tokenizer, raw, tmp_path, reference)
+    assert again == pytest.approx(reference["eval"]["loss"], rel=1e-4)
 
 
 def test_a_quantized_base_needs_lora(tmp_path):
