@@ -1,7 +1,7 @@
 """Time to accuracy: wall time from a command's start to a target held-out accuracy, gpuforge vs HF Trainer.
 
-    python benchmarks/time_to_accuracy.py                        # target 0.80, eval every 6 steps, 1 round
-    python benchmarks/time_to_accuracy.py --target 0.82 --eval-every 8 --rounds 2 --json tta.json
+    python benchmarks/time_to_accuracy.py                        # target 0.85, eval every 6 steps, 1 round
+    python benchmarks/time_to_accuracy.py --target 0.85 --eval-every 6 --rounds 2 --json tta.json
 
 What a user feels: the clock starts when the training command is launched (interpreter start, imports,
 tokenizer and model loading, data preparation all count) and stops when an evaluation on the held-out
@@ -15,27 +15,34 @@ The job is examples/minilm-sentiment-lora.yaml: all-MiniLM-L6-v2 with LoRA (r 8,
 on the attention query/value projections; the classification head trains in full) on
 examples/data/sentiment.jsonl, 20% held out, max length 64. The HF side maps every setting of the spec:
 the same held-out examples (gpuforge's seeded split, reproduced here and checked against
-gpuforge.data.prepare_data before anything is timed), per-batch padding (DataCollatorWithPadding), batch
-size, fused AdamW with the same lr and weight decay (none on biases and norms), the same number of steps
+gpuforge.data.prepare_data after each HF run), per-batch padding (DataCollatorWithPadding), batch size,
+fused AdamW with the same lr and weight decay (none on biases and norms), the same number of steps
 (max_steps), linear warm-up of the same number of steps then cosine decay to lr * min_lr_ratio, gradient
 clipping at 1.0, the precision gpuforge's `auto` picks on this machine, the same seed before the model (and
-so its new head and LoRA factors) is built. What differs: the order of the batches (each framework's own
-seeded shuffle); each epoch's ragged last batch, which gpuforge drops and HF keeps (HF's
-dataloader_drop_last would also drop eval examples); HF's warm-up starting from lr 0 at step 0 where
-gpuforge's starts at lr/warmup.
+so its new head and LoRA factors) is built.
+
+By default the HF Trainer also walks gpuforge's batches (a sampler that reproduces gpuforge's seeded
+per-epoch shuffle, ragged tail dropped): with a different order the two curves cross the target several
+steps apart by luck alone (measured: steps 60 and 66 for 0.85), which swamps the framework's own cost.
+--hf-own-order lets HF shuffle its own way (and keep each epoch's ragged last batch) instead. What still
+differs: dropout masks (the Trainer reseeds after the model is built) and HF's warm-up, which starts from
+lr 0 at step 0 where gpuforge's starts at lr/warmup.
 
 Both evaluate every N steps (eval_strategy="steps", eval_steps=N for HF), on the whole held-out split, in
 batches of the training batch size. The parent polls each run's metrics file (gpuforge's metrics.jsonl;
-the HF child's callback appends the same kind of line) every 20 ms and stamps each eval line when it
-appears, so both are timed by one clock, the same way. A run goes on to its end so the whole accuracy
-curve is printed; its total wall time (gpuforge also writes a checkpoint and the model at the end, HF is
-told to save nothing) is shown apart from the time to target.
+the HF child's callback appends the same kind of line, one per step and one per eval) every 20 ms and
+stamps each line when it appears, so both are timed by one clock, the same way. A run goes on to its end
+so the whole accuracy curve is printed; its total wall time (gpuforge also writes a checkpoint and the
+model at the end, HF is told to save nothing) is shown apart from the time to target.
 
-The target should be one both reach (look at the curves): the held-out split has ~4% deliberately wrong
-labels, negations, contrasts and sarcasm, so accuracy plateaus in the mid 0.8s. The figure that counts is
-the ratio HF time / gpuforge time (floor 1.0: gpuforge no slower). On a shared machine the runs are noisy;
---rounds alternates the order and keeps each contender's fastest round. A benchmark, not a test: it prints
-PASS/BELOW against the floor but exits 0 (2 if a run fails or the splits differ).
+The held-out split has ~4% deliberately wrong labels, negations, contrasts and sarcasm, so accuracy
+plateaus in the high 0.8s; the default target, 0.85, is reached by both about two thirds of the way
+through the run. The figure that counts is the ratio HF time / gpuforge time (floor 1.0: gpuforge no
+slower). On a shared machine a neighbour's burst can add seconds to either run: --rounds alternates the
+order and keeps each contender's fastest round, and the "steady" figure rebuilds the time to target from
+the medians (start-up + steps * median step + evals * median eval), which such bursts barely move. A
+benchmark, not a test: it prints PASS/BELOW against the floor but exits 0 (2 if a run fails or the splits
+differ).
 """
 
 from __future__ import annotations
@@ -165,7 +172,15 @@ def hf_child(config_path: str) -> int:
         remove_unused_columns=False,  # our items hold only model inputs and labels
         use_cpu=not cuda,
     )
-    trainer = transformers.Trainer(
+    trainer_class = transformers.Trainer
+    if cfg["same_batches"]:
+
+        class SameBatchesTrainer(transformers.Trainer):
+            def _get_train_sampler(self, *args, **kwargs):
+                return GpuforgeOrder(len(train_set), cfg["batch_size"], cfg["seed"])
+
+        trainer_class = SameBatchesTrainer
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=train_set,
@@ -178,6 +193,27 @@ def hf_child(config_path: str) -> int:
     trainer.remove_callback(transformers.PrinterCallback)
     trainer.train()  # with step evals, it also evaluates after the last step, as gpuforge does
     return 0
+
+
+class GpuforgeOrder:
+    """gpuforge's batch order (data/batches.py): epoch e is torch.randperm seeded with seed + e, the ragged
+    tail dropped. As a sampler, so the HF Trainer walks exactly the batches gpuforge walks."""
+
+    def __init__(self, n: int, batch: int, seed: int):
+        self.n, self.batch, self.seed, self.epoch = n, batch, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n // self.batch * self.batch
+
+    def __iter__(self):
+        import torch
+
+        epoch, self.epoch = self.epoch, self.epoch + 1  # set_epoch, where called, overrides the count
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
+        return iter(order[: len(self)].tolist())
 
 
 class ListDataset:
@@ -235,6 +271,15 @@ class Run:
         """Median seconds per optimizer step without an evaluation (the whole loop, bookkeeping included)."""
         gaps = self._intervals(evals=False)
         return statistics.median(gaps) if gaps else None
+
+    @property
+    def steady_s(self) -> float | None:
+        """Time to target rebuilt from the medians (start-up, steps, evals): blind to a neighbour's spikes."""
+        reached = self.reached
+        if reached is None or self.first_step_s is None or self.step_s is None:
+            return None
+        evals = sum(1 for p in self.curve if p[0] <= reached[0])
+        return self.first_step_s + (reached[0] - 1) * self.step_s + evals * (self.eval_s or 0.0)
 
     @property
     def eval_s(self) -> float | None:
@@ -323,7 +368,7 @@ def run_hf(tmp: Path, config: dict, target: float, tag: str) -> Run:
     return run
 
 
-def hf_config(eval_every: int) -> dict:
+def hf_config(eval_every: int, same_batches: bool) -> dict:
     """The spec's settings, resolved as gpuforge resolves them, for the HF child."""
     import math
 
@@ -356,6 +401,7 @@ def hf_config(eval_every: int) -> dict:
         "grad_clip": t.grad_clip if t.grad_clip is not None else 1e9,
         "precision": choose_precision(t.precision, select_device(spec.resources.device_type)).name,
         "eval_every": eval_every,
+        "same_batches": same_batches,
     }
 
 
@@ -408,26 +454,35 @@ def report(runs: dict[str, list[Run]], target: float, eval_every: int, config: d
         f"threads {torch.get_num_threads()} | cpus {os.cpu_count()} | python {platform.python_version()}\n"
     )
     print(
-        f"{'contender':<12}{'to target s':>12}{'at step':>9}{'1st step s':>12}{'step s':>8}{'eval s':>8}"
-        f"{'total s':>9}{'best acc':>10}{'final acc':>11}   rounds (to target s)"
+        f"{'contender':<12}{'to target s':>12}{'at step':>9}{'steady s':>10}{'1st step s':>12}{'step s':>8}"
+        f"{'eval s':>8}{'total s':>9}{'best acc':>10}{'final acc':>11}   rounds (to target s)"
     )
     for name, r in best.items():
         reached = r.reached
         rounds = ", ".join(fmt(x.time_to_target) for x in runs[name])
         print(
             f"{name:<12}{fmt(r.time_to_target):>12}{(str(reached[0]) if reached else '-'):>9}"
-            f"{fmt(r.first_step_s):>12}{fmt(r.step_s, '.3f'):>8}{fmt(r.eval_s, '.3f'):>8}{fmt(r.total_s):>9}"
+            f"{fmt(r.steady_s):>10}{fmt(r.first_step_s):>12}{fmt(r.step_s, '.3f'):>8}"
+            f"{fmt(r.eval_s, '.3f'):>8}{fmt(r.total_s):>9}"
             f"{fmt(r.best_accuracy, '.3f'):>10}{fmt(r.final_accuracy, '.3f'):>11}   {rounds}"
         )
     print(
-        "(1st step s: launch to the end of step 1, i.e. imports, loading, data and one step; step s: median\n"
-        " seconds per step without an eval; eval s: median extra seconds of a step with one; all stamped by\n"
-        " this script's clock as each run's metrics lines appear)"
+        "(steady s: 1st step s + later steps * step s + evals * eval s, the time to target without the\n"
+        " spikes a shared machine adds; 1st step s: launch to the end of step 1 (imports, loading, data,\n"
+        " one step); step s: median seconds per step without an eval; eval s: median extra seconds of a\n"
+        " step with one; all stamped by this script's clock as each run's metrics lines appear)\n"
     )
     g, h = best["gpuforge"].time_to_target, best["HF Trainer"].time_to_target
     ratio = h / g if g and h else None
     mark = "-" if ratio is None else ("PASS" if ratio >= FLOOR else "BELOW")
-    print(f"\nHF Trainer / gpuforge (time to target){fmt(ratio, '.3f'):>9}   floor {FLOOR:.2f}   {mark}")
+    gs, hs = best["gpuforge"].steady_s, best["HF Trainer"].steady_s
+    steady_ratio = hs / gs if gs and hs else None
+    steady_mark = "-" if steady_ratio is None else ("PASS" if steady_ratio >= FLOOR else "BELOW")
+    print(f"{'HF Trainer / gpuforge, time to target':<44}{fmt(ratio, '.3f'):>7}   floor {FLOOR:.2f}   {mark}")
+    print(
+        f"{'HF Trainer / gpuforge, steady time to target':<44}{fmt(steady_ratio, '.3f'):>7}   "
+        f"floor {FLOOR:.2f}   {steady_mark}"
+    )
     if g is None or h is None:
         print("(a contender never reached the target: pick a lower --target)")
 
@@ -452,11 +507,14 @@ def report(runs: dict[str, list[Run]], target: float, eval_every: int, config: d
         "ratio_hf_over_gpuforge": ratio,
         "floor": FLOOR,
         "mark": mark,
+        "steady_ratio_hf_over_gpuforge": steady_ratio,
+        "steady_mark": steady_mark,
         "runs": {
             name: [
                 {
                     **{k: v for k, v in asdict(r).items() if k != "done_at"},
                     "time_to_target_s": r.time_to_target,
+                    "steady_s": r.steady_s,
                     "step_s": r.step_s,
                     "eval_s": r.eval_s,
                 }
@@ -470,7 +528,7 @@ def report(runs: dict[str, list[Run]], target: float, eval_every: int, config: d
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--target", type=float, default=0.80, help="held-out accuracy to reach (default 0.80)"
+        "--target", type=float, default=0.85, help="held-out accuracy to reach (default 0.85)"
     )
     parser.add_argument(
         "--eval-every", type=int, default=6, help="steps between evaluations, both (default 6)"
@@ -478,12 +536,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="rounds of both contenders, order alternating")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--keep", type=Path, help="keep run directories and logs under this folder")
+    parser.add_argument(
+        "--hf-own-order",
+        action="store_true",
+        help="let the HF Trainer shuffle with its own sampler (default: it walks gpuforge's batches)",
+    )
     parser.add_argument("--hf-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.hf_child:
         return hf_child(args.hf_child)
 
-    config = hf_config(args.eval_every)
+    config = hf_config(args.eval_every, not args.hf_own_order)
     runs: dict[str, list[Run]] = {"gpuforge": [], "HF Trainer": []}
     with tempfile.TemporaryDirectory(prefix="tta-") as tmp_name:
         tmp = args.keep or Path(tmp_name)

@@ -71,6 +71,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
 
     # --- optimizer, schedule, loss scaling ---
     optimizer = make_optimizer(module, spec.train.lr, spec.train.weight_decay, device)
+    trained = [p for group in optimizer.param_groups for p in group["params"]]  # LoRA: a few of many tensors
     scheduler = make_scheduler(optimizer, warmup, total_steps, spec.train.min_lr_ratio)
     scaler = make_scaler(precision, device)
 
@@ -198,9 +199,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     scaler.unscale_(optimizer)
                 # the gradient norm (clipped or not) also guards the weights: a finite loss can still
                 # give NaN/inf gradients, and one optimizer step on them would poison every checkpoint after
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    module.parameters(), spec.train.grad_clip or math.inf
-                )
+                grad_norm = torch.nn.utils.clip_grad_norm_(trained, spec.train.grad_clip or math.inf)
                 if not scaler and not math.isfinite(float(grad_norm)):
                     status, reason = "failed", f"gradient norm is {float(grad_norm)} at step {step}"
                     break
