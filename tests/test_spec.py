@@ -83,13 +83,13 @@ def test_set_overrides(tmp_path, override, check):
         (yaml.safe_dump({**MINIMAL, "resources": {"max_memory": "lots"}}), "resources.max_memory"),
         (
             yaml.safe_dump({**MINIMAL, "adapt": {"quantize_base": "nf4"}}),
-            "adapt.quantize_base: not available yet",
+            "adapt: quantize_base needs lora",
         ),
         (yaml.safe_dump({**MINIMAL, "adapt": {"lora": {"r": 0}}}), "adapt.lora.r: must be >= 1"),
         (yaml.safe_dump({**MINIMAL, "adapt": {"lora": {"rank": 8}}}), "adapt.lora.rank: unknown key"),
         (
             yaml.safe_dump({**MINIMAL, "train": {"batch_size": "auto"}}),
-            "train.batch_size: 'auto' is not available",
+            "train: global_batch_size is required",
         ),
         (yaml.safe_dump({**MINIMAL, "distributed": {"strategy": "ddp"}}), "distributed.strategy"),
     ],

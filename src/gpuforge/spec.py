@@ -95,14 +95,14 @@ class TrainSpec(Section):
     def _global_batch(self) -> TrainSpec:
         if self.batch_size == "auto" and self.global_batch_size is None:
             raise ValueError(
-                "train.global_batch_size: required with batch_size: auto, so that the batch the "
+                "global_batch_size is required with batch_size: auto, so that the batch the "
                 "optimizer sees does not depend on the machine"
             )
         if self.global_batch_size is not None and isinstance(self.batch_size, int):
             if self.global_batch_size % self.batch_size:
                 raise ValueError(
-                    f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
-                    f"train.batch_size ({self.batch_size})"
+                    f"global_batch_size ({self.global_batch_size}) must be a multiple of "
+                    f"batch_size ({self.batch_size})"
                 )
         return self
 
@@ -126,9 +126,7 @@ class AdaptSpec(Section):
     @model_validator(mode="after")
     def _quantized_base_needs_lora(self) -> AdaptSpec:
         if self.quantize_base is not None and self.lora is None:
-            raise ValueError(
-                "adapt.quantize_base: needs adapt.lora (the quantized base is frozen; LoRA is what trains)"
-            )
+            raise ValueError("quantize_base needs lora (the quantized base is frozen; LoRA is what trains)")
         return self
 
 

@@ -150,7 +150,7 @@ def test_qlora_on_cpu_quantizes_the_base_trains_and_resumes(tmp_path, tiny_bert_
 
 
 def test_a_quantized_base_needs_lora(tmp_path):
-    with pytest.raises(SpecError, match="adapt.quantize_base: needs adapt.lora"):
+    with pytest.raises(SpecError, match="adapt: quantize_base needs lora"):
         parse_spec({**image_spec(tmp_path), "adapt": {"quantize_base": "nf4"}}, tmp_path)
 
 

@@ -70,7 +70,7 @@ def test_auto_needs_a_global_batch(tmp_path):
             "train": {"batch_size": "auto"},
         },
     )
-    with pytest.raises(SpecError, match="train.global_batch_size: required with batch_size: auto"):
+    with pytest.raises(SpecError, match="train: global_batch_size is required with batch_size: auto"):
         load_spec(spec)
 
 
