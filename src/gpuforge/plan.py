@@ -26,7 +26,9 @@ from gpuforge.train.engine import forward_backward, make_optimizer
 from gpuforge.train.metrics import FlopModel
 from gpuforge.train.setup import Job, build_job
 
-MEASURED_STEPS = 5  # after one warm-up step; the median is the estimate
+MEASURED_STEPS = 5  # at least, after one warm-up step; the median is the estimate
+MEASURED_SECONDS = 2.0  # short steps run until this much time is measured: one stall must not decide
+MAX_MEASURED_STEPS = 200
 LORA_RANK_FOR_ADVICE = 8
 
 
@@ -90,7 +92,7 @@ def make_plan(spec: JobSpec, measure: bool = False) -> Plan:
     measured_peak = None
     if measure:
         step_time, measured_peak = _measure_steps(job)
-        method = f"median of {MEASURED_STEPS} measured steps"
+        method = "median of measured steps (at least 5 and 2 s)"
     else:
         step_time, method = flops / peak, "FLOPs / measured matmul peak (a lower bound)"
     total_time = step_time * job.total_steps
@@ -162,7 +164,8 @@ def _measure_steps(job: Job) -> tuple[float, int]:
     else:
         reset_cpu_peak()
     with torch.random.fork_rng(devices=[job.device] if job.device.type == "cuda" else []):
-        for step in range(MEASURED_STEPS + 1):
+        step = 0
+        while step <= MEASURED_STEPS or (sum(times[1:]) < MEASURED_SECONDS and step <= MAX_MEASURED_STEPS):
             start = time.perf_counter()
             indices = job.order.batch(step)
             forward_backward(
@@ -172,6 +175,7 @@ def _measure_steps(job: Job) -> tuple[float, int]:
             optimizer.zero_grad(set_to_none=True)
             synchronize(job.device)
             times.append(time.perf_counter() - start)
+            step += 1
     if job.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(job.device)
     else:
