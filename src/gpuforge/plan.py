@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from gpuforge.hardware.bench import peak_flops
-from gpuforge.hardware.probe import device_name, synchronize
+from gpuforge.hardware.probe import device_name, proc_status_bytes, synchronize
 from gpuforge.spec import JobSpec, parse_bytes
 from gpuforge.train.adapt import ADAPTABLE, DEFAULT_TARGETS, adaptable_names, resolve_targets
 from gpuforge.train.batch import MemoryProbe, available_cpu_bytes, measure_memory, reset_cpu_peak
@@ -136,8 +136,7 @@ def _capacity(device: torch.device, max_memory: int | None) -> tuple[int, str]:
 
 
 def memory_in_use() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    return proc_status_bytes("VmRSS") or 0
 
 
 def _global_batch_size_and_tokens(job: Job) -> tuple[int, int]:
@@ -179,8 +178,7 @@ def _measure_steps(job: Job) -> tuple[float, int]:
     if job.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(job.device)
     else:
-        with open("/proc/self/status") as f:
-            peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+        peak = proc_status_bytes("VmHWM") or 0
     return statistics.median(times[1:]), peak
 
 

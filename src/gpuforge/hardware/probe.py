@@ -47,6 +47,15 @@ def device_name(device: torch.device) -> str:
     return f"{cpu_model_name()} x{torch.get_num_threads()} threads"
 
 
+def proc_status_bytes(key: str) -> int | None:
+    """A memory line of /proc/self/status (VmRSS, VmHWM) in bytes; None where there is no /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":")), None)
+    except OSError:
+        return None
+
+
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -58,11 +67,9 @@ def peak_memory_bytes(device: torch.device) -> int:
         return int(torch.cuda.max_memory_allocated(device))
     if device.type == "mps":
         return int(torch.mps.driver_allocated_memory())
-    try:  # VmHWM: this process's own peak (ru_maxrss survives exec, so it can report the parent's)
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        pass
+    peak = proc_status_bytes("VmHWM")  # this process's own peak (ru_maxrss survives exec: the parent's)
+    if peak is not None:
+        return peak
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
 

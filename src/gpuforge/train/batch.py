@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from gpuforge.errors import GpuforgeError
+from gpuforge.hardware.probe import proc_status_bytes
 from gpuforge.train import tasks
 from gpuforge.train.precision import Precision, autocast
 
@@ -51,11 +52,10 @@ class BatchSearch:
 
 
 def _proc_status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise GpuforgeError(f"/proc/self/status has no {key}")
+    value = proc_status_bytes(key)
+    if value is None:
+        raise GpuforgeError(f"/proc/self/status has no {key}")
+    return value
 
 
 def reset_cpu_peak() -> None:
