@@ -66,7 +66,8 @@ def image_spec(tmp_path: Path, **train) -> dict:
             "options": train.pop("options", {}),
         },
         "data": {"train": "sklearn:digits", "eval_fraction": 0.2, **train.pop("data", {})},
-        "train": {"max_steps": 6, "batch_size": 32, "lr": 1e-2, "log_every": 1, **train},
+        # fp32 unless a test asks: `auto` picks bf16 on some CPUs, and exact comparisons need one choice
+        "train": {"max_steps": 6, "batch_size": 32, "lr": 1e-2, "log_every": 1, "precision": "fp32", **train},
     }
 
 

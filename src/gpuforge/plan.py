@@ -87,7 +87,7 @@ def make_plan(spec: JobSpec, measure: bool = False) -> Plan:
     capacity, capacity_source = _capacity(device, max_memory)
 
     samples, tokens = _global_batch_size_and_tokens(job)
-    flops = FlopModel(job.built, job.task, _sample_batch(job)).step_flops(samples, tokens)
+    flops = FlopModel(job.built, job.task, _sample_batch(job), job.precision).step_flops(samples, tokens)
     peak = peak_flops(device, job.precision.name)
     measured_peak = None
     if measure:

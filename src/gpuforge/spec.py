@@ -83,6 +83,9 @@ class TrainSpec(Section):
     keep_checkpoints: int = Field(2, ge=1)
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory")
     compile: bool = Field(False, description="torch.compile the model (first steps pay the compile time)")
+    fast_dropout: bool = Field(
+        True, description="CPU: dropout masks from a faster generator, seeded from torch's (same expectation)"
+    )
 
     @field_validator("batch_size")
     @classmethod

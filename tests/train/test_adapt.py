@@ -17,11 +17,11 @@ from tests.conftest import TEST_MODELS, image_spec
 from tests.train.test_engine import SignalAt
 
 
-def _text_job(tiny_bert_dir, topics, **adapt):
+def _text_job(tiny_bert_dir, topics, precision="fp32", **adapt):
     return {
         "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},
         "data": {"train": str(topics), "max_length": 32, "eval_fraction": 0.25},
-        "train": {"max_steps": 6, "batch_size": 8, "lr": 5e-3, "checkpoint_every": 3},
+        "train": {"max_steps": 6, "batch_size": 8, "lr": 5e-3, "checkpoint_every": 3, "precision": precision},
         "adapt": adapt,
     }
 
@@ -58,8 +58,9 @@ def test_lora_trains_a_fraction_and_saves_the_adapter_alone(tmp_path, tiny_bert_
     assert again == pytest.approx(lora["eval"]["loss"], rel=1e-5)
 
 
-def test_lora_on_a_python_model_resumes_the_same_loss_curve(tmp_path):
-    raw = image_spec(tmp_path, max_steps=10, checkpoint_every=4)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_lora_on_a_python_model_resumes_the_same_loss_curve(tmp_path, precision):
+    raw = image_spec(tmp_path, max_steps=10, checkpoint_every=4, precision=precision)
     raw["adapt"] = {
         "lora": {"r": 4, "target_modules": ["net.1"], "modules_to_save": ["net.4"], "dropout": 0.1}
     }
@@ -128,10 +129,12 @@ def test_compiled_model_trains_the_same_curve_and_checkpoints_plain_names(tmp_pa
     assert module(torch.rand(1, 1, 8, 8)).shape == (1, 10)
 
 
-@pytest.mark.parametrize("kind", ["nf4", "int8"])
-def test_qlora_on_cpu_quantizes_the_base_trains_and_resumes(tmp_path, tiny_bert_dir, small_topics, kind):
+@pytest.mark.parametrize("kind, precision", [("nf4", "fp32"), ("int8", "fp32"), ("nf4", "bf16")])
+def test_qlora_on_cpu_quantizes_the_base_trains_and_resumes(
+    tmp_path, tiny_bert_dir, small_topics, kind, precision
+):
     pytest.importorskip("bitsandbytes")
-    raw = _text_job(tiny_bert_dir, small_topics, lora={"r": 4}, quantize_base=kind)
+    raw = _text_job(tiny_bert_dir, small_topics, precision, lora={"r": 4}, quantize_base=kind)
     reference = train(parse_spec(raw, tmp_path), tmp_path / "reference")
     full = train(
         parse_spec(_text_job(tiny_bert_dir, small_topics, lora={"r": 4}), tmp_path), tmp_path / "lora"

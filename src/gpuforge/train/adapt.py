@@ -132,6 +132,10 @@ def quantize_base(
                 quant_type="nf4",
             )
             layer.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4")
+            # On CPUs with AVX512-BF16, bitsandbytes repacks the weight in place the first time the layer
+            # runs in eval mode; seen with 0.50.2: that repacking fails on layers narrower than its
+            # 32-wide tiles, and a run evaluates mid-training. The plain dequantize path works everywhere.
+            layer.support_avx512bf16_for_cpu = False
         else:
             layer = bnb.nn.Linear8bitLt(
                 child.in_features, child.out_features, bias=bias, has_fp16_weights=False

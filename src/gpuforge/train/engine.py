@@ -127,7 +127,8 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             batch_search=search.as_dict() if search else None,
         )
 
-        flops = FlopModel(built, task, _to_device(data.train.collate(order.batch(0)[:micro]), device))
+        first_batch = _to_device(data.train.collate(order.batch(0)[:micro]), device)
+        flops = FlopModel(built, task, first_batch, precision)
         device_peak = peak_flops(device, precision.name)
         clock = StepClock()
         reset_peak_memory(device)

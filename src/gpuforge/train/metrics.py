@@ -10,6 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from gpuforge.models.base import BuiltModel
 from gpuforge.train import tasks
+from gpuforge.train.precision import Precision, autocast
 
 
 class FlopModel:
@@ -19,10 +20,12 @@ class FlopModel:
     measured count of one forward + backward on a real sample, by torch.utils.flop_counter.
     """
 
-    def __init__(self, built: BuiltModel, task: str, sample_batch: dict[str, torch.Tensor]):
+    def __init__(
+        self, built: BuiltModel, task: str, sample_batch: dict[str, torch.Tensor], precision: Precision
+    ):
         self.per_token = self.per_sample = 0.0
         if task == "image-classification" or not built.is_transformers:
-            self.per_sample = self._measure_per_sample(built, task, sample_batch)
+            self.per_sample = self._measure_per_sample(built, task, sample_batch, precision)
             self.method = "measured (torch.utils.flop_counter)"
         else:
             # forward 2N, activation gradients 2N, weight gradients 2N only where weights train
@@ -31,12 +34,14 @@ class FlopModel:
             self.method = f"{factor:.0f} x non-embedding params x tokens"
 
     @staticmethod
-    def _measure_per_sample(built: BuiltModel, task: str, batch: dict[str, torch.Tensor]) -> float:
+    def _measure_per_sample(built: BuiltModel, task: str, batch: dict[str, torch.Tensor], precision) -> float:
         module = built.module
         was_training = module.training
         module.eval()  # no dropout RNG draws, no batch-norm statistics updated by this probe
+        device = next(module.parameters()).device
         with torch.random.fork_rng(devices=[]), FlopCounterMode(display=False) as counter:
-            logits = tasks.forward(built, task, batch)
+            with autocast(precision, device):  # as in training: a LoRA base may be held in bf16
+                logits = tasks.forward(built, task, batch)
             loss, _ = tasks.loss_sum_and_count(task, logits, batch)
             loss.backward()
         module.zero_grad(set_to_none=True)

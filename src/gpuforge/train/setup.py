@@ -22,6 +22,7 @@ from gpuforge.models import BuiltModel, ModelRequest, build_model, load_tokenize
 from gpuforge.spec import JobSpec, parse_bytes
 from gpuforge.train.adapt import apply_lora, enable_activation_checkpointing, quantize_base
 from gpuforge.train.batch import BatchSearch, search_micro_batch
+from gpuforge.train.fast_dropout import use_fast_dropout
 from gpuforge.train.precision import Precision, choose_precision
 
 
@@ -101,6 +102,14 @@ def build_job(spec: JobSpec, resume: dict[str, Any] | None = None) -> Job:
         for p in built.module.parameters():
             if not p.requires_grad and p.is_floating_point():
                 p.data = p.data.to(precision.autocast_dtype)
+    if built.adapter and precision.autocast_dtype is not None:
+        # PEFT casts each LoRA input up to the factors' fp32 and autocast casts it back down for the
+        # matmul: two activation copies per adapted layer and pass, for nothing
+        for module in built.module.modules():
+            if hasattr(module, "cast_input_dtype_enabled"):
+                module.cast_input_dtype_enabled = False
+    if device.type == "cpu" and spec.train.fast_dropout and not spec.train.compile:
+        use_fast_dropout(built.module)  # compiled graphs draw masks with inductor's own generator
     built.module.to(device).train()
 
     order = BatchOrder(
