@@ -2,6 +2,9 @@
 
     gpuforge train SPEC.yaml [--out DIR] [--max-steps N] [--set key=value]...
     gpuforge demo [--examples DIR] [--out DIR] [--max-steps N]
+    gpuforge plan SPEC.yaml [--measure]
+    gpuforge compress RUN/model [--merge] [--prune F --prune-structure S] [--quantize K] --out DIR
+    gpuforge compress RUN/model --sweep --out DIR
     gpuforge hw
 
 Bad input is one line on stderr and exit code 2; a training failure (NaN loss) exits 1; a run stopped
@@ -83,10 +86,15 @@ def train(
 ) -> None:
     """Train a job locally, with no server, into a run directory."""
     overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
-    _, out, summary = _run_job(spec, out, overrides)
+    job, out, summary = _run_job(spec, out, overrides)
     out_console.print(f"{_describe(summary)}\nrun directory: {out}")
     if summary.get("signal"):
         raise typer.Exit(128 + summary["signal"])
+    if summary["status"] == "finished" and job.compress.requested:
+        from gpuforge.compress.pipeline import compress_run
+        from gpuforge.compress.report import table
+
+        out_console.print(table(compress_run(job, out)))
 
 
 @app.command()
@@ -201,6 +209,51 @@ def _plan_table(p) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+@app.command()
+def compress(
+    model_dir: Annotated[Path, typer.Argument(help="a trained model directory: <run>/model")],
+    out: Annotated[Path, typer.Option("--out", help="where the compressed model (or the sweep) goes")],
+    prune: Annotated[
+        float, typer.Option("--prune", help="fraction of weights (or channels) to remove")
+    ] = 0.0,
+    prune_structure: Annotated[
+        str, typer.Option("--prune-structure", help="unstructured | 2:4 | channel")
+    ] = "unstructured",
+    quantize: Annotated[str | None, typer.Option("--quantize", help="int8 | int4 | int8-dynamic")] = None,
+    merge: Annotated[bool, typer.Option("--merge", help="fold a LoRA adapter into its base")] = False,
+    recover_steps: Annotated[
+        int, typer.Option("--recover-steps", help="fine-tune steps after pruning, on the run's data")
+    ] = 0,
+    recover_lr: Annotated[float | None, typer.Option("--recover-lr", help="default: the run's lr")] = None,
+    sweep: Annotated[
+        bool, typer.Option("--sweep", help="try the useful combinations, mark the best")
+    ] = False,
+    spec: Annotated[
+        Path | None, typer.Option("--spec", help="the run's spec (default: <model_dir>/../spec.yaml)")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite a non-empty --out")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print report.json instead of the table")] = False,
+) -> None:
+    """Prune, quantize or merge a trained model; report size, latency and accuracy against the original."""
+    import json
+
+    from gpuforge.compress import pipeline
+    from gpuforge.compress.report import table
+
+    if sweep:
+        rows = pipeline.sweep(model_dir, out, recover_steps, force, spec)
+    else:
+        options = pipeline.CompressOptions(prune, prune_structure, quantize, merge, recover_steps, recover_lr)
+        if options == pipeline.CompressOptions():
+            raise GpuforgeError("compress: nothing to do; pass --prune, --quantize, --merge or --sweep")
+        rows = pipeline.compress(model_dir, options, out, force, spec)
+    if as_json:
+        out_console.print_json(json.dumps({"variants": rows}))
+    else:
+        out_console.print(table(rows))
+        out_console.print(f"report: {out / 'report.json'}", highlight=False, markup=False)
 
 
 @app.command()

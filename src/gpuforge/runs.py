@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuforge.errors import RunDirError
 
-EVENTS = ("queued", "started", "checkpoint", "retry", "finished", "failed", "cancelled")
+EVENTS = ("queued", "started", "checkpoint", "retry", "finished", "failed", "cancelled", "compressed")
 
 
 def _clean(value: Any) -> Any:

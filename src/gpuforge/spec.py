@@ -133,8 +133,23 @@ class AdaptSpec(Section):
         return self
 
 
+class PruneSpec(Section):
+    amount: float = Field(0.5, ge=0, lt=1, description="share of weights (or FFN/conv channels) removed")
+    structure: Literal["unstructured", "2:4", "channel"] = "unstructured"
+    recover_steps: int = Field(0, ge=0, description="fine-tune steps after pruning, masks kept")
+
+
 class CompressSpec(Section):
-    """Filled by the compression release; no keys are accepted yet."""
+    """Run after training on <run>/model; the result goes to <run>/compressed (gpuforge compress)."""
+
+    merge: bool = Field(False, description="fold the LoRA adapter into its base")
+    prune: PruneSpec | None = None
+    quantize: Literal["int8", "int4", "int8-dynamic"] | None = None
+    sweep: bool = Field(False, description="every useful combination, with the Pareto front")
+
+    @property
+    def requested(self) -> bool:
+        return self.merge or self.prune is not None or self.quantize is not None or self.sweep
 
 
 class ResourcesSpec(Section):

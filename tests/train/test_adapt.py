@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from gpuforge.artifact import load_artifact
 from gpuforge.data import prepare_data
 from gpuforge.errors import SpecError
 from gpuforge.models import ModelRequest, build_model, load_tokenizer
@@ -10,7 +11,6 @@ from gpuforge.models.base import BuiltModel
 from gpuforge.runs import RunDir
 from gpuforge.spec import LoraSpec, parse_spec
 from gpuforge.train.adapt import apply_lora, resolve_targets
-from gpuforge.train.artifact import load_artifact
 from gpuforge.train.engine import evaluate, train
 from gpuforge.train.precision import Precision
 from tests.conftest import TEST_MODELS, image_spec

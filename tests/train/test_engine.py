@@ -8,10 +8,10 @@ import signal
 import pytest
 import torch
 
+from gpuforge.artifact import load_artifact
 from gpuforge.errors import ModelError, RunDirError, TrainingFailed
 from gpuforge.runs import RunDir
 from gpuforge.spec import parse_spec
-from gpuforge.train.artifact import load_artifact
 from gpuforge.train.engine import train
 from gpuforge.train.progress import Reporter
 from tests.conftest import TEST_MODELS, image_spec

@@ -178,3 +178,37 @@ def _is_gpt2_conv1d(module: nn.Module, targets: list[str]) -> bool:
         return False
     modules = dict(module.named_modules())
     return any(isinstance(modules[t], Conv1D) for t in targets)
+
+
+def is_quantized_linear(layer: nn.Module) -> bool:
+    return type(layer).__name__ in ("Linear4bit", "Linear8bitLt") and type(layer).__module__.startswith(
+        "bitsandbytes"
+    )
+
+
+def dequantize_linears(module: nn.Module) -> int:
+    """Replace bitsandbytes layers by float Linears holding their dequantized weights (before PEFT wraps
+    the model); returns how many were replaced."""
+    replaced = 0
+    for name, layer in list(module.named_modules()):
+        if not is_quantized_linear(layer):
+            continue
+        replaced += 1
+        dense = _dequantized_weight(layer)
+        float_layer = nn.Linear(dense.shape[1], dense.shape[0], bias=layer.bias is not None)
+        float_layer.weight = nn.Parameter(dense, requires_grad=False)
+        if layer.bias is not None:
+            float_layer.bias = nn.Parameter(layer.bias.detach().float().clone(), requires_grad=False)
+        parent, _, attr = name.rpartition(".")
+        setattr(module.get_submodule(parent) if parent else module, attr, float_layer)
+    return replaced
+
+
+def _dequantized_weight(layer: nn.Module) -> torch.Tensor:
+    import bitsandbytes as bnb
+
+    weight = layer.weight
+    if type(weight).__name__ == "Params4bit":
+        return bnb.functional.dequantize_4bit(weight.data, weight.quant_state).float()
+    # int8 rows with one absmax scale each: W = CB * SCB / 127
+    return (weight.CB.float() * weight.SCB.float()[:, None] / 127.0).contiguous()

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import yaml
 
+from gpuforge.artifact import save_artifact
 from gpuforge.data.batches import eval_batches, micro_batches
 from gpuforge.errors import RunDirError, TrainingFailed
 from gpuforge.hardware.bench import peak_flops
@@ -29,7 +30,6 @@ from gpuforge.hardware.probe import device_name, peak_memory_bytes, reset_peak_m
 from gpuforge.runs import RunDir
 from gpuforge.spec import JobSpec
 from gpuforge.train import tasks
-from gpuforge.train.artifact import save_artifact
 from gpuforge.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gpuforge.train.metrics import FlopModel, StepClock, usd
 from gpuforge.train.precision import autocast, make_scaler

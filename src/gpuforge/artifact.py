@@ -65,8 +65,11 @@ def save_artifact(
     tmp.rename(model_dir)
 
 
-def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu"):
-    """(module, tokenizer or None, manifest) of a saved model/ directory, in eval mode."""
+def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu", dequantize_base: bool = False):
+    """(module, tokenizer or None, manifest) of a saved model/ directory, in eval mode.
+
+    dequantize_base: a QLoRA adapter's base is quantized as in training, then turned back into float
+    layers holding those quantized values (what merging the adapter needs)."""
     model_dir = Path(model_dir)
     manifest = json.loads((model_dir / MANIFEST).read_text())
     tokenizer = None
@@ -79,21 +82,48 @@ def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu"):
 
         base = build_model(_request(manifest, tokenizer))
         if manifest.get("quantize_base"):  # the adapter was trained on the quantized base: rebuild that
-            from gpuforge.train.adapt import quantize_base
+            from gpuforge.train.adapt import dequantize_linears, quantize_base
 
             base = quantize_base(
                 base, manifest["quantize_base"], manifest.get("modules_to_save") or [], torch.float32
             )
+            if dequantize_base:
+                base.module.to(device)  # bitsandbytes quantizes when the layer is moved
+                dequantize_linears(base.module)
         module = PeftModel.from_pretrained(base.module.to(device), str(model_dir))
     elif manifest["format"] == "transformers":
-        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
         auto = AutoModelForCausalLM if manifest["task"] == "causal-lm" else AutoModelForSequenceClassification
-        module = auto.from_pretrained(str(model_dir), local_files_only=True)
+        if _quantized(manifest):  # config only: the weights are quantized.pt
+            module = auto.from_config(AutoConfig.from_pretrained(str(model_dir), local_files_only=True))
+            _load_quantized(module, manifest, model_dir)
+        else:
+            module = auto.from_pretrained(str(model_dir), local_files_only=True)
     else:
         module = build_model(_request(manifest, tokenizer)).module
-        load_model(module, str(model_dir / "model.safetensors"))
+        resized = manifest.get("compression", {}).get("prune", {}).get("resized")
+        if resized:  # channel pruning made layers smaller than the builder makes them
+            from gpuforge.compress.prune import apply_resized
+
+            apply_resized(module, resized)
+        if _quantized(manifest):
+            _load_quantized(module, manifest, model_dir)
+        else:
+            load_model(module, str(model_dir / "model.safetensors"))
     return module.to(device).eval(), tokenizer, manifest
+
+
+def _quantized(manifest: dict[str, Any]) -> bool:
+    return "quantize" in manifest.get("compression", {})
+
+
+def _load_quantized(module: torch.nn.Module, manifest: dict[str, Any], model_dir: Path) -> None:
+    """A post-training-quantized variant (compress/): quantize the float skeleton the same way, then load."""
+    from gpuforge.compress.quantize import load_quantized
+
+    done = manifest["compression"]["quantize"]
+    load_quantized(module, done["kind"], model_dir / manifest["weights"], skip=done["skip"])
 
 
 def _request(manifest: dict[str, Any], tokenizer) -> ModelRequest:

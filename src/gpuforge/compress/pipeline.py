@@ -1,0 +1,329 @@
+"""Compress a trained model: merge -> prune (-> recover) -> quantize, then measure and save each variant.
+
+    gpuforge compress runs/digits/model --prune 0.5 --quantize int8 --recover-steps 100 --out runs/digits/c
+    gpuforge compress runs/digits/model --sweep --out runs/digits/sweep
+
+The order is fixed because each step needs the one before: pruning and quantizing act on plain weights,
+so an adapter is merged first; recovery trains float weights, so it runs before quantization. Every
+variant is a model directory that load_artifact reads (gpuforge.json says what was done and how to load
+it), plus report.json beside it. The eval set is the run's own held-out split, rebuilt from the
+run's spec.yaml with its seed, so the metric is the one the run reported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_model
+from torch import nn
+
+from gpuforge.artifact import MANIFEST, load_artifact
+from gpuforge.compress import report
+from gpuforge.compress.merge import merge_adapter
+from gpuforge.compress.prune import STRUCTURES, check_amount, magnitude_prune, prune_channels
+from gpuforge.compress.quantize import QUANT_KINDS, quantize_model, save_quantized, tensor_bytes
+from gpuforge.compress.recover import recover
+from gpuforge.data import prepare_data
+from gpuforge.errors import GpuforgeError
+from gpuforge.models.base import BuiltModel
+from gpuforge.spec import JobSpec, load_spec
+
+log = logging.getLogger("gpuforge.compress")
+QUANTIZED_WEIGHTS = "quantized.pt"
+
+
+class CompressError(GpuforgeError):
+    """A compress request that cannot be carried out (bad arguments, not an artifact, output exists)."""
+
+
+@dataclass(frozen=True)
+class CompressOptions:
+    prune: float = 0.0
+    prune_structure: str = "unstructured"
+    quantize: str | None = None
+    merge: bool = False
+    recover_steps: int = 0
+    recover_lr: float | None = None  # default: the run's lr for a full fine-tune, 5e-5 after LoRA
+
+    def check(self) -> None:
+        if self.prune_structure not in STRUCTURES:
+            raise CompressError(
+                f"--prune-structure must be one of {', '.join(STRUCTURES)}: got {self.prune_structure!r}"
+            )
+        check_amount(self.prune)
+        if self.prune_structure == "2:4" and self.prune not in (0.0, 0.5):
+            raise CompressError(
+                f"--prune-structure 2:4 removes exactly half: --prune {self.prune} does not fit"
+            )
+        if self.quantize is not None and self.quantize not in QUANT_KINDS:
+            raise CompressError(f"--quantize must be one of {', '.join(QUANT_KINDS)}: got {self.quantize!r}")
+        if self.recover_steps < 0:
+            raise CompressError(f"--recover-steps must be >= 0: got {self.recover_steps}")
+        if self.recover_steps and not self.prune:
+            raise CompressError("--recover-steps fine-tunes after pruning: add --prune")
+
+    @property
+    def name(self) -> str:
+        parts = ["merged"] if self.merge else []
+        if self.prune:
+            parts.append(f"{self.prune_structure}-{self.prune:g}")
+            if self.recover_steps:
+                parts.append(f"recover{self.recover_steps}")
+        if self.quantize:
+            parts.append(self.quantize)
+        return "+".join(parts) or "original"
+
+
+@dataclass
+class Source:
+    """The artifact being compressed and what measuring it needs."""
+
+    model_dir: Path
+    manifest: dict[str, Any]
+    spec: JobSpec
+    data: Any  # PreparedData of the run (train for recovery, eval for the metric)
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.manifest["kind"] == "adapter"
+
+
+def open_source(model_dir: str | Path, spec_path: str | Path | None = None) -> Source:
+    """Check that `model_dir` is a gpuforge model and rebuild its run's data split."""
+    model_dir = Path(model_dir)
+    if not (model_dir / MANIFEST).is_file():
+        raise CompressError(f"{model_dir}: not a gpuforge model directory (no {MANIFEST}); pass <run>/model")
+    manifest = json.loads((model_dir / MANIFEST).read_text())
+    spec_path = Path(spec_path) if spec_path else model_dir.parent / "spec.yaml"
+    if not spec_path.is_file():
+        raise CompressError(f"{spec_path}: the run's spec is needed for its eval data; pass --spec")
+    spec = load_spec(spec_path)
+    _, tokenizer, _ = load_artifact(model_dir) if manifest.get("tokenizer") else (None, None, None)
+    data = prepare_data(spec.data, spec.model.task, tokenizer, spec.train.seed, manifest.get("num_labels"))
+    if data.eval is None or len(data.eval) == 0:
+        raise CompressError(f"{spec_path}: the run has no eval split (data.eval_fraction 0) to measure on")
+    return Source(model_dir, manifest, spec, data)
+
+
+def _built(module: nn.Module, manifest: dict[str, Any]) -> BuiltModel:
+    is_transformers = hasattr(module, "config") and hasattr(module, "save_pretrained")
+    return BuiltModel(
+        module, is_transformers, manifest.get("source", ""), adapter=hasattr(module, "peft_config")
+    )
+
+
+def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, Any, dict[str, Any]]:
+    """(the compressed model, its tokenizer, what was done) for `options`, all in memory."""
+    options.check()
+    if source.is_adapter and (options.prune or options.quantize) and not options.merge:
+        options = replace(options, merge=True)  # pruning and quantizing act on plain weights
+        log.info("the run trained a LoRA adapter: merging it first")
+    if options.merge and not source.is_adapter:
+        raise CompressError("--merge: this run trained the full model, there is no adapter to merge")
+    module, tokenizer, manifest = load_artifact(
+        source.model_dir, dequantize_base=options.merge and bool(source.manifest.get("quantize_base"))
+    )
+    done: dict[str, Any] = {"from": str(source.model_dir), "options": asdict(options), "name": options.name}
+    if options.merge:
+        module = merge_adapter(module)
+        done["merged"] = True
+    if options.prune:
+        if options.prune_structure == "channel":
+            pruned = prune_channels(module, options.prune)
+        else:
+            pruned = magnitude_prune(module, options.prune, options.prune_structure)
+        done["prune"] = {
+            "structure": pruned.structure,
+            "amount": pruned.amount,
+            "layers": len(pruned.pruned),
+            "skipped": pruned.skipped,
+            "resized": pruned.resized,
+            "config": pruned.config,
+        }
+        if options.recover_steps:
+            lr = options.recover_lr or (5e-5 if source.is_adapter else source.spec.train.lr)
+            losses = recover(
+                _built(module, manifest),
+                source.spec,
+                source.data.train,
+                options.recover_steps,
+                lr,
+                pruned.masks,
+            )
+            done["recover"] = {
+                "steps": options.recover_steps,
+                "lr": lr,
+                "first_loss": losses[0],
+                "last_loss": losses[-1],
+            }
+    counts = report.count_parameters(module)
+    if options.quantize:
+        layers = dict(module.named_modules())
+        kinds = (nn.Linear, nn.Embedding, nn.Conv2d)
+        before = {name: tensor_bytes(m) for name, m in layers.items() if isinstance(m, kinds)}
+        result = quantize_model(module, options.quantize)
+        done["quantize"] = {
+            "kind": result.kind,
+            "layers": len(result.quantized),
+            "skip": list(result.skipped),
+        }
+        done["quantize_skipped"] = result.skipped
+        if result.quantized:
+            after = sum(tensor_bytes(module.get_submodule(name)) for name in result.quantized)
+            done["touched_ratio"] = after / sum(before[name] for name in result.quantized)
+    done["params"], done["nonzero_params"] = counts
+    return _built(module, manifest), tokenizer, {**manifest, "compression": done}
+
+
+def save_variant(built: BuiltModel, tokenizer, manifest: dict[str, Any], out: Path) -> None:
+    """Write a variant as a model directory (written beside, then moved into place)."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    done = manifest["compression"]
+    module = built.module
+    if "quantize" in done:
+        # the float skeleton is rebuilt from its config or builder, then quantized and filled from here
+        if built.is_transformers:
+            module.config.save_pretrained(str(tmp))
+        save_quantized(module, tmp / QUANTIZED_WEIGHTS)
+        weights = QUANTIZED_WEIGHTS
+    elif built.is_transformers:
+        module.save_pretrained(str(tmp))
+        weights = "model.safetensors"
+    else:
+        save_model(module, str(tmp / "model.safetensors"))
+        weights = "model.safetensors"
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    manifest = {
+        **manifest,
+        "format": "transformers" if built.is_transformers else "state_dict",
+        "kind": "full",
+        "base": None,
+        "quantize_base": None,
+        "weights": weights,
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and any(out.iterdir()) and not force:
+        raise CompressError(f"--out {out}: exists and is not empty; pass --force to overwrite it")
+
+
+def _original_row(source: Source) -> dict[str, Any]:
+    module, _, manifest = load_artifact(source.model_dir)
+    built = _built(module, manifest)
+    name = "original (adapter on its base)" if source.is_adapter else "original"
+    return report.measure(
+        name, built, source.spec.model.task, source.data.eval, report.count_parameters(module),
+        report.directory_bytes(source.model_dir),
+    )  # fmt: skip
+
+
+def compress(
+    model_dir: str | Path, options: CompressOptions, out: str | Path, force: bool = False, spec_path=None
+) -> list[dict[str, Any]]:
+    """One variant, saved to `out`, with report.json holding the original and the variant."""
+    options.check()
+    out = Path(out)
+    _check_out(out, force)
+    source = open_source(model_dir, spec_path)
+    rows = [_original_row(source), _variant_row(source, options, out)]
+    report.add_deltas_and_front(rows)
+    (out / "report.json").write_text(json.dumps({"variants": rows}, indent=2) + "\n")
+    return rows
+
+
+def _variant_row(source: Source, options: CompressOptions, out: Path) -> dict[str, Any]:
+    built, tokenizer, manifest = make_variant(source, options)
+    save_variant(built, tokenizer, manifest, out)
+    done = manifest["compression"]
+    skipped = {**done.get("prune", {}).get("skipped", {}), **done.get("quantize_skipped", {})}
+    return report.measure(
+        done["name"], built, source.spec.model.task, source.data.eval,
+        (done["params"], done["nonzero_params"]), report.directory_bytes(out),
+        {"path": str(out), "skipped": skipped, "touched_ratio": done.get("touched_ratio")},
+    )  # fmt: skip
+
+
+def sweep_options(source: Source, recover_steps: int) -> list[CompressOptions]:
+    """The useful combinations: each quantization alone, each pruning (recovered when asked), and the
+    two that stack best (channel pruning + int8, 50 % unstructured + int8)."""
+    merge = source.is_adapter
+    base = CompressOptions(merge=merge)
+    prune = dict(recover_steps=recover_steps)
+    variants = [base] if merge else []
+    variants += [replace(base, quantize=kind) for kind in QUANT_KINDS]
+    variants += [
+        replace(base, prune=0.5, prune_structure="unstructured", **prune),
+        replace(base, prune=0.5, prune_structure="2:4", **prune),
+        replace(base, prune=0.3, prune_structure="channel", **prune),
+        replace(base, prune=0.3, prune_structure="channel", quantize="int8", **prune),
+        replace(base, prune=0.5, prune_structure="unstructured", quantize="int8", **prune),
+    ]
+    return variants
+
+
+def sweep(
+    model_dir: str | Path, out: str | Path, recover_steps: int = 0, force: bool = False, spec_path=None
+) -> list[dict[str, Any]]:
+    """Every variant of sweep_options under out/<name>/, and out/report.json with the Pareto front.
+    A variant that fails is reported with its error and the sweep goes on."""
+    out = Path(out)
+    _check_out(out, force)
+    source = open_source(model_dir, spec_path)
+    return run_variants(source, sweep_options(source, recover_steps), out)
+
+
+def run_variants(source: Source, variants: list[CompressOptions], out: Path) -> list[dict[str, Any]]:
+    """The original and each variant (under out/<name>/), measured; out/report.json with the front.
+    A variant that fails is reported with its error and the others go on."""
+    rows = [_original_row(source)]
+    failed = []
+    for options in variants:
+        log.info("variant %s", options.name)
+        try:
+            rows.append(_variant_row(source, options, out / options.name.replace(":", "_")))
+        except GpuforgeError as err:
+            failed.append({"name": options.name, "error": str(err)})
+            log.warning("variant %s failed: %s", options.name, err)
+    report.add_deltas_and_front(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps({"variants": rows, "failed": failed}, indent=2) + "\n")
+    return rows
+
+
+def compress_run(spec: JobSpec, run_dir: str | Path) -> list[dict[str, Any]] | None:
+    """The spec's `compress:` section, run on a finished run: <run>/compressed, an event in events.jsonl."""
+    from gpuforge.runs import RunDir
+
+    wanted = spec.compress
+    if not wanted.requested:
+        return None
+    run = RunDir(run_dir)
+    out = run.root / "compressed"
+    spec_path = run.root / "spec.yaml"
+    if wanted.sweep:
+        steps = wanted.prune.recover_steps if wanted.prune else 0
+        rows = sweep(run.model_dir, out, steps, force=True, spec_path=spec_path)
+    else:
+        prune = wanted.prune
+        options = CompressOptions(
+            prune=prune.amount if prune else 0.0,
+            prune_structure=prune.structure if prune else "unstructured",
+            quantize=wanted.quantize,
+            merge=wanted.merge,
+            recover_steps=prune.recover_steps if prune else 0,
+        )
+        rows = compress(run.model_dir, options, out, force=True, spec_path=spec_path)
+    run.event("compressed", path=str(out.relative_to(run.root)), variants=[r["name"] for r in rows[1:]])
+    return rows

@@ -1,0 +1,181 @@
+"""Compress real (tiny) trained runs end to end: merge, prune, recover, reload, report."""
+
+import json
+
+import pytest
+import torch
+
+from gpuforge.artifact import load_artifact
+from gpuforge.compress.pipeline import (
+    CompressError,
+    CompressOptions,
+    compress,
+    make_variant,
+    open_source,
+    save_variant,
+)
+from gpuforge.spec import load_spec
+from gpuforge.train.engine import train
+from tests.conftest import ROOT, run_cli, write_spec
+
+REPORT_FIELDS = {"name", "params", "nonzero_params", "disk_bytes", "memory_bytes", "metric"} | {
+    "latency_ms_b1",
+    "latency_ms_b32",
+}
+
+
+def _train(tmp_path, raw: dict, name: str):
+    spec_path = write_spec(tmp_path / f"{name}.yaml", raw)
+    train(load_spec(spec_path), tmp_path / name)
+    return tmp_path / name / "model"
+
+
+def _text_run(tmp_path, tiny_bert_dir, topics, name="run", **adapt):
+    raw = {
+        "name": name,
+        "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},
+        "data": {"train": str(topics), "max_length": 32, "eval_fraction": 0.25},
+        "train": {"max_steps": 6, "batch_size": 8, "lr": 5e-3, "precision": "fp32"},
+        "adapt": adapt,
+    }
+    return _train(tmp_path, raw, name)
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """The shipped digits CNN, trained briefly (the real example: channel pruning has conv pairs there)."""
+    tmp = tmp_path_factory.mktemp("digits")
+    spec = load_spec(ROOT / "examples" / "digits-cnn.yaml", ["train.max_steps=25", "train.precision=fp32"])
+    train(spec, tmp / "run")
+    return tmp / "run" / "model"
+
+
+def _logits(module, batch):
+    with torch.no_grad():
+        out = module(**batch) if isinstance(batch, dict) else module(batch)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def test_merge_gives_a_standalone_model_with_the_adapter_outputs(tmp_path, tiny_bert_dir, small_topics):
+    model_dir = _text_run(tmp_path, tiny_bert_dir, small_topics, lora={"r": 4})
+    rows = compress(model_dir, CompressOptions(merge=True), tmp_path / "merged")
+    adapter, tokenizer, _ = load_artifact(model_dir)
+    merged, _, manifest = load_artifact(tmp_path / "merged")
+    assert (
+        manifest["kind"] == "full"
+        and manifest["compression"]["merged"]
+        and not hasattr(merged, "peft_config")
+    )
+    batch = dict(tokenizer(["sports news tonight", "the market fell"], return_tensors="pt", padding=True))
+    assert torch.allclose(_logits(merged, batch), _logits(adapter, batch), atol=1e-5)
+    assert [r["name"] for r in rows] == ["original (adapter on its base)", "merged"]
+    assert rows[1]["metric"]["value"] == pytest.approx(rows[0]["metric"]["value"], abs=1e-6)
+
+
+def test_merge_of_a_qlora_adapter_computes_what_the_quantized_base_did(tmp_path, tiny_bert_dir, small_topics):
+    pytest.importorskip("bitsandbytes")
+    model_dir = _text_run(tmp_path, tiny_bert_dir, small_topics, lora={"r": 4}, quantize_base="nf4")
+    compress(model_dir, CompressOptions(merge=True), tmp_path / "merged")
+    adapter, tokenizer, _ = load_artifact(model_dir)
+    merged, _, _ = load_artifact(tmp_path / "merged")
+    batch = dict(tokenizer(["sports news tonight", "the market fell"], return_tensors="pt", padding=True))
+    assert torch.allclose(_logits(merged, batch), _logits(adapter, batch), atol=1e-4)
+
+
+def test_merging_a_full_run_is_refused_and_writes_nothing(tmp_path, tiny_bert_dir, small_topics):
+    model_dir = _text_run(tmp_path, tiny_bert_dir, small_topics)
+    with pytest.raises(CompressError, match="no adapter to merge"):
+        compress(model_dir, CompressOptions(merge=True), tmp_path / "merged")
+    assert not (tmp_path / "merged").exists() or not any((tmp_path / "merged").iterdir())
+
+
+def test_pruning_with_recovery_keeps_the_zeros_and_reports(tmp_path, digits_run):
+    options = CompressOptions(prune=0.5, recover_steps=5)
+    rows = compress(digits_run, options, tmp_path / "pruned")
+    report = json.loads((tmp_path / "pruned" / "report.json").read_text())
+    assert [v["name"] for v in report["variants"]] == ["original", "unstructured-0.5+recover5"]
+    assert all(REPORT_FIELDS <= set(v) for v in report["variants"])
+    original, pruned = rows
+    assert pruned["params"] == original["params"]
+    module, _, manifest = load_artifact(tmp_path / "pruned")
+    assert manifest["compression"]["recover"]["steps"] == 5
+    # the convolutions are half zero after recovery too; the linear head keeps all its weights
+    convs = [m.weight for m in module.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert all((w == 0).float().mean() == pytest.approx(0.5, abs=0.01) for w in convs)
+    assert pruned["nonzero_params"] == original["params"] - sum(int((w == 0).sum()) for w in convs)
+    assert pruned["metric"]["name"] == "accuracy" and 0 <= pruned["metric"]["value"] <= 1
+
+
+def test_channel_pruning_of_a_python_model_reloads_through_its_builder(tmp_path, digits_run):
+    rows = compress(digits_run, CompressOptions(prune=0.3, prune_structure="channel"), tmp_path / "narrow")
+    module, _, manifest = load_artifact(tmp_path / "narrow")
+    assert manifest["compression"]["prune"]["resized"]
+    assert rows[1]["params"] < 0.75 * rows[0]["params"]
+    assert sum(p.numel() for p in module.parameters()) == rows[1]["params"]
+    assert _logits(module, torch.rand(2, 1, 8, 8)).shape == (2, 10)
+
+
+def test_bad_requests_name_what_is_wrong(tmp_path, digits_run):
+    with pytest.raises(CompressError, match="not a gpuforge model directory"):
+        compress(tmp_path, CompressOptions(prune=0.5), tmp_path / "x")
+    with pytest.raises(CompressError, match="2:4 removes exactly half"):
+        compress(digits_run, CompressOptions(prune=0.3, prune_structure="2:4"), tmp_path / "x")
+    with pytest.raises(CompressError, match="--recover-steps fine-tunes after pruning"):
+        compress(digits_run, CompressOptions(quantize="int8", recover_steps=3), tmp_path / "x")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("mine")
+    with pytest.raises(CompressError, match="--force"):
+        compress(digits_run, CompressOptions(prune=0.5), tmp_path / "taken")
+    assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+
+
+def test_the_cli_says_what_is_wrong_in_one_line(tmp_path):
+    result = run_cli("compress", str(tmp_path), "--prune", "1.5", "--out", str(tmp_path / "x"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == "gpuforge: error: sparsity must be in [0, 1): got 1.5"
+    result = run_cli("compress", str(tmp_path), "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "nothing to do" in result.stderr
+
+
+def test_the_spec_compress_section_runs_after_training(tmp_path):
+    raw = load_spec(ROOT / "examples" / "digits-cnn.yaml").model_dump(mode="json")
+    raw["train"].update(max_steps=8, precision="fp32")
+    raw["compress"] = {"prune": {"amount": 0.3, "structure": "channel"}}
+    result = run_cli("train", str(write_spec(tmp_path / "job.yaml", raw)), "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "run" / "compressed" / "report.json").read_text())
+    assert [v["name"] for v in report["variants"]] == ["original", "channel-0.3"]
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "compressed" and events[-1]["path"] == "compressed"
+    assert "channel-0.3" in result.stdout
+
+
+def test_a_bad_compress_section_names_the_field(tmp_path):
+    raw = load_spec(ROOT / "examples" / "digits-cnn.yaml").model_dump(mode="json")
+    raw["compress"] = {"prune": {"amount": 1.2}}
+    result = run_cli("plan", str(write_spec(tmp_path / "job.yaml", raw)))
+    assert result.returncode == 2 and "compress.prune.amount" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4", "int8-dynamic"])
+def test_a_quantized_variant_reloads_with_the_outputs_it_was_saved_with(tmp_path, digits_run, kind):
+    source = open_source(digits_run)
+    options = CompressOptions(prune=0.3, prune_structure="channel", quantize=kind)
+    built, tokenizer, manifest = make_variant(source, options)
+    save_variant(built, tokenizer, manifest, tmp_path / "v")
+    reloaded, _, saved = load_artifact(tmp_path / "v")
+    assert saved["weights"] == "quantized.pt" and saved["compression"]["quantize"]["kind"] == kind
+    x = torch.rand(4, 1, 8, 8)
+    assert torch.equal(_logits(reloaded, x), _logits(built.module, x))
+
+
+def test_a_quantized_transformer_reloads_from_its_config(tmp_path, tiny_bert_dir, small_topics):
+    model_dir = _text_run(tmp_path, tiny_bert_dir, small_topics, lora={"r": 4})
+    source = open_source(model_dir)
+    built, tokenizer, manifest = make_variant(source, CompressOptions(quantize="int8"))
+    assert manifest["compression"]["merged"]  # an adapter is merged before its weights are quantized
+    save_variant(built, tokenizer, manifest, tmp_path / "v")
+    assert not (tmp_path / "v" / "model.safetensors").exists()
+    reloaded, tokenizer, _ = load_artifact(tmp_path / "v")
+    batch = dict(tokenizer(["sports news tonight"], return_tensors="pt"))
+    assert torch.equal(_logits(reloaded, batch), _logits(built.module, batch))
