@@ -116,7 +116,7 @@ def test_channel_pruning_of_a_transformer_ffn_updates_its_config():
     model = tiny_bert()
     ids = torch.randint(5, 100, (2, 7))
     result = prune_channels(model, 0.3)
-    assert result.config == {"intermediate_size": 48} and model.config.intermediate_size == 48
+    assert result.config == {"intermediate_size": 44} and model.config.intermediate_size == 44  # 64 x 0.7
     assert [n for n in result.pruned] == [f"bert.encoder.layer.{i}.output.dense" for i in range(2)]
     assert model(input_ids=ids).logits.shape == (2, 3)
 
@@ -128,3 +128,12 @@ def test_channel_pruning_without_pairs_says_what_it_knows():
 
 def test_the_head_is_the_last_linear_like_layer():
     assert [n for n, _ in weight_layers(cnn())] == ["0", "3"]
+
+
+@pytest.mark.parametrize(
+    "width, amount, kept", [(1536, 0.3, 1072), (1536, 0.5, 768), (64, 0.3, 44), (32, 0.9, 3)]
+)
+def test_at_least_the_asked_share_of_units_goes(width, amount, kept):
+    model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 2), nn.ReLU(), nn.Linear(2, 2))
+    prune_channels(model, amount)
+    assert model[0].out_features == kept and model[2].in_features == kept

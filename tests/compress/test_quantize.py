@@ -13,6 +13,7 @@ from gpuforge.compress.quantize import (
     save_quantized,
     tensor_bytes,
 )
+from gpuforge.compress.weight_only import QuantizedLinear
 from gpuforge.errors import GpuforgeError
 
 # kind -> (max relative error of the outputs, bytes of a quantized weight / its fp32 bytes: low, high).
@@ -95,25 +96,39 @@ def test_skip_by_name_and_by_shape(kind):
 
     result = quantize_model(model, kind, skip=["head"])
 
-    expected_skips = {"head": "skipped on request"}
-    if kind == "int4":
-        expected_skips["inp"] = "in_features 20 not a multiple of the group size 32"
-    assert result.skipped == expected_skips
-    assert result.quantized == [n for n in ("inp", "body.0") if n not in expected_skips]
+    assert result.skipped == {"head": "skipped on request"}
+    assert result.quantized == ["inp", "body.0"]
     assert _is_quantized(model.body[0].weight)
-    assert _is_quantized(model.inp.weight) == (kind != "int4")
+    # 20 inputs fit no 4-bit group of torchao's kernel: our weight-only int4 takes the layer instead
+    assert isinstance(model.inp, QuantizedLinear) if kind == "int4" else _is_quantized(model.inp.weight)
     assert type(model.head.weight) is nn.Parameter and torch.equal(model.head.weight, head_before)
     with torch.inference_mode():
         assert model(torch.randn(5, 20)).shape == (5, 3)
 
 
-def test_the_cpu_4bit_kernel_needs_out_features_in_multiples_of_16():
-    result = quantize_model(_Odd(), "int4")
-    assert result.quantized == ["body.0"]
-    assert result.skipped == {
-        "inp": "in_features 20 not a multiple of the group size 32",
-        "head": "out_features 3 not a multiple of 16 (the CPU 4-bit kernel's tile)",
-    }
+def test_shapes_the_4bit_kernel_cannot_take_get_weight_only_int4():
+    model, x = _Odd(), torch.randn(5, 20)
+    expected = model(x).detach()
+    result = quantize_model(model, "int4")
+    assert result.quantized == ["inp", "body.0", "head"] and result.skipped == {}
+    assert isinstance(model.inp, QuantizedLinear) and isinstance(model.head, QuantizedLinear)  # 20 in, 3 out
+    with torch.inference_mode():
+        out = model(x)
+    assert (out - expected).norm() / expected.norm() < 0.15
+
+
+def test_layers_with_a_tiny_share_of_the_weights_stay_in_float():
+    model = nn.Sequential(nn.Embedding(4, 8), nn.Linear(8, 512), nn.ReLU(), nn.Linear(512, 512))
+    result = quantize_model(model, "int8")
+    assert result.quantized == ["1", "3"]
+    assert result.skipped == {"0": "its kind and shape hold 0.01% of the weights (< 1%): kept in float"}
+
+
+def test_many_small_layers_of_one_shape_count_together():
+    blocks = [nn.Linear(64, 64) for _ in range(8)]  # each 0.9% of the weights, 7.7% together
+    model = nn.Sequential(*blocks, nn.Linear(64, 64 * 12 * 16), nn.Linear(64 * 12 * 16, 64))
+    result = quantize_model(model, "int8")
+    assert result.skipped == {} and len(result.quantized) == 10
 
 
 def test_a_parent_name_in_skip_keeps_its_whole_subtree_in_float():

@@ -137,9 +137,9 @@ def prune_channels(module: nn.Module, amount: float, multiple_of: int = 8) -> Pr
     """Remove `amount` of the hidden units of every producer -> consumer pair, in place.
 
     A unit's importance is the norm of its producer rows times the norm of its consumer columns (a unit
-    that is written weakly or read weakly matters little). Every pair keeps the same number of units,
-    rounded up to `multiple_of` (kernels like round widths), because a transformers config holds one
-    width for all layers."""
+    that is written weakly or read weakly matters little). At least `amount` of each pair's units go
+    (wide layers keep a multiple of `multiple_of`, see _units_kept); the FFNs of a transformer all have
+    one width, and its config is updated to the new one."""
     check_amount(amount)
     pairs = _transformer_pairs(module) or _sequential_pairs(module)
     if not pairs:
@@ -151,7 +151,7 @@ def prune_channels(module: nn.Module, amount: float, multiple_of: int = 8) -> Pr
     layers = dict(module.named_modules())
     for pair in pairs:
         width = _out_width(layers[pair.producers[0]])
-        keep_n = min(width, -(-round(width * (1 - amount)) // multiple_of) * multiple_of)
+        keep_n = _units_kept(width, amount, multiple_of)
         if keep_n >= width:
             result.skipped[pair.consumer] = f"{width} units: nothing to remove at {amount:.0%}"
             continue
@@ -173,6 +173,13 @@ def prune_channels(module: nn.Module, amount: float, multiple_of: int = 8) -> Pr
         for key, value in result.config.items():
             setattr(module.config, key, value)
     return result
+
+
+def _units_kept(width: int, amount: float, multiple_of: int) -> int:
+    """At least `amount` of the units go; wide layers keep a multiple of `multiple_of` (matmul kernels
+    like round widths), narrow ones (under 32 x that) are cut to the unit."""
+    step = multiple_of if width >= 32 * multiple_of else 1
+    return max(step, int(width * (1 - amount) + 1e-9) // step * step)
 
 
 def _transformer_pairs(module: nn.Module) -> list[_Pair]:

@@ -35,11 +35,12 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from gpuforge.compress.weight_only import quantize_other_layers
+from gpuforge.compress.weight_only import QuantizedLinear, quantize_other_layers, replace_layer
 from gpuforge.errors import GpuforgeError
 
 QUANT_KINDS = ("int8", "int4", "int8-dynamic")
 
+MIN_SHARE = 0.01  # layers with a smaller share of the weights stay in float (_small_layers)
 INT4_GROUP_SIZE = 32  # 4-bit weights share one scale and zero point per group of 32 input features
 _FILE_FORMAT = "gpuforge.quantized/1"
 
@@ -208,20 +209,52 @@ def _quantize(module: nn.Module, kind: str, skip: Iterable[str], only_structure:
 
     result = QuantResult(kind)
     modules = dict(module.named_modules())
+    small = _small_layers(module)
+    bits = 4 if kind == "int4" else 8
     for name, reason in _skip_reasons(module, spec, skip).items():
+        linear = modules[name]
+        if name in small and reason is None:
+            reason = small[name]
+        if reason is not None and reason == spec.shape_problem(linear):
+            # a shape torchao's kernel cannot take (a 10-class head in int4): our weight-only form
+            replace_layer(module, name, QuantizedLinear(linear, bits))
+            result.quantized.append(name)
+            continue
         if reason is not None:
             result.skipped[name] = reason
             continue
-        linear = modules[name]
         spec.prepare(linear)
         # On the Linear itself: torchao's handler swaps its weight for a tensor subclass, in place.
         quantize_(linear, spec.config(linear.weight.device, only_structure))
         result.quantized.append(name)
     # embeddings and convolutions: weight-only, our own modules (torchao's configs take Linear only)
-    others, why = quantize_other_layers(module, 4 if kind == "int4" else 8, list(skip))
+    others, why = quantize_other_layers(module, bits, list(skip), small)
     result.quantized += others
     result.skipped.update(why)
     return result
+
+
+def _small_layers(module: nn.Module) -> dict[str, str]:
+    """Layers of a kind and shape that together hold under MIN_SHARE of the model's weights stay in float:
+    quantizing them saves almost nothing, and they are often the sensitive ones (position and token-type
+    tables, a first convolution, a classification head). Counted per kind and shape, so the 24 attention
+    projections of a 6-layer transformer count as the 16% they hold together, not 0.65% each. Decided
+    from shapes alone, so loading decides the same."""
+    families: dict[tuple, list[str]] = {}
+    sizes: dict[tuple, int] = {}
+    for name, m in module.named_modules():
+        if isinstance(m, (nn.Linear, nn.Embedding, nn.Conv2d)) and isinstance(m.weight, torch.Tensor):
+            key = (type(m), tuple(m.weight.shape))
+            families.setdefault(key, []).append(name)
+            sizes[key] = sizes.get(key, 0) + m.weight.numel()
+    total = sum(sizes.values())
+    why = "its kind and shape hold {:.2%} of the weights (< {:.0%}): kept in float"
+    return {
+        name: why.format(sizes[key] / total, MIN_SHARE)
+        for key, names in families.items()
+        if sizes[key] < MIN_SHARE * total
+        for name in names
+    }
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

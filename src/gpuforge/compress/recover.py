@@ -20,6 +20,7 @@ from gpuforge.spec import JobSpec
 from gpuforge.train.engine import forward_backward, make_optimizer
 from gpuforge.train.precision import choose_precision
 from gpuforge.train.schedule import make_scheduler
+from gpuforge.train.setup import seed_everything
 
 log = logging.getLogger("gpuforge.compress")
 
@@ -37,6 +38,7 @@ def recover(
     """Train every float parameter for `steps` steps (warm-up then cosine), re-masking after each; the
     losses. The model is left in eval mode with no gradients."""
     device = torch.device("cpu")
+    seed_everything(spec.train.seed)  # dropout masks and batches: the same variant every time
     module = built.module
     params = dict(module.named_parameters())
     for p in params.values():

@@ -1,4 +1,4 @@
-"""Weight-only int8/int4 for the layers torchao's configs leave in float: embeddings and convolutions.
+"""Weight-only int8/int4 for what torchao's configs leave in float: embeddings, convolutions, odd Linears.
 
 In a small transformer the token embeddings hold about half the weights (MiniLM: 11.9 M of 22.7 M), and
 in a small CNN the convolutions do: quantizing only the Linear layers leaves the model at 0.6-0.7 x its
@@ -125,9 +125,40 @@ class QuantizedConv2d(nn.Module):
         return f"{self.shape[1]}, {self.shape[0]}, kernel_size={tuple(self.shape[2:])}, int{self.bits}"
 
 
-def quantize_other_layers(module: nn.Module, bits: int, skip: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Replace nn.Embedding and nn.Conv2d layers (not under a name in `skip`) in place;
-    (quantized, skipped with why)."""
+class QuantizedLinear(nn.Module):
+    """For a Linear whose shape torchao's kernel cannot take: dequantized on each call, like the conv."""
+
+    def __init__(self, linear: nn.Linear, bits: int):
+        super().__init__()
+        self.bits, self.in_features, self.out_features = bits, linear.in_features, linear.out_features
+        bias = linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        _store_quantized(self, linear.weight, bits)
+
+    def dequantized(self) -> torch.Tensor:
+        if self.bits == 8:
+            return self.qweight.float() * self.scale[:, None]
+        return _unpack_int4(self.qweight, self.scale, self.low, self.in_features, self.group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantized().to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int{self.bits}"
+
+
+def replace_layer(module: nn.Module, name: str, layer: nn.Module) -> None:
+    parent, _, attr = name.rpartition(".")
+    setattr(module.get_submodule(parent) if parent else module, attr, layer)
+
+
+def quantize_other_layers(
+    module: nn.Module, bits: int, skip: list[str], keep: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """Replace nn.Embedding and nn.Conv2d layers in place, except those under a name in `skip` and those
+    in `keep` (name -> why they stay in float); (quantized, skipped with why)."""
+    keep = keep or {}
     owners: dict[int, list[str]] = {}
     for name, layer in module.named_modules():
         weight = layer._parameters.get("weight")
@@ -143,16 +174,16 @@ def quantize_other_layers(module: nn.Module, bits: int, skip: list[str]) -> tupl
         if any(name == s or name.startswith(f"{s}.") for s in skip):
             skipped[name] = "skipped on request"
             continue
+        if name in keep:
+            skipped[name] = keep[name]
+            continue
         if len(tied := [o for o in owners[id(layer.weight)] if o != name]) > 0:
             skipped[name] = f"weight tied to {tied[0]}"  # an LM head reads the same table as a matrix
             continue
         if isinstance(layer, nn.Embedding) and (layer.max_norm is not None or layer.sparse):
             skipped[name] = "an embedding with max_norm or sparse gradients stays in float"
             continue
-        replacement = (QuantizedEmbedding if isinstance(layer, nn.Embedding) else QuantizedConv2d)(
-            layer, bits
-        )
-        parent, _, attr = name.rpartition(".")
-        setattr(module.get_submodule(parent) if parent else module, attr, replacement)
+        kind = QuantizedEmbedding if isinstance(layer, nn.Embedding) else QuantizedConv2d
+        replace_layer(module, name, kind(layer, bits))
         done.append(name)
     return done, skipped
