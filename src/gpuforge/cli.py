@@ -90,11 +90,18 @@ def train(
     out_console.print(f"{_describe(summary)}\nrun directory: {out}")
     if summary.get("signal"):
         raise typer.Exit(128 + summary["signal"])
-    if summary["status"] == "finished" and job.compress.requested:
-        from gpuforge.compress.pipeline import compress_run
-        from gpuforge.compress.report import table
+    _compress_after(job, out, summary)
 
-        out_console.print(table(compress_run(job, out)))
+
+def _compress_after(job, out: Path, summary: dict) -> None:
+    """The spec's `compress:` section, on a run that finished: <run>/compressed and its table."""
+    if summary["status"] != "finished" or not job.compress.requested:
+        return
+    from gpuforge.compress.pipeline import compress_run
+    from gpuforge.compress.report import table
+
+    out_console.print(table(compress_run(job, out)))
+    out_console.print(f"compressed: {out / 'compressed'}", soft_wrap=True)
 
 
 @app.command()
@@ -107,7 +114,7 @@ def demo(
         int | None, typer.Option("--max-steps", min=1, help="cap every example's steps")
     ] = None,
 ) -> None:
-    """Train every shipped example on this machine's best device and say where the results are."""
+    """Train (and compress, where a spec asks) every shipped example; say where the results are."""
     specs = sorted(examples.glob("*.yaml"))
     if not specs:
         raise GpuforgeError(f"--examples {examples}: no *.yaml example specs there")
@@ -120,6 +127,7 @@ def demo(
         out_console.print(f"[bold]{spec_path.name}[/bold]")
         overrides = [f"train.max_steps={max_steps}"] if max_steps else []
         job, run_dir, s = _run_job(spec_path, out / f"{spec_path.stem}-{stamp}", overrides)
+        _compress_after(job, run_dir, s)
         run_dirs.append((job.name, run_dir))
         table.add_row(
             job.name,

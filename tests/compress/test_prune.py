@@ -9,6 +9,7 @@ from gpuforge.compress.prune import (
     apply_resized,
     magnitude_prune,
     prune_channels,
+    to_semi_structured,
     weight_layers,
 )
 from gpuforge.models import ModelRequest, build_model
@@ -137,3 +138,12 @@ def test_at_least_the_asked_share_of_units_goes(width, amount, kept):
     model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 2), nn.ReLU(), nn.Linear(2, 2))
     prune_channels(model, amount)
     assert model[0].out_features == kept and model[2].in_features == kept
+
+
+def test_semi_structured_kernels_are_cuda_only_and_say_so():
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 2))
+    result = magnitude_prune(model, 0.5, "2:4")
+    assert to_semi_structured(model, result.pruned) == {
+        "0": "semi-structured sparse kernels run on CUDA only"
+    }
+    assert type(model[0].weight) is nn.Parameter
