@@ -26,6 +26,8 @@ a small model's bytes.
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -145,11 +147,28 @@ KINDS: dict[str, _Kind] = {
 assert tuple(KINDS) == QUANT_KINDS
 
 
+def _import_torchao_quietly() -> None:
+    """torchao logs a warning for each optional CUDA extension missing on a CPU build, and torch a
+    deprecation line per enum it registers: noise on every `gpuforge compress`, so hush them once."""
+    if "torchao" in sys.modules:
+        return
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        import torchao  # noqa: F401
+        import torchao.quantization  # noqa: F401
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def _kind(kind: str) -> _Kind:
     if kind not in KINDS:
         raise GpuforgeError(f"unknown quantization kind {kind!r}: choose one of {', '.join(QUANT_KINDS)}")
     try:
-        import torchao  # noqa: F401
+        _import_torchao_quietly()
     except ImportError as err:
         raise GpuforgeError(
             f"quantization kind {kind!r} needs torchao, which is not installed: pip install torchao==0.18.0"
