@@ -55,6 +55,8 @@ CONFIGS = {
     "full": ({}, False),
     "LoRA": ({"lora": LORA}, False),
     "LoRA+ckpt": ({"lora": LORA}, True),
+    "QLoRA-nf4": ({"lora": LORA, "quantize_base": "nf4"}, False),  # needs bitsandbytes ([qlora] extra)
+    "QLoRA-int8": ({"lora": LORA, "quantize_base": "int8"}, False),
 }
 SETUP_FILE = "setup_peak.json"  # written by the child beside the run directory's own files
 
