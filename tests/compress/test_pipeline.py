@@ -13,6 +13,7 @@ from gpuforge.compress.pipeline import (
     make_variant,
     open_source,
     save_variant,
+    sweep,
 )
 from gpuforge.spec import load_spec
 from gpuforge.train.engine import train
@@ -179,3 +180,21 @@ def test_a_quantized_transformer_reloads_from_its_config(tmp_path, tiny_bert_dir
     reloaded, tokenizer, _ = load_artifact(tmp_path / "v")
     batch = dict(tokenizer(["sports news tonight"], return_tensors="pt"))
     assert torch.equal(_logits(reloaded, batch), _logits(built.module, batch))
+
+
+def test_a_sweep_measures_every_variant_marks_the_front_and_reports_what_failed(tmp_path, digits_run):
+    rows = sweep(digits_run, tmp_path / "sweep")
+    report = json.loads((tmp_path / "sweep" / "report.json").read_text())
+    names = [v["name"] for v in report["variants"]]
+    assert names[0] == "original" and {"int8", "int4", "int8-dynamic", "channel-0.3+int8"} <= set(names)
+    assert len(rows) == len(names) and all(REPORT_FIELDS <= set(v) for v in rows)
+    # the digits CNN has no linear layer but its head: 2:4 has nothing to prune, and says why
+    assert [f["name"] for f in report["failed"]] == ["2:4-0.5"]
+    assert "not convolutions" in report["failed"][0]["error"]
+    front = [v for v in rows if v["pareto"]]
+    assert front and all((tmp_path / "sweep" / v["name"]).is_dir() for v in rows[1:])
+    # nothing on the front is beaten on all three axes by another variant
+    smallest = min(rows, key=lambda v: v["memory_bytes"])
+    assert smallest["pareto"] or any(
+        v["memory_bytes"] == smallest["memory_bytes"] and v["pareto"] for v in rows
+    )
