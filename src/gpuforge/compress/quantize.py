@@ -150,7 +150,7 @@ assert tuple(KINDS) == QUANT_KINDS
 def _import_torchao_quietly() -> None:
     """torchao logs a warning for each optional CUDA extension missing on a CPU build, and torch a
     deprecation line per enum it registers: noise on every `gpuforge compress`, so hush them once."""
-    if "torchao" in sys.modules:
+    if sys.modules.get("torchao") is not None:  # imported already (None: marked unimportable)
         return
     loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
     levels = [logger.level for logger in loggers]
