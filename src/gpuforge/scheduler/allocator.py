@@ -1,0 +1,49 @@
+"""The devices a server hands out: each GPU torch sees, and the CPU cut into slots.
+
+A GPU job gets CUDA_VISIBLE_DEVICES naming its GPUs, so inside it they are cuda:0..n-1 whatever their
+numbers on the machine. A CPU job gets a slot: a share of the cores (OMP/MKL threads and torch's thread
+count set through the environment), so two CPU jobs do not fight over the same cores. The slot count is
+GPUFORGE_CPU_SLOTS (default 1: one CPU job at a time, all cores).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    id: str  # "cuda:0", "cpu:0"
+    kind: str  # "cuda" | "cpu"
+    name: str
+    memory_bytes: int | None = None
+    threads: int | None = None  # CPU slots: cores given to the job
+
+
+def inventory(cpu_slots: int | None = None) -> list[DeviceInfo]:
+    import torch
+
+    devices = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            devices.append(DeviceInfo(f"cuda:{i}", "cuda", props.name, props.total_memory))
+    slots = cpu_slots or int(os.environ.get("GPUFORGE_CPU_SLOTS", "1"))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    per_slot = max(1, cores // slots)
+    for i in range(slots):
+        devices.append(DeviceInfo(f"cpu:{i}", "cpu", f"{per_slot} of {cores} CPU cores", None, per_slot))
+    return devices
+
+
+def job_environment(devices: list[DeviceInfo]) -> dict[str, str]:
+    """Environment variables that confine a job's process to its devices."""
+    if devices and devices[0].kind == "cuda":
+        return {"CUDA_VISIBLE_DEVICES": ",".join(d.id.split(":")[1] for d in devices)}
+    threads = str(sum(d.threads or 1 for d in devices))
+    return {
+        "CUDA_VISIBLE_DEVICES": "",  # a CPU job must not grab a GPU another job holds
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+    }

@@ -1,0 +1,57 @@
+"""Which queued jobs start now, on which devices: one pure function, so it is fast and easy to test.
+
+Rules:
+- Order: higher priority first, then first submitted first (the job id).
+- Gang: a job starts only when every device it asks for is free, all of its device type.
+- No starvation: the first job of a device type that cannot start holds back every job after it of the
+  same type (the devices freed meanwhile wait for it), so a stream of small low-priority jobs can never
+  keep a large high-priority job waiting forever. Jobs of other device types go on.
+- A job asking for more devices than exist never starts; it is returned as impossible, for the caller
+  to fail with a clear reason instead of queueing it forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    id: int
+    priority: int
+    device_type: str  # "cpu" | "cuda"
+    devices: int = 1
+
+
+@dataclass
+class Plan:
+    starts: list[tuple[int, list[str]]] = field(default_factory=list)  # (job id, device ids)
+    blocked: dict[str, int] = field(default_factory=dict)  # device type -> the job holding the others back
+    impossible: dict[int, str] = field(default_factory=dict)  # job id -> why it can never start
+
+
+def queue_order(jobs: Iterable[QueuedJob]) -> list[QueuedJob]:
+    return sorted(jobs, key=lambda j: (-j.priority, j.id))
+
+
+def plan_starts(jobs: Iterable[QueuedJob], free: dict[str, list[str]], total: dict[str, int]) -> Plan:
+    """`free`: device type -> free device ids (in the order to hand them out); `total`: how many exist."""
+    plan = Plan()
+    free = {kind: list(ids) for kind, ids in free.items()}
+    for job in queue_order(jobs):
+        if job.device_type in plan.blocked:
+            continue
+        if job.devices > total.get(job.device_type, 0):
+            have = total.get(job.device_type, 0)
+            plan.impossible[job.id] = (
+                f"asks for {job.devices} {job.device_type} device(s); this server has {have}"
+            )
+            continue
+        available = free.get(job.device_type, [])
+        if len(available) >= job.devices:
+            plan.starts.append((job.id, available[: job.devices]))
+            free[job.device_type] = available[job.devices :]
+        else:
+            plan.blocked[job.device_type] = job.id
+    return plan

@@ -1,0 +1,117 @@
+"""The server's tables: jobs, their events, devices, API keys (SQLAlchemy 2, typed mappings).
+
+The run directory stays the truth of a run (DESIGN: the runner never talks to the database); the
+store holds what the server needs to answer and schedule fast: each job's state and latest figures, the
+events it ingested (numbered per job, so ingesting a file twice stores nothing twice), who owns what.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+JOB_STATES = ("queued", "running", "paused", "finished", "failed", "cancelled")
+ACTIVE_STATES = ("queued", "running", "paused")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator):
+    """Aware UTC datetimes on every backend: SQLite keeps no time zone and hands back naive values."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return value.astimezone(UTC) if value is not None and value.tzinfo else value
+
+    def process_result_value(self, value, dialect):
+        return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, datetime: UTCDateTime}
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the key; the key is never stored
+    admin: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_queue", "state", "priority", "id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)  # also the FIFO order within a priority
+    name: Mapped[str] = mapped_column(String(100))
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    priority: Mapped[int] = mapped_column(default=0)
+    device_type: Mapped[str] = mapped_column(String(8), default="cpu")  # what it asked for, resolved
+    devices_wanted: Mapped[int] = mapped_column(default=1)
+    devices: Mapped[str | None] = mapped_column(String(200))  # given, e.g. "cuda:0,cuda:1"
+    spec_yaml: Mapped[str] = mapped_column(Text)
+    run_dir: Mapped[str] = mapped_column(String(1000))
+    pid: Mapped[int | None] = mapped_column()
+    restarts: Mapped[int] = mapped_column(default=0)
+    max_restarts: Mapped[int] = mapped_column(default=2)
+    reason: Mapped[str | None] = mapped_column(Text)
+    # latest figures, copied from metrics as they are ingested (for listing without reading files)
+    step: Mapped[int | None] = mapped_column()
+    total_steps: Mapped[int | None] = mapped_column()
+    loss: Mapped[float | None] = mapped_column()
+    samples_per_s: Mapped[float | None] = mapped_column()
+    cost_usd: Mapped[float | None] = mapped_column()
+    ingested_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # how far events.jsonl was read
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+    events: Mapped[list[Event]] = relationship(
+        back_populates="job", order_by="Event.seq", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (UniqueConstraint("job_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    seq: Mapped[int] = mapped_column()  # line number in the run's events.jsonl (server events: after them)
+    ts: Mapped[float] = mapped_column()
+    kind: Mapped[str] = mapped_column(String(32))
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    job: Mapped[Job] = relationship(back_populates="events")
+
+
+class Device(Base):
+    __tablename__ = "devices"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # "cpu", "cuda:0", ...
+    kind: Mapped[str] = mapped_column(String(8))
+    name: Mapped[str] = mapped_column(String(200))
+    memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    busy_seconds: Mapped[float] = mapped_column(default=0.0)

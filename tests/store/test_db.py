@@ -1,0 +1,61 @@
+"""The store on SQLite: migrations make the models' schema, events are stored once, deletes cascade."""
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect, select, text
+from sqlalchemy.exc import IntegrityError
+
+from gpuforge.store.db import connect, migrate, session
+from gpuforge.store.models import Base, Event, Job
+
+
+@pytest.fixture
+def engine(tmp_path):
+    engine = connect(f"sqlite:///{tmp_path / 'store.db'}")
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def _job(**fields) -> Job:
+    return Job(name="j", spec_yaml="name: j\n", run_dir="/tmp/runs/j", **fields)
+
+
+def test_the_migrations_build_exactly_the_models_schema_and_run_twice_safely(engine):
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+    migrate(engine)  # already at head: nothing to do, nothing lost
+    assert {"jobs", "events", "devices", "api_keys"} <= set(inspect(engine).get_table_names())
+
+
+def test_a_job_keeps_its_events_in_order_and_one_line_is_stored_once(engine):
+    with session(engine) as s:
+        job = _job(priority=3)
+        s.add(job)
+        s.flush()
+        s.add_all(
+            [Event(job_id=job.id, seq=i, ts=float(i), kind=k) for i, k in enumerate(["started", "finished"])]
+        )
+    with session(engine) as s:
+        stored = s.scalars(select(Job)).one()
+        assert stored.state == "queued" and stored.created_at.tzinfo is not None
+        assert [e.kind for e in stored.events] == ["started", "finished"]
+    with pytest.raises(IntegrityError), session(engine) as s:
+        s.add(Event(job_id=stored.id, seq=1, ts=9.0, kind="finished"))  # the same line ingested again
+    with session(engine) as s:
+        assert len(s.scalars(select(Event)).all()) == 2  # the failed write changed nothing
+
+
+def test_deleting_a_job_deletes_its_events(engine):
+    with session(engine) as s:
+        job = _job()
+        s.add(job)
+        s.flush()
+        s.add(Event(job_id=job.id, seq=0, ts=0.0, kind="started", data={"step": 0}))
+    with session(engine) as s:
+        s.delete(s.scalars(select(Job)).one())
+    with session(engine) as s:
+        assert s.scalars(select(Event)).all() == []
