@@ -6,16 +6,8 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
-from gpuforge.store.db import connect, migrate, session
+from gpuforge.store.db import migrate, session
 from gpuforge.store.models import Base, Event, Job
-
-
-@pytest.fixture
-def engine(tmp_path):
-    engine = connect(f"sqlite:///{tmp_path / 'store.db'}")
-    migrate(engine)
-    yield engine
-    engine.dispose()
 
 
 def _job(**fields) -> Job:

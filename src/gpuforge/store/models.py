@@ -82,7 +82,10 @@ class Job(Base):
     loss: Mapped[float | None] = mapped_column()
     samples_per_s: Mapped[float | None] = mapped_column()
     cost_usd: Mapped[float | None] = mapped_column()
-    ingested_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # how far events.jsonl was read
+    # how far the run directory's files were read (ingest.py): bytes, and lines of events.jsonl so far
+    events_offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    events_read: Mapped[int] = mapped_column(default=0)
+    metrics_offset: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()

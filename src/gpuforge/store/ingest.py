@@ -1,0 +1,61 @@
+"""Copy what a run directory gained since the last look into the store: new events, latest figures.
+
+The runner writes only its run directory (DESIGN); the server reads it. Each job remembers how far it
+read events.jsonl and metrics.jsonl (bytes, and lines for the events' numbers), and that position is
+committed in the same transaction as the events it covers: a server killed mid-ingest either stored a
+line and moved past it, or did neither, so nothing is lost or stored twice. A line still being written
+(no newline yet) waits for the next look.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from gpuforge.store.models import Event, Job
+
+FIGURES = {"step": "step", "loss": "loss", "samples_per_s": "samples_per_s", "cost_usd": "cost_usd"}
+
+
+def _new_lines(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """Complete JSON lines after `offset`, and the offset after the last complete one."""
+    if not path.exists():
+        return [], offset
+    with path.open("rb") as f:
+        f.seek(offset)
+        chunk = f.read()
+    end = chunk.rfind(b"\n") + 1  # 0 when no line is complete yet
+    records = []
+    for line in chunk[:end].splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a torn line from a killed writer: skipped, never fatal
+                records.append({"event": "unreadable", "line": line[:200].decode(errors="replace")})
+    return records, offset + end
+
+
+def ingest(s: Session, job: Job) -> list[Event]:
+    """Store the job's new events and its latest metrics figures (in `s`, committed by the caller)."""
+    run = Path(job.run_dir)
+    records, job.events_offset = _new_lines(run / "events.jsonl", job.events_offset)
+    new = []
+    for record in records:
+        kind = str(record.pop("event", "unknown"))
+        ts = float(record.pop("ts", 0.0))
+        new.append(Event(job_id=job.id, seq=job.events_read, ts=ts, kind=kind, data=record))
+        job.events_read += 1
+    s.add_all(new)
+    metrics, job.metrics_offset = _new_lines(run / "metrics.jsonl", job.metrics_offset)
+    if metrics:
+        latest = metrics[-1]
+        for key, column in FIGURES.items():
+            if latest.get(key) is not None:
+                setattr(job, column, latest[key])
+    for event in new:
+        if event.kind == "started" and event.data.get("total_steps"):
+            job.total_steps = event.data["total_steps"]
+    return new

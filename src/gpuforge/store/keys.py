@@ -1,0 +1,55 @@
+"""API keys: made once, shown once, stored as a SHA-256 digest only.
+
+On its first start the server makes an admin key and writes it to $GPUFORGE_HOME/admin.key, readable by
+its owner alone; `gpuforge keys create NAME` makes the others. A key is looked up by its digest, so a
+stolen database does not hand out working keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpuforge.errors import GpuforgeError
+from gpuforge.store.models import ApiKey
+
+PREFIX = "gf_"
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def create_key(s: Session, name: str, admin: bool = False) -> str:
+    """A new key named `name` (unique); returns the key itself, which is not kept anywhere."""
+    if s.scalar(select(ApiKey.id).where(ApiKey.name == name)) is not None:
+        raise GpuforgeError(f"an API key named {name!r} exists already")
+    key = PREFIX + secrets.token_urlsafe(32)
+    s.add(ApiKey(name=name, digest=digest(key), admin=admin))
+    return key
+
+
+def find_key(s: Session, key: str | None) -> ApiKey | None:
+    if not key or not key.startswith(PREFIX):
+        return None
+    return s.scalar(select(ApiKey).where(ApiKey.digest == digest(key)))
+
+
+def ensure_admin_key(s: Session, home: Path) -> str | None:
+    """On a store with no admin key: make one, write it to home/admin.key (mode 0600), return it (to
+    print once). Otherwise None."""
+    if s.scalar(select(ApiKey.id).where(ApiKey.admin.is_(True))) is not None:
+        return None
+    key = create_key(s, "admin", admin=True)
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "admin.key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never world-readable, not even briefly
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    os.chmod(path, 0o600)
+    return key
