@@ -87,7 +87,12 @@ class RunDir:
         """Refuse a path that is a file, or a non-empty directory that is not a gpuforge run."""
         if self.root.exists() and not self.root.is_dir():
             raise RunDirError(f"--out {self.root}: is a file, not a directory")
-        if self.root.is_dir() and any(self.root.iterdir()) and not self.spec_path.exists():
+        # logs/ alone is allowed: the server opens the process log before the runner starts
+        if (
+            self.root.is_dir()
+            and any(p.name != "logs" for p in self.root.iterdir())
+            and not self.spec_path.exists()
+        ):
             raise RunDirError(f"--out {self.root}: is a non-empty directory that holds no gpuforge run")
         ancestor = self.root.absolute()
         while not ancestor.exists():
