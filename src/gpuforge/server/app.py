@@ -1,0 +1,86 @@
+"""The gpuforge server: FastAPI app factory.
+
+    gpuforge server [--host 127.0.0.1] [--port 8600] [--db URL]     (uvicorn serves create_app())
+
+On start it connects to the store, brings its schema up to date, takes stock of the devices, and on a
+first start makes the admin key (printed once, written to $GPUFORGE_HOME/admin.key).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, status
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from sqlalchemy import func, select, text
+
+from gpuforge.scheduler.allocator import inventory
+from gpuforge.server.routes import jobs
+from gpuforge.server.schemas import Health
+from gpuforge.server.settings import Settings
+from gpuforge.store.db import connect, migrate, session
+from gpuforge.store.keys import ensure_admin_key
+from gpuforge.store.models import JOB_STATES, Job
+
+log = logging.getLogger("gpuforge.server")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        settings.home.mkdir(parents=True, exist_ok=True)
+        engine = connect(settings.db_url)
+        migrate(engine)
+        with session(engine) as s:
+            admin = ensure_admin_key(s, settings.home)
+        if admin:
+            log.warning("admin API key (shown once, also in %s): %s", settings.home / "admin.key", admin)
+        app.state.engine, app.state.devices = engine, inventory()
+        yield
+        engine.dispose()
+
+    app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.include_router(jobs.router)
+
+    @app.middleware("http")
+    async def refuse_large_bodies(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > settings.max_body_bytes:
+            detail = f"body of {int(length)} bytes is over the {settings.max_body_bytes} allowed"
+            return JSONResponse({"detail": detail}, status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        return await call_next(request)
+
+    @app.get("/healthz", response_model=Health, tags=["system"])
+    def healthz() -> Health:
+        """The process answers."""
+        return Health(status="ok")
+
+    @app.get("/readyz", response_model=Health, tags=["system"])
+    def readyz(request: Request) -> Health | JSONResponse:
+        """The store answers too."""
+        try:
+            with request.app.state.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as err:  # any store failure: not ready, and say why
+            return JSONResponse({"status": f"store unreachable: {type(err).__name__}"}, 503)
+        return Health(status="ready")
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["system"])
+    def metrics(request: Request) -> str:
+        """Prometheus text: jobs by state, queue length."""
+        registry = CollectorRegistry()
+        by_state = Gauge("gpuforge_jobs", "jobs by state", ["state"], registry=registry)
+        queued = Gauge("gpuforge_queue_length", "jobs waiting for devices", registry=registry)
+        with session(request.app.state.engine) as s:
+            counts = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+        for state in JOB_STATES:
+            by_state.labels(state).set(counts.get(state, 0))
+        queued.set(counts.get("queued", 0))
+        return generate_latest(registry).decode()
+
+    return app

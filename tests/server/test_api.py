@@ -1,0 +1,111 @@
+"""The HTTP API on a real app (store, migrations, auth): submit, list, read, cancel, and bad input."""
+
+import os
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from gpuforge.server.app import create_app
+from gpuforge.server.settings import Settings
+from tests.conftest import TEST_MODELS
+
+
+@pytest.fixture
+def server(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "notes.txt").write_text("hello world\n" * 50)
+    roots = os.pathsep.join([str(data), str(TEST_MODELS.parent)])  # data, and the code of python: models
+    settings = Settings(home=tmp_path / "home", data_roots=roots, max_body_bytes=10_000)
+    with TestClient(create_app(settings)) as client:
+        admin = (tmp_path / "home" / "admin.key").read_text().strip()
+        yield client, admin, data
+
+
+def _spec(**changes) -> str:
+    spec = {
+        "name": "tiny",
+        "model": {"source": f"python:{TEST_MODELS}:image_model", "task": "image-classification"},
+        "data": {"train": "sklearn:digits"},
+        "train": {"max_steps": 3},
+    }
+    spec.update(changes)
+    return yaml.safe_dump(spec)
+
+
+def _auth(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_health_needs_no_key_and_everything_else_does(server):
+    client, admin, _ = server
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready"}
+    assert client.get("/api/v1/jobs").status_code == 401
+    assert client.get("/api/v1/jobs", headers=_auth("gf_wrong")).status_code == 401
+    assert client.get("/api/v1/jobs", headers={"X-API-Key": admin}).json() == []
+
+
+def test_submit_queues_a_valid_spec_and_lists_it(server):
+    client, admin, _ = server
+    created = client.post("/api/v1/jobs", json={"spec": _spec(), "priority": 4}, headers=_auth(admin))
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert (job["state"], job["priority"], job["name"], job["devices_wanted"]) == ("queued", 4, "tiny", 1)
+    assert job["run_dir"].endswith(f"runs/job-{job['id']}")
+    assert [j["id"] for j in client.get("/api/v1/jobs", headers=_auth(admin)).json()] == [job["id"]]
+    assert client.get(f"/api/v1/jobs/{job['id']}", headers=_auth(admin)).json()["state"] == "queued"
+    assert client.get(f"/api/v1/jobs/{job['id']}/events", headers=_auth(admin)).json() == []
+    assert 'gpuforge_jobs{state="queued"} 1.0' in client.get("/metrics").text
+
+
+def test_a_bad_spec_is_refused_with_its_errors_and_not_queued(server):
+    client, admin, data = server
+    cases = [
+        ("model: [unclosed", "not valid YAML"),
+        (_spec(train={"lr": -1}), "train.lr"),
+        (_spec(data={"train": "/etc/passwd"}), "data.train: /etc/passwd is outside the server's data roots"),
+        (_spec(data={"train": str(data / ".." / ".." / "secret.txt")}), "outside the server's data roots"),
+    ]
+    (data / "escape.txt").symlink_to("/etc/hostname")
+    cases.append((_spec(data={"train": str(data / "escape.txt")}), "outside the server's data roots"))
+    for spec, message in cases:
+        response = client.post("/api/v1/jobs", json={"spec": spec}, headers=_auth(admin))
+        assert response.status_code == 422 and message in response.text, (spec, response.text)
+    assert client.get("/api/v1/jobs", headers=_auth(admin)).json() == []
+    inside = _spec(
+        data={"train": str(data / "notes.txt")}, model={"source": "bundled:gpt-tiny", "task": "causal-lm"}
+    )
+    assert client.post("/api/v1/jobs", json={"spec": inside}, headers=_auth(admin)).status_code == 201
+
+
+def test_unknown_ids_malformed_and_oversized_bodies_are_4xx(server):
+    client, admin, _ = server
+    assert client.get("/api/v1/jobs/999", headers=_auth(admin)).status_code == 404
+    assert client.post("/api/v1/jobs", content=b"{not json", headers=_auth(admin)).status_code == 422
+    assert (
+        client.post("/api/v1/jobs", json={"spec": _spec(), "extra": 1}, headers=_auth(admin)).status_code
+        == 422
+    )
+    big = client.post("/api/v1/jobs", json={"spec": "x" * 20_000}, headers=_auth(admin))
+    assert big.status_code == 413 and "over the 10000 allowed" in big.text
+    assert client.get("/healthz").status_code == 200  # still up
+
+
+def test_cancel_a_queued_job_then_cancel_again_is_a_conflict(server):
+    client, admin, _ = server
+    job = client.post("/api/v1/jobs", json={"spec": _spec()}, headers=_auth(admin)).json()
+    cancelled = client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=_auth(admin)).json()
+    assert cancelled["state"] == "cancelled" and cancelled["reason"] == "cancelled by admin"
+    again = client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=_auth(admin))
+    assert again.status_code == 409 and again.json() == {"detail": f"job {job['id']} is already cancelled"}
+
+
+def test_every_route_declares_its_response(server):
+    client, _, _ = server
+    schema = client.get("/openapi.json").json()
+    for path, methods in schema["paths"].items():
+        for method, operation in methods.items():
+            ok = operation["responses"].get("200") or operation["responses"].get("201")
+            assert ok and ok.get("content"), f"{method.upper()} {path} has no response model"
