@@ -26,6 +26,7 @@ def live_server(tmp_path, monkeypatch):
         **os.environ,
         "GPUFORGE_HOME": str(tmp_path / "home"),
         "GPUFORGE_DATA_ROOTS": str(ROOT / "examples"),
+        "GPUFORGE_SCHEDULE": "false",  # the API and client alone: jobs stay queued
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "gpuforge", "server", "--port", str(port)],

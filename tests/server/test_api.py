@@ -17,7 +17,7 @@ def server(tmp_path):
     data.mkdir()
     (data / "notes.txt").write_text("hello world\n" * 50)
     roots = os.pathsep.join([str(data), str(TEST_MODELS.parent)])  # data, and the code of python: models
-    settings = Settings(home=tmp_path / "home", data_roots=roots, max_body_bytes=10_000)
+    settings = Settings(home=tmp_path / "home", data_roots=roots, max_body_bytes=10_000, schedule=False)
     with TestClient(create_app(settings)) as client:
         admin = (tmp_path / "home" / "admin.key").read_text().strip()
         yield client, admin, data

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from sqlalchemy import func, select, text
 
 from gpuforge.scheduler.allocator import inventory
+from gpuforge.scheduler.loop import Scheduler
 from gpuforge.server.routes import jobs
 from gpuforge.server.schemas import Health
 from gpuforge.server.settings import Settings
@@ -40,7 +41,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if admin:
             log.warning("admin API key (shown once, also in %s): %s", settings.home / "admin.key", admin)
         app.state.engine, app.state.devices = engine, inventory()
+        scheduler = Scheduler(engine, app.state.devices)
+        if settings.schedule:
+            scheduler.start()
         yield
+        scheduler.stop()
         engine.dispose()
 
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)

@@ -24,6 +24,7 @@ class Settings(BaseSettings):
     db: str | None = None  # default: sqlite:///<home>/gpuforge.db
     data_roots: str = ""  # os.pathsep-separated directories
     max_body_bytes: int = 64 * 2**20  # specs and uploads above this are refused (413)
+    schedule: bool = True  # run queued jobs (off: an API-only server, for tests of the API alone)
 
     @field_validator("home")
     @classmethod

@@ -76,6 +76,7 @@ class Job(Base):
     restarts: Mapped[int] = mapped_column(default=0)
     max_restarts: Mapped[int] = mapped_column(default=2)
     reason: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(default=False)  # the loop stops its process
     # latest figures, copied from metrics as they are ingested (for listing without reading files)
     step: Mapped[int | None] = mapped_column()
     total_steps: Mapped[int | None] = mapped_column()

@@ -124,11 +124,11 @@ def cancel_job(job_id: int, request: Request, key: Key) -> Job:
         job = _visible(s, key, job_id)
         if job.state in FINAL_STATES:
             raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {job.state}")
-        if job.state != "queued":  # running or paused: stopping a process comes with the scheduler loop
-            raise HTTPException(
-                status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}: only queued jobs cancel yet"
-            )
-        job.state, job.reason, job.finished_at = "cancelled", f"cancelled by {key.name}", utcnow()
+        job.reason = f"cancelled by {key.name}"
+        if job.state == "queued":
+            job.state, job.finished_at = "cancelled", utcnow()
+        else:  # running or paused: the scheduler loop sends SIGTERM; the runner checkpoints and stops
+            job.cancel_requested = True
         return job
 
 

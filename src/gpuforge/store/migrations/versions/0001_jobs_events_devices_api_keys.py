@@ -39,6 +39,7 @@ def upgrade() -> None:
         sa.Column("restarts", sa.Integer(), nullable=False),
         sa.Column("max_restarts", sa.Integer(), nullable=False),
         sa.Column("reason", sa.Text(), nullable=True),
+        sa.Column("cancel_requested", sa.Boolean(), nullable=False),
         sa.Column("step", sa.Integer(), nullable=True),
         sa.Column("total_steps", sa.Integer(), nullable=True),
         sa.Column("loss", sa.Double(), nullable=True),
