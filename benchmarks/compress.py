@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from gpuforge.artifact import load_artifact  # noqa: E402
 from gpuforge.compress import pipeline  # noqa: E402
 from gpuforge.compress.pipeline import CompressOptions  # noqa: E402
-from gpuforge.compress.report import _batch_of  # noqa: E402
+from gpuforge.compress.report import batch_of  # noqa: E402
 from gpuforge.models.base import BuiltModel  # noqa: E402
 from gpuforge.train import tasks  # noqa: E402
 
@@ -80,7 +80,7 @@ def variants(recover_steps: int) -> list[tuple[CompressOptions, dict]]:
 def side_by_side_latency(source, variant_dir: Path, rounds: int) -> tuple[float, float]:
     """Median batch-32 forward time (ms) of the original and the variant, run alternately."""
     task = source.spec.model.task
-    batch = _batch_of(source.data.eval, 32)
+    batch = batch_of(source.data.eval, 32)
     models = []
     for path in (source.model_dir, variant_dir):
         module, _, manifest = load_artifact(path)

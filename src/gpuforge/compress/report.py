@@ -55,7 +55,7 @@ def latency_ms(built: BuiltModel, task: str, batch: dict[str, torch.Tensor]) -> 
     return 1000 * statistics.median(times)
 
 
-def _batch_of(data, size: int) -> dict[str, torch.Tensor]:
+def batch_of(data, size: int) -> dict[str, torch.Tensor]:
     indices = [i % len(data) for i in range(size)]  # a small eval set is repeated to fill the batch
     return data.collate(indices)
 
@@ -79,8 +79,8 @@ def measure(
         "nonzero_params": counts[1],
         "disk_bytes": disk_bytes,
         "memory_bytes": tensor_bytes(built.module),
-        "latency_ms_b1": latency_ms(built, task, _batch_of(eval_data, 1)),
-        "latency_ms_b32": latency_ms(built, task, _batch_of(eval_data, 32)),
+        "latency_ms_b1": latency_ms(built, task, batch_of(eval_data, 1)),
+        "latency_ms_b32": latency_ms(built, task, batch_of(eval_data, 32)),
         "metric": {"name": metric_name, "value": metric[metric_name]},
         **(extra or {}),
     }
