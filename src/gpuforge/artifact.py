@@ -72,11 +72,7 @@ def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu", deq
     layers holding those quantized values (what merging the adapter needs)."""
     model_dir = Path(model_dir)
     manifest = json.loads((model_dir / MANIFEST).read_text())
-    tokenizer = None
-    if manifest.get("tokenizer"):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    tokenizer = load_saved_tokenizer(model_dir, manifest)
     if manifest["kind"] == "adapter":
         from peft import PeftModel
 
@@ -112,6 +108,15 @@ def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu", deq
         else:
             load_model(module, str(model_dir / "model.safetensors"))
     return module.to(device).eval(), tokenizer, manifest
+
+
+def load_saved_tokenizer(model_dir: Path, manifest: dict[str, Any]):
+    """The tokenizer a model directory holds, or None (image models): without loading any weights."""
+    if not manifest.get("tokenizer"):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 
 def _quantized(manifest: dict[str, Any]) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 from safetensors.torch import save_model
 from torch import nn
 
-from gpuforge.artifact import MANIFEST, load_artifact
+from gpuforge.artifact import MANIFEST, load_artifact, load_saved_tokenizer
 from gpuforge.compress import report
 from gpuforge.compress.merge import merge_adapter
 from gpuforge.compress.prune import STRUCTURES, check_amount, magnitude_prune, prune_channels
@@ -103,7 +103,7 @@ def open_source(model_dir: str | Path, spec_path: str | Path | None = None) -> S
     if not spec_path.is_file():
         raise CompressError(f"{spec_path}: the run's spec is needed for its eval data; pass --spec")
     spec = load_spec(spec_path)
-    _, tokenizer, _ = load_artifact(model_dir) if manifest.get("tokenizer") else (None, None, None)
+    tokenizer = load_saved_tokenizer(model_dir, manifest)  # the weights are loaded per variant
     data = prepare_data(spec.data, spec.model.task, tokenizer, spec.train.seed, manifest.get("num_labels"))
     if data.eval is None or len(data.eval) == 0:
         raise CompressError(f"{spec_path}: the run has no eval split (data.eval_fraction 0) to measure on")

@@ -75,6 +75,7 @@ class Scheduler:
         return is_alive(job.pid)
 
     def _watch(self, s: Session, job: Job) -> None:
+        alive = self._alive(job)  # asked before reading: an ended process has written all it will
         ingest(s, job)
         if job.cancel_requested and job.id not in self.signalled and job.pid:
             try:
@@ -82,18 +83,16 @@ class Scheduler:
             except ProcessLookupError:
                 pass
             self.signalled.add(job.id)
-        if self._alive(job):
+        if alive:
             return
-        ingest(s, job)  # what it wrote while exiting
-        last = s.scalar(select(Event.kind).where(Event.job_id == job.id).order_by(Event.seq.desc()).limit(1))
+        last = s.scalar(select(Event).where(Event.job_id == job.id).order_by(Event.seq.desc()).limit(1))
         self.launched.pop(job.id, None)
+        self.signalled.discard(job.id)
         job.pid = None
-        if last in ENDINGS:
-            job.state = ENDINGS[last]
+        if last is not None and last.kind in ENDINGS:
+            job.state = ENDINGS[last.kind]
             job.finished_at = utcnow()
-            job.reason = job.reason or s.scalar(
-                select(Event.data).where(Event.job_id == job.id).order_by(Event.seq.desc()).limit(1)
-            ).get("reason")
+            job.reason = job.reason or last.data.get("reason")
         elif job.restarts < job.max_restarts:
             job.restarts += 1
             job.state, job.devices = "queued", None
