@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh), lint, then run the test suite. Extra arguments go to pytest.
+# The store's tests run on SQLite and on the PostgreSQL server GPUFORGE_TEST_POSTGRES_URL names. When it is
+# unset and PostgreSQL's server binaries are installed, a throwaway server is started (scripts/postgres.sh;
+# it installs nothing from here); without one those cases are skipped. GPUFORGE_TEST_POSTGRES_URL= (set,
+# empty) skips them on purpose.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+if [ -z "${GPUFORGE_TEST_POSTGRES_URL+set}" ] \
+  && { compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || [ -n "${PG_BIN:-}" ] || command -v initdb >/dev/null; }; then
+  if url=$(bash scripts/postgres.sh); then
+    export GPUFORGE_TEST_POSTGRES_URL=$url
+  else
+    echo "test.sh: PostgreSQL did not start; its test cases will be skipped" >&2
+  fi
+fi
 ruff check src tests benchmarks scripts
 python -m pytest "$@"

@@ -7,12 +7,16 @@ import os
 import random
 import re
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.pool import NullPool
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -49,6 +53,42 @@ def _reset_state():
         torch.cuda.reset_peak_memory_stats()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def _postgres_required() -> bool:
+    ci = os.environ.get("CI", "").strip().lower()
+    return os.environ.get("GPUFORGE_REQUIRE_POSTGRES") == "1" or ci not in ("", "0", "false", "no")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> Iterator[str]:
+    """A store URL for an empty database, once on SQLite and once on PostgreSQL.
+
+    PostgreSQL: a fresh database per test on the server GPUFORGE_TEST_POSTGRES_URL names (scripts/postgres.sh
+    starts one), dropped afterwards. Without that URL the PostgreSQL case is skipped, or fails when CI or
+    GPUFORGE_REQUIRE_POSTGRES=1 says it must run."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+        return
+    base = os.environ.get("GPUFORGE_TEST_POSTGRES_URL", "").strip()
+    if not base:
+        reason = "GPUFORGE_TEST_POSTGRES_URL is unset (start a server with: bash scripts/postgres.sh)"
+        if _postgres_required():
+            pytest.fail(f"{reason}, and CI or GPUFORGE_REQUIRE_POSTGRES=1 requires PostgreSQL", pytrace=False)
+        pytest.skip(reason)
+    name = f"gpuforge_test_{uuid.uuid4().hex[:16]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:  # connections a test left open must not keep its database alive
+            conn.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"), {"n": name}
+            )
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
 
 
 def write_spec(path: Path, spec: dict) -> Path:
@@ -106,7 +146,7 @@ def small_topics(tmp_path) -> Path:
     return path
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300):
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
     import subprocess
 
     return subprocess.run(
@@ -115,7 +155,7 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300):
         text=True,
         cwd=cwd,
         timeout=timeout,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
 
 

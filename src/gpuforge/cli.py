@@ -6,11 +6,10 @@
     gpuforge compress RUN/model [--merge] [--prune F --prune-structure S] [--quantize K] --out DIR
     gpuforge compress RUN/model --sweep --out DIR
     gpuforge hw
-    gpuforge server [--host 127.0.0.1] [--port 8600] [--db URL]
-    gpuforge submit SPEC.yaml [--priority N] [--json] | jobs [--json] | job ID | cancel ID
+    gpuforge server | submit | jobs | job | logs | cancel | resume | keys      (cli_server.py)
 
-Bad input is one line on stderr and exit code 2; a training failure (NaN loss) exits 1; a run stopped
-by SIGINT/SIGTERM exits 130/143 after its checkpoint.
+Bad input is one line on stderr and exit code 2; a training failure (NaN loss) exits 1; a run paused by
+its cost budget exits 3; a run stopped by SIGINT/SIGTERM exits 130/143 after its checkpoint.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ app = typer.Typer(
 console = Console(stderr=True)
 out_console = Console() if sys.stdout.isatty() else Console(width=120)  # logs and pipes: no squeeze
 
-EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PAUSED = 2, 1, 3
 
 # options several verbs share
 SpecPath = Annotated[Path, typer.Argument(help="job spec (YAML)")]
@@ -92,6 +91,9 @@ def train(
     out_console.print(f"{_describe(summary)}\nrun directory: {out}")
     if summary.get("signal"):
         raise typer.Exit(128 + summary["signal"])
+    if summary["status"] == "paused":
+        out_console.print(f"paused: {summary['reason']}; raise cost.budget_usd and rerun to go on")
+        raise typer.Exit(EXIT_PAUSED)
     _compress_after(job, out, summary)
 
 
@@ -284,94 +286,7 @@ def hw() -> None:
     out_console.print(f"precision auto -> {choose_precision('auto', device).name}")
 
 
-Url = Annotated[str | None, typer.Option("--url", help="server URL (default: $GPUFORGE_URL)")]
-ApiKeyOption = Annotated[str | None, typer.Option("--key", help="API key (default: $GPUFORGE_API_KEY)")]
-AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-
-
-@app.command()
-def server(
-    host: Annotated[str | None, typer.Option(help="default 127.0.0.1 ($GPUFORGE_HOST)")] = None,
-    port: Annotated[int | None, typer.Option(help="default 8600 ($GPUFORGE_PORT)")] = None,
-    db: Annotated[str | None, typer.Option(help="store URL (default: SQLite in $GPUFORGE_HOME)")] = None,
-) -> None:
-    """Serve the HTTP API: jobs are queued in the store and run on this machine's devices."""
-    import uvicorn
-
-    from gpuforge.server.app import create_app
-    from gpuforge.server.settings import Settings
-
-    overrides = {k: v for k, v in {"host": host, "port": port, "db": db}.items() if v is not None}
-    settings = Settings(**overrides)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
-
-
-@app.command()
-def submit(
-    spec: SpecPath,
-    priority: Annotated[int | None, typer.Option(help="default: the spec's priority")] = None,
-    name: Annotated[str | None, typer.Option(help="default: the spec's name")] = None,
-    set_: Overrides = None,
-    url: Url = None,
-    key: ApiKeyOption = None,
-    as_json: AsJson = False,
-) -> None:
-    """Queue a job on the server; prints its id."""
-    import json
-
-    from gpuforge.client import Client
-    from gpuforge.spec import load_spec
-
-    job = Client(url, key).submit(load_spec(spec, list(set_ or [])).to_yaml(), priority, name)
-    out_console.print(
-        json.dumps({"id": job["id"]}) if as_json else f"job {job['id']} queued", highlight=False
-    )
-
-
-@app.command()
-def jobs(state: Annotated[str | None, typer.Option(help="only this state")] = None, url: Url = None,
-         key: ApiKeyOption = None, as_json: AsJson = False) -> None:  # fmt: skip
-    """List jobs: id, name, state, devices, step, loss, samples/s, cost."""
-    import json
-
-    from gpuforge.client import Client
-
-    rows = Client(url, key).jobs(state)
-    if as_json:
-        out_console.print(json.dumps(rows), highlight=False, soft_wrap=True)
-        return
-    table = Table(title="gpuforge jobs")
-    for column in ("id", "name", "state", "devices", "step", "loss", "samples/s", "cost $"):
-        table.add_column(column)
-    for j in rows:
-        step = f"{j['step']}/{j['total_steps']}" if j["step"] is not None else "-"
-        devices = j["devices"] or f"{j['devices_wanted']} {j['device_type']}"
-        table.add_row(
-            str(j["id"]), j["name"], j["state"], devices, step,
-            f"{j['loss']:.4f}" if j["loss"] is not None else "-",
-            f"{j['samples_per_s']:.1f}" if j["samples_per_s"] is not None else "-",
-            f"{j['cost_usd']:.4f}" if j["cost_usd"] is not None else "-",
-        )  # fmt: skip
-    out_console.print(table)
-
-
-@app.command()
-def job(job_id: int, url: Url = None, key: ApiKeyOption = None) -> None:
-    """One job, as JSON."""
-    import json
-
-    from gpuforge.client import Client
-
-    out_console.print(json.dumps(Client(url, key).job(job_id), indent=2), highlight=False)
-
-
-@app.command()
-def cancel(job_id: int, url: Url = None, key: ApiKeyOption = None) -> None:
-    """Cancel a job."""
-    from gpuforge.client import Client
-
-    j = Client(url, key).cancel(job_id)
-    out_console.print(f"job {j['id']}: {j['state']}", highlight=False)
+from gpuforge import cli_server  # noqa: E402, F401  (the server and its client verbs join `app`)
 
 
 def main() -> None:

@@ -1,14 +1,25 @@
-"""The HTTP client behind `gpuforge submit | jobs | job | cancel`: GPUFORGE_URL and GPUFORGE_API_KEY
-(or --url / --key), one call a verb, errors as one line."""
+"""The HTTP client behind `gpuforge submit | jobs | job | cancel | resume | logs | keys`:
+GPUFORGE_URL and GPUFORGE_API_KEY (or --url / --key), errors as one line.
+
+`submit` sends the local files a spec names (data.train, data.eval, a `python:` model's .py file) to the
+server first, each once by content (the server answers whether it has a SHA-256 already), and submits
+the spec with the server's paths in their place, so a client on another machine works. A path that does
+not exist here is left as it is: it names a file on the server, under its data roots.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from gpuforge.errors import GpuforgeError
+from gpuforge.spec import DATA_SCHEMES, JobSpec
 
 DEFAULT_URL = "http://127.0.0.1:8600"
 
@@ -27,16 +38,13 @@ class Client:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as err:
-            raise GpuforgeError(f"{self.url}: server unreachable ({type(err).__name__}: {err})") from err
-        if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail")
-            except ValueError:
-                detail = response.text[:500]
-            raise GpuforgeError(f"server answered {response.status_code}: {detail}")
+            raise _unreachable(self.url, err) from err
+        _raise_for(response)
         return response.json()
 
-    def submit(self, spec_yaml: str, priority: int | None = None, name: str | None = None) -> dict:
+    # --- jobs ---
+    def submit(self, spec: JobSpec, priority: int | None = None, name: str | None = None) -> dict:
+        spec_yaml = self.with_uploads(spec).to_yaml()
         return self._call(
             "POST", "/api/v1/jobs", json={"spec": spec_yaml, "priority": priority, "name": name}
         )
@@ -49,3 +57,89 @@ class Client:
 
     def cancel(self, job_id: int) -> dict:
         return self._call("POST", f"/api/v1/jobs/{job_id}/cancel")
+
+    def resume(self, job_id: int, budget_usd: float | None) -> dict:
+        return self._call("POST", f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": budget_usd})
+
+    def summary(self, job_id: int) -> dict:
+        return self._call("GET", f"/api/v1/jobs/{job_id}/summary")
+
+    def logs(self, job_id: int, tail: int) -> dict:
+        return self._call("GET", f"/api/v1/jobs/{job_id}/logs", params={"tail": tail})
+
+    def follow(self, job_id: int, offset: int, metrics: bool = True) -> Iterator[tuple[str, dict]]:
+        """(event, data) pairs from the job's log stream until it stops: log, metric, then end."""
+        params = {"offset": offset, "metrics": metrics}
+        no_read_limit = httpx.Timeout(30, read=None)  # a quiet job sends nothing for a while
+        try:
+            with self.http.stream(
+                "GET", f"/api/v1/jobs/{job_id}/logs/stream", params=params, timeout=no_read_limit
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for(response)
+                event = None
+                for line in response.iter_lines():
+                    if line.startswith("event: "):
+                        event = line[7:]
+                    elif line.startswith("data: ") and event:
+                        yield event, json.loads(line[6:])
+        except httpx.HTTPError as err:
+            raise _unreachable(self.url, err) from err
+
+    # --- keys ---
+    def create_key(self, name: str, admin: bool = False) -> dict:
+        return self._call("POST", "/api/v1/keys", json={"name": name, "admin": admin})
+
+    def keys(self) -> list[dict]:
+        return self._call("GET", "/api/v1/keys")
+
+    # --- uploads ---
+    def upload(self, path: Path) -> str:
+        """The server's path for this file's content, sending it only if the server lacks it."""
+        sha = file_sha256(path)
+        params = {"name": path.name}
+        response = self.http.get(f"/api/v1/uploads/{sha}", params=params)
+        if response.status_code == 404:
+            with path.open("rb") as f:
+                response = self.http.put(f"/api/v1/uploads/{sha}", params=params, content=f)
+        _raise_for(response)
+        return response.json()["path"]
+
+    def with_uploads(self, spec: JobSpec) -> JobSpec:
+        """`spec` with each local file it names replaced by the server's copy."""
+        raw = spec.model_dump(mode="json")
+        try:
+            for section, field in (("data", "train"), ("data", "eval")):
+                value = raw[section].get(field)
+                if value and value.partition(":")[0] not in DATA_SCHEMES and Path(value).is_file():
+                    raw[section][field] = self.upload(Path(value))
+            scheme, _, rest = raw["model"]["source"].partition(":")
+            module, _, fn = rest.rpartition(":")
+            if scheme == "python" and module.endswith(".py") and Path(module).is_file():
+                raw["model"]["source"] = f"python:{self.upload(Path(module))}:{fn}"
+        except httpx.HTTPError as err:
+            raise _unreachable(self.url, err) from err
+        return JobSpec.model_validate(raw)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _unreachable(url: str, err: Exception) -> GpuforgeError:
+    return GpuforgeError(f"{url}: server unreachable ({type(err).__name__}: {err})")
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        detail = response.text[:500]
+    raise GpuforgeError(f"server answered {response.status_code}: {detail}")

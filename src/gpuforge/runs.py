@@ -16,7 +16,17 @@ from typing import Any
 
 from gpuforge.errors import RunDirError
 
-EVENTS = ("queued", "started", "checkpoint", "retry", "finished", "failed", "cancelled", "compressed")
+EVENTS = (
+    "queued",
+    "started",
+    "checkpoint",
+    "retry",
+    "finished",
+    "failed",
+    "cancelled",
+    "paused",
+    "compressed",
+)
 
 
 def _clean(value: Any) -> Any:

@@ -1,61 +1,32 @@
 """`gpuforge server` as a real process on loopback, driven by the client verbs."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 
 from tests.conftest import ROOT, run_cli
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.integration.server_process import free_port, start_server, stop_server
 
 
 @pytest.fixture
 def live_server(tmp_path, monkeypatch):
-    port = _free_port()
-    env = {
-        **os.environ,
-        "GPUFORGE_HOME": str(tmp_path / "home"),
-        "GPUFORGE_DATA_ROOTS": str(ROOT / "examples"),
-        "GPUFORGE_SCHEDULE": "false",  # the API and client alone: jobs stay queued
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gpuforge", "server", "--port", str(port)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    port = free_port()
+    process = start_server(
+        tmp_path / "home",
+        port,
+        GPUFORGE_DATA_ROOTS=str(ROOT / "examples"),
+        GPUFORGE_SCHEDULE="false",  # the API and client alone: jobs stay queued
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    else:
-        process.kill()
-        pytest.fail(f"server did not start: {process.stdout.read()}")
     key = (tmp_path / "home" / "admin.key").read_text().strip()
     monkeypatch.setenv("GPUFORGE_URL", url)
     monkeypatch.setenv("GPUFORGE_API_KEY", key)
-    yield url, process
-    process.terminate()
-    process.wait(10)
+    yield url, process, tmp_path / "home"
+    stop_server(process)
 
 
 def test_submit_list_and_cancel_through_the_cli(live_server):
-    url, process = live_server
+    url, process, _ = live_server
     submitted = run_cli("submit", str(ROOT / "examples" / "digits-cnn.yaml"), "--priority", "3", "--json")
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
@@ -77,5 +48,64 @@ def test_client_errors_are_one_line(tmp_path, monkeypatch):
     result = run_cli("jobs")
     assert result.returncode == 2 and "no API key" in result.stderr
     monkeypatch.setenv("GPUFORGE_API_KEY", "gf_x")
-    result = run_cli("jobs", "--url", f"http://127.0.0.1:{_free_port()}")
+    result = run_cli("jobs", "--url", f"http://127.0.0.1:{free_port()}")
     assert result.returncode == 2 and "server unreachable" in result.stderr
+
+
+def test_a_second_key_sees_and_cancels_only_its_own_jobs(live_server, monkeypatch):
+    admin_job = json.loads(run_cli("submit", str(ROOT / "examples" / "digits-cnn.yaml"), "--json").stdout)[
+        "id"
+    ]
+    made = run_cli("keys", "create", "alice", "--json")
+    assert made.returncode == 0, made.stderr
+    alice = json.loads(made.stdout)
+    assert alice["name"] == "alice" and not alice["admin"] and alice["key"].startswith("gf_")
+    assert run_cli("keys", "create", "alice").returncode == 2  # names are unique
+
+    monkeypatch.setenv("GPUFORGE_API_KEY", alice["key"])
+    own = json.loads(run_cli("submit", str(ROOT / "examples" / "digits-cnn.yaml"), "--json").stdout)["id"]
+    assert [j["id"] for j in json.loads(run_cli("jobs", "--json").stdout)] == [own]
+    hidden = run_cli("cancel", str(admin_job))
+    assert hidden.returncode == 2 and f"404: no job {admin_job}" in hidden.stderr
+    assert "403" in run_cli("keys", "create", "mallory").stderr  # only an admin makes keys
+    assert run_cli("cancel", str(own)).stdout.strip() == f"job {own}: cancelled"
+
+    monkeypatch.setenv("GPUFORGE_API_KEY", (live_server[2] / "admin.key").read_text().strip())
+    assert {j["id"] for j in json.loads(run_cli("jobs", "--json").stdout)} == {admin_job, own}
+
+
+def test_submit_sends_local_data_files_once_by_content(live_server, tmp_path):
+    elsewhere = tmp_path / "client-side"  # not under the server's data roots
+    elsewhere.mkdir()
+    (elsewhere / "reviews.jsonl").write_text((ROOT / "examples" / "data" / "sentiment.jsonl").read_text())
+    spec = (ROOT / "examples" / "minilm-sentiment-lora.yaml").read_text()
+    (elsewhere / "job.yaml").write_text(spec.replace("data/sentiment.jsonl", "reviews.jsonl"))
+    ids = [
+        json.loads(run_cli("submit", str(elsewhere / "job.yaml"), "--json").stdout)["id"] for _ in range(2)
+    ]
+    uploads = list((live_server[2] / "uploads").iterdir())
+    assert len(uploads) == 1 and uploads[0].suffix == ".jsonl"  # two submits, one copy
+    assert uploads[0].read_bytes() == (elsewhere / "reviews.jsonl").read_bytes()
+    stored = json.loads(run_cli("job", str(ids[1])).stdout)
+    assert stored["state"] == "queued"
+    (elsewhere / "missing.yaml").write_text(
+        spec.replace("data/sentiment.jsonl", str(tmp_path / "nope.jsonl"))
+    )
+    refused = run_cli("submit", str(elsewhere / "missing.yaml"))
+    assert refused.returncode == 2 and "data.train" in refused.stderr
+
+
+def test_the_server_will_not_listen_beyond_loopback_without_a_key(tmp_path):
+    home = tmp_path / "fresh"
+    refused = run_cli(
+        "server", "--host", "0.0.0.0", "--port", str(free_port()), env={"GPUFORGE_HOME": str(home)}
+    )
+    assert refused.returncode == 2 and "refusing to listen beyond loopback" in refused.stderr
+    assert not (home / "admin.key").exists()
+
+
+def test_a_store_that_cannot_open_is_one_line(tmp_path):
+    bad = run_cli(
+        "server", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none", env={"GPUFORGE_HOME": str(tmp_path)}
+    )
+    assert bad.returncode == 2 and "cannot open the store" in bad.stderr and "Traceback" not in bad.stderr

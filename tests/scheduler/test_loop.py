@@ -1,5 +1,6 @@
 """The scheduling loop with real job processes, driven through the API: run, queue, cancel, restart."""
 
+import json
 import os
 import signal
 import time
@@ -77,3 +78,55 @@ def _is_runner(pid: int, run_dir: str) -> bool:
         return run_dir in open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
     except OSError:
         return False
+
+
+def test_a_spent_budget_pauses_the_job_and_resume_goes_on_from_its_checkpoint(api, tmp_path):
+    spec = image_spec(tmp_path, max_steps=40, options={"sleep_s": 0.05})
+    spec["cost"] = {"usd_per_hour": 3600.0, "budget_usd": 0.4}  # a dollar a second: paused within a second
+    job_id = api.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)}).json()["id"]
+    paused = _wait(api, job_id, lambda j: j["state"] in ("paused", "finished", "failed"))
+    assert paused["state"] == "paused" and "cost.budget_usd 0.4 spent" in paused["reason"]
+    assert paused["cost_usd"] >= 0.4 and paused["step"] < 40 and paused["finished_at"] is None
+    event = api.get(f"/api/v1/jobs/{job_id}/events").json()[-1]
+    assert event["kind"] == "paused" and event["data"]["budget_usd"] == 0.4
+    assert event["data"]["cost_usd"] >= 0.4
+    assert api.get(f"/api/v1/jobs/{job_id}/summary").json()["status"] == "paused"
+
+    too_low = api.post(f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": 0.1})
+    assert too_low.status_code == 422 and "not above" in too_low.json()["detail"]
+    resumed = api.post(f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": 1000.0})
+    assert resumed.status_code == 200 and resumed.json()["state"] == "queued"
+    done = _wait(api, job_id, lambda j: j["state"] in ("finished", "failed", "paused"))
+    assert done["state"] == "finished" and done["step"] == 40
+    starts = [e for e in api.get(f"/api/v1/jobs/{job_id}/events").json() if e["kind"] == "started"]
+    assert starts[1]["data"]["resumed_from"] == paused["step"]
+    steps = [m["step"] for m in api.get(f"/api/v1/jobs/{job_id}/metrics", params={"limit": 1000}).json()]
+    assert steps == list(range(1, 41))  # each step once, across the pause
+    again = api.post(f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": 2000.0})
+    assert again.status_code == 409
+
+
+def test_metrics_pages_logs_and_the_live_stream_of_a_running_job(api, tmp_path):
+    job_id = _submit(api, tmp_path, max_steps=30, options={"sleep_s": 0.05})
+    with api.stream("GET", f"/api/v1/jobs/{job_id}/logs/stream", params={"metrics": True}) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events, event = [], None
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                events.append((event, json.loads(line[6:])))
+    kinds = [kind for kind, _ in events]
+    assert kinds[-1] == "end" and events[-1][1]["state"] == "finished"
+    assert [d["step"] for kind, d in events if kind == "metric"] == list(range(1, 31))
+    assert any(kind == "log" and "finished at step 30/30" in d["line"] for kind, d in events)
+
+    page = api.get(f"/api/v1/jobs/{job_id}/metrics", params={"after_step": 10, "limit": 5}).json()
+    assert [m["step"] for m in page] == [11, 12, 13, 14, 15] and "samples_per_s" in page[0]
+    tail = api.get(f"/api/v1/jobs/{job_id}/logs", params={"tail": 3}).json()
+    assert len(tail["lines"]) == 3 and tail["offset"] > 0
+    summary = api.get(f"/api/v1/jobs/{job_id}/summary").json()
+    assert summary["status"] == "finished" and summary["steps"] == 30
+    metrics_text = api.get("/metrics").text
+    assert 'gpuforge_device_busy_seconds{device="cpu:0"}' in metrics_text
+    assert "gpuforge_scheduling_tick_seconds_count" in metrics_text

@@ -12,12 +12,14 @@ from tests.conftest import TEST_MODELS
 
 
 @pytest.fixture
-def server(tmp_path):
+def server(tmp_path, store_url):
     data = tmp_path / "data"
     data.mkdir()
     (data / "notes.txt").write_text("hello world\n" * 50)
     roots = os.pathsep.join([str(data), str(TEST_MODELS.parent)])  # data, and the code of python: models
-    settings = Settings(home=tmp_path / "home", data_roots=roots, max_body_bytes=10_000, schedule=False)
+    settings = Settings(
+        home=tmp_path / "home", db=store_url, data_roots=roots, max_body_bytes=10_000, schedule=False
+    )
     with TestClient(create_app(settings)) as client:
         admin = (tmp_path / "home" / "admin.key").read_text().strip()
         yield client, admin, data

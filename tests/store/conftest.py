@@ -1,4 +1,4 @@
-"""A migrated SQLite store per test."""
+"""A migrated store per test, on SQLite and on PostgreSQL (the `store_url` fixture in tests/conftest.py)."""
 
 import pytest
 
@@ -6,8 +6,8 @@ from gpuforge.store.db import connect, migrate
 
 
 @pytest.fixture
-def engine(tmp_path):
-    engine = connect(f"sqlite:///{tmp_path / 'store.db'}")
+def engine(store_url):
+    engine = connect(store_url)
     migrate(engine)
     yield engine
     engine.dispose()

@@ -1,4 +1,6 @@
-"""The store on SQLite: migrations make the models' schema, events are stored once, deletes cascade."""
+"""The store on SQLite and PostgreSQL: migrations make the models' schema, events are stored once."""
+
+from datetime import UTC
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -17,7 +19,9 @@ def _job(**fields) -> Job:
 def test_the_migrations_build_exactly_the_models_schema_and_run_twice_safely(engine):
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
-        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        if engine.dialect.name == "sqlite":  # the pragmas connect() sets on SQLite (and on nothing else)
+            assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+            assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
     migrate(engine)  # already at head: nothing to do, nothing lost
     assert {"jobs", "events", "devices", "api_keys"} <= set(inspect(engine).get_table_names())
@@ -51,3 +55,15 @@ def test_deleting_a_job_deletes_its_events(engine):
         s.delete(s.scalars(select(Job)).one())
     with session(engine) as s:
         assert s.scalars(select(Event)).all() == []
+
+
+def test_times_come_back_in_utc_whatever_the_servers_time_zone(engine):
+    if engine.dialect.name == "postgresql":  # a server whose TimeZone is not UTC hands back its own zone
+        with engine.connect() as conn:
+            conn.execute(text(f"ALTER DATABASE \"{engine.url.database}\" SET timezone TO 'Asia/Tokyo'"))
+            conn.commit()
+        engine.dispose()  # new connections pick the setting up
+    with session(engine) as s:
+        s.add(_job())
+    with session(engine) as s:
+        assert s.scalars(select(Job)).one().created_at.tzinfo is UTC

@@ -38,10 +38,13 @@ def launch(spec_path: Path, run_dir: Path, env: dict[str, str]) -> Launched:
     return Launched(process.pid, process)
 
 
-def is_alive(pid: int | None) -> bool:
-    """Whether `pid` is a live process. A finished child not yet reaped (a zombie) counts as dead, and
-    is left for its Popen to reap, so that its exit code is not lost."""
+def is_alive(pid: int | None, run_dir: str | None = None) -> bool:
+    """Whether `pid` is a live process (the runner of `run_dir`, when given: after a server restart the
+    pid may have been reused by another program). A finished child not yet reaped (a zombie) counts as
+    dead, and is left for its Popen to reap, so that its exit code is not lost."""
     if not pid:
+        return False
+    if run_dir is not None and not _runs(pid, run_dir):
         return False
     try:
         os.kill(pid, 0)
@@ -50,6 +53,14 @@ def is_alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     return not _is_zombie(pid)
+
+
+def _runs(pid: int, run_dir: str) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return not Path("/proc").is_dir()  # no /proc (not Linux): trust the pid
+    return os.fsencode(run_dir) in argv
 
 
 def _is_zombie(pid: int) -> bool:

@@ -3,12 +3,14 @@
 A tick, in one transaction:
 1. every running job: ingest its run directory (store/ingest.py); a cancel asked for sends SIGTERM once
    (the runner checkpoints and exits); a process that is gone ends the job, by the last event it wrote:
-   finished, failed, cancelled, or, with no ending event (killed, OOM-killed), queued again to resume
-   from its last checkpoint while `restarts < max_restarts`;
+   finished, failed, cancelled, paused (its cost budget spent), or, with no ending event (killed,
+   OOM-killed), queued again to resume from its last checkpoint while `restarts < max_restarts`;
 2. the queue: plan_starts() on the devices no running job holds; each job to start gets its spec
    written beside its run directory and a runner process with its devices' environment.
 The store is the truth the next tick reads, so a tick can fail (the store busy, a launch refused) and
-the next one carries on.
+the next one carries on. It is also what a restarted server starts from: a job the store says is running
+is re-attached when its pid still runs its run directory, and otherwise ends or is re-queued as above,
+so a server killed with SIGKILL loses nothing its jobs wrote.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 from sqlalchemy import select
@@ -27,7 +30,7 @@ from gpuforge.scheduler.executor import Launched, is_alive, launch
 from gpuforge.scheduler.queue import QueuedJob, plan_starts
 from gpuforge.store.db import session
 from gpuforge.store.ingest import ingest
-from gpuforge.store.models import Event, Job, utcnow
+from gpuforge.store.models import Device, Event, Job, utcnow
 
 log = logging.getLogger("gpuforge.scheduler")
 TICK_S = 0.5
@@ -39,7 +42,9 @@ class Scheduler:
         self.engine, self.devices = engine, devices
         self.launched: dict[int, Launched] = {}  # this server's own children (others: re-attached by pid)
         self.signalled: set[int] = set()
-        self._stop = threading.Event()
+        self.tick_seconds: list[float] = []  # recent tick durations, for /metrics (scheduling latency)
+        self._last_tick: float | None = None
+        self._stop, self._wake = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
 
     # --- the thread ---
@@ -52,27 +57,49 @@ class Scheduler:
         if self._thread:
             self._thread.join(10)
 
+    def wake(self) -> None:
+        """Tick now rather than at the next half second (a job was submitted, resumed or cancelled)."""
+        self._wake.set()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self.tick()
             except Exception:  # one bad tick must not end scheduling; the next one retries
                 log.exception("scheduling tick failed")
-            self._stop.wait(TICK_S)
+            self._wake.wait(TICK_S)
+            self._wake.clear()
 
     # --- one pass ---
     def tick(self) -> None:
+        began = time.perf_counter()
         with session(self.engine) as s:
             running = list(s.scalars(select(Job).where(Job.state == "running")))
+            self._count_busy(s, running)
             for job in running:
                 self._watch(s, job)
             self._start_queued(s)
+        self.tick_seconds = [*self.tick_seconds[-999:], time.perf_counter() - began]
+
+    def _count_busy(self, s: Session, running: list[Job]) -> None:
+        """Add the time since the last tick to each device a running job holds (Device.busy_seconds)."""
+        now = time.monotonic()
+        elapsed, self._last_tick = (now - self._last_tick if self._last_tick else 0.0), now
+        held = {d for job in running if job.devices for d in job.devices.split(",")}
+        for device in self.devices:
+            row = s.get(Device, device.id)
+            if row is None:
+                row = Device(id=device.id, kind=device.kind, name=device.name)
+                row.memory_bytes = device.memory_bytes
+                s.add(row)
+            if device.id in held and elapsed:
+                row.busy_seconds = (row.busy_seconds or 0.0) + elapsed
 
     def _alive(self, job: Job) -> bool:
         own = self.launched.get(job.id)
         if own is not None and own.process is not None:
             return own.process.poll() is None  # reaps our child, keeping its exit code
-        return is_alive(job.pid)
+        return is_alive(job.pid, job.run_dir)  # re-attached after a server restart: check it is ours
 
     def _watch(self, s: Session, job: Job) -> None:
         alive = self._alive(job)  # asked before reading: an ended process has written all it will
@@ -89,7 +116,9 @@ class Scheduler:
         self.launched.pop(job.id, None)
         self.signalled.discard(job.id)
         job.pid = None
-        if last is not None and last.kind in ENDINGS:
+        if last is not None and last.kind == "paused":
+            job.state, job.devices, job.reason = "paused", None, last.data.get("reason")
+        elif last is not None and last.kind in ENDINGS:
             job.state = ENDINGS[last.kind]
             job.finished_at = utcnow()
             job.reason = job.reason or last.data.get("reason")

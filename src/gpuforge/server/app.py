@@ -13,17 +13,18 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, status
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Summary, generate_latest
 from sqlalchemy import func, select, text
 
+from gpuforge.errors import GpuforgeError
 from gpuforge.scheduler.allocator import inventory
 from gpuforge.scheduler.loop import Scheduler
-from gpuforge.server.routes import jobs
+from gpuforge.server.routes import jobs, keys, uploads
 from gpuforge.server.schemas import Health
 from gpuforge.server.settings import Settings
 from gpuforge.store.db import connect, migrate, session
-from gpuforge.store.keys import ensure_admin_key
-from gpuforge.store.models import JOB_STATES, Job
+from gpuforge.store.keys import ensure_admin_key, has_admin_key
+from gpuforge.store.models import JOB_STATES, Device, Job
 
 log = logging.getLogger("gpuforge.server")
 
@@ -34,30 +35,30 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         settings.home.mkdir(parents=True, exist_ok=True)
-        engine = connect(settings.db_url)
-        migrate(engine)
+        engine = open_store(settings)
         with session(engine) as s:
-            admin = ensure_admin_key(s, settings.home)
+            admin = ensure_admin_key(s, settings.home, settings.admin_key)
         if admin:
             log.warning("admin API key (shown once, also in %s): %s", settings.home / "admin.key", admin)
         app.state.engine, app.state.devices = engine, inventory()
-        scheduler = Scheduler(engine, app.state.devices)
+        app.state.scheduler = Scheduler(engine, app.state.devices)
         if settings.schedule:
-            scheduler.start()
+            app.state.scheduler.start()
         yield
-        scheduler.stop()
+        app.state.scheduler.stop()
         engine.dispose()
 
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
-    app.include_router(jobs.router)
+    for routes in (jobs, keys, uploads):
+        app.include_router(routes.router)
 
     @app.middleware("http")
     async def refuse_large_bodies(request: Request, call_next):
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > settings.max_body_bytes:
             detail = f"body of {int(length)} bytes is over the {settings.max_body_bytes} allowed"
-            return JSONResponse({"detail": detail}, status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+            return JSONResponse({"detail": detail}, status.HTTP_413_CONTENT_TOO_LARGE)
         return await call_next(request)
 
     @app.get("/healthz", response_model=Health, tags=["system"])
@@ -77,15 +78,50 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["system"])
     def metrics(request: Request) -> str:
-        """Prometheus text: jobs by state, queue length."""
+        """Prometheus text: jobs by state, queue length, device busy seconds, scheduling latency."""
         registry = CollectorRegistry()
         by_state = Gauge("gpuforge_jobs", "jobs by state", ["state"], registry=registry)
         queued = Gauge("gpuforge_queue_length", "jobs waiting for devices", registry=registry)
+        busy = Gauge("gpuforge_device_busy_seconds", "time jobs held it", ["device"], registry=registry)
+        tick = Summary(
+            "gpuforge_scheduling_tick_seconds", "one scheduling pass (recent ticks)", registry=registry
+        )
         with session(request.app.state.engine) as s:
             counts = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+            for device_id, seconds in s.execute(select(Device.id, Device.busy_seconds)):
+                busy.labels(device_id).set(seconds or 0.0)
         for state in JOB_STATES:
             by_state.labels(state).set(counts.get(state, 0))
         queued.set(counts.get("queued", 0))
+        for seconds in request.app.state.scheduler.tick_seconds:
+            tick.observe(seconds)
         return generate_latest(registry).decode()
 
     return app
+
+
+def open_store(settings: Settings):
+    """Connect to the store and bring its schema up to date."""
+    engine = connect(settings.db_url)
+    migrate(engine)
+    return engine
+
+
+def check_store_and_bind(settings: Settings) -> None:
+    """Before listening: the store opens (a bad --db is one line, not a traceback), and the server refuses
+    to listen beyond loopback on a store with no admin key yet, unless GPUFORGE_ADMIN_KEY gives one: the
+    key made on a first start is printed, and a log is no place for the key of an open port."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = open_store(settings)
+        with session(engine) as s:
+            has_key = has_admin_key(s)
+        engine.dispose()
+    except Exception as err:  # any driver's error: say which store and why
+        raise GpuforgeError(f"--db {settings.db_url}: cannot open the store: {err}".splitlines()[0]) from err
+    if not (settings.loopback_only or settings.admin_key or has_key):
+        raise GpuforgeError(
+            f"--host {settings.host}: refusing to listen beyond loopback with no API key configured; set "
+            "GPUFORGE_ADMIN_KEY (gf_ and 32+ characters), or start once on 127.0.0.1 to make "
+            f"{settings.home / 'admin.key'}"
+        )

@@ -31,6 +31,8 @@ class JobPublic(BaseModel):
     loss: float | None
     samples_per_s: float | None
     cost_usd: float | None
+    restarts: int = Field(description="times its process was started again after dying")
+    max_restarts: int
     reason: str | None
     run_dir: str
     created_at: datetime
@@ -49,3 +51,42 @@ class EventPublic(BaseModel):
 
 class Health(BaseModel):
     status: str
+
+
+class JobResume(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    budget_usd: float | None = Field(
+        None, gt=0, description="the new cost.budget_usd, above what the job has spent; null: no budget"
+    )
+
+
+class LogTail(BaseModel):
+    lines: list[str]
+    offset: int = Field(description="byte offset past the last line: follow the log from there")
+
+
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", max_length=100)
+    admin: bool = False
+
+
+class KeyPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    admin: bool
+    created_at: datetime
+
+
+class KeyCreated(KeyPublic):
+    key: str = Field(description="the key itself: shown this once, stored as a digest only")
+
+
+class UploadPublic(BaseModel):
+    sha256: str
+    size: int
+    path: str = Field(description="where the file lies on the server: name it in a spec")

@@ -25,6 +25,11 @@ class Settings(BaseSettings):
     data_roots: str = ""  # os.pathsep-separated directories
     max_body_bytes: int = 64 * 2**20  # specs and uploads above this are refused (413)
     schedule: bool = True  # run queued jobs (off: an API-only server, for tests of the API alone)
+    admin_key: str | None = None  # the admin key to use on a new store, instead of making admin.key
+
+    @property
+    def loopback_only(self) -> bool:
+        return self.host in LOOPBACK or self.host.startswith("127.")
 
     @field_validator("home")
     @classmethod
@@ -38,6 +43,10 @@ class Settings(BaseSettings):
     @property
     def runs_dir(self) -> Path:
         return self.home / "runs"
+
+    @property
+    def uploads_dir(self) -> Path:
+        return self.home / "uploads"  # content-addressed data files sent with `gpuforge submit`
 
     @property
     def roots(self) -> list[Path]:

@@ -40,10 +40,19 @@ def find_key(s: Session, key: str | None) -> ApiKey | None:
     return s.scalar(select(ApiKey).where(ApiKey.digest == digest(key)))
 
 
-def ensure_admin_key(s: Session, home: Path) -> str | None:
-    """On a store with no admin key: make one, write it to home/admin.key (mode 0600), return it (to
-    print once). Otherwise None."""
-    if s.scalar(select(ApiKey.id).where(ApiKey.admin.is_(True))) is not None:
+def has_admin_key(s: Session) -> bool:
+    return s.scalar(select(ApiKey.id).where(ApiKey.admin.is_(True)).limit(1)) is not None
+
+
+def ensure_admin_key(s: Session, home: Path, configured: str | None = None) -> str | None:
+    """On a store with no admin key: take the `configured` one (GPUFORGE_ADMIN_KEY, written nowhere), or
+    make one, write it to home/admin.key (mode 0600) and return it (to print once). Otherwise None."""
+    if has_admin_key(s):
+        return None
+    if configured:
+        if not configured.startswith(PREFIX) or len(configured) < 32:
+            raise GpuforgeError(f"GPUFORGE_ADMIN_KEY: must start with {PREFIX} and be 32+ characters long")
+        s.add(ApiKey(name="admin", digest=digest(configured), admin=True))
         return None
     key = create_key(s, "admin", admin=True)
     home.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,8 @@ def utcnow() -> datetime:
 
 
 class UTCDateTime(TypeDecorator):
-    """Aware UTC datetimes on every backend: SQLite keeps no time zone and hands back naive values."""
+    """Aware UTC datetimes on every backend: SQLite keeps no time zone and hands back naive values;
+    PostgreSQL hands back its session's time zone (the server's TimeZone setting), converted here."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
@@ -41,7 +42,9 @@ class UTCDateTime(TypeDecorator):
         return value.astimezone(UTC) if value is not None and value.tzinfo else value
 
     def process_result_value(self, value, dialect):
-        return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class Base(DeclarativeBase):

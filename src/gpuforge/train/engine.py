@@ -40,7 +40,7 @@ from gpuforge.train.setup import build_job
 log = logging.getLogger("gpuforge.train")
 
 # Keys that may differ between the spec of a stored run and the spec that resumes it.
-RESUMABLE_CHANGES = {("train", "max_steps"), ("train", "epochs"), ("name",)}
+RESUMABLE_CHANGES = {("train", "max_steps"), ("train", "epochs"), ("name",), ("cost", "budget_usd")}
 
 
 def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> dict[str, Any]:
@@ -250,10 +250,9 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     status, reason = "cancelled", f"stopped by {stop.signal_name} at step {step}"
                     break
                 if spec.cost.budget_usd is not None and cost_so_far() >= spec.cost.budget_usd and not is_last:
-                    status, reason = (
-                        "cancelled",
-                        f"cost.budget_usd {spec.cost.budget_usd} spent at step {step}",
-                    )
+                    status = "paused"  # resumable: the same run directory with a higher budget goes on
+                    spent = cost_so_far()
+                    reason = f"cost.budget_usd {spec.cost.budget_usd:g} spent (${spent:.4f}) at step {step}"
                     break
 
         # --- the end: checkpoint what is good, write the model and the summary ---
@@ -316,7 +315,8 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             run.event("failed", step=step, reason=reason + kept)
             log.error("%s%s", reason, kept)
             raise TrainingFailed(f"{reason}{kept} (run directory {run.root})")
-        run.event(status, step=done_step, reason=reason)
+        paused = {"cost_usd": cost_so_far(), "budget_usd": spec.cost.budget_usd} if status == "paused" else {}
+        run.event(status, step=done_step, reason=reason, **paused)
         log.info("%s at step %d/%d%s", status, done_step, total_steps, f" ({reason})" if reason else "")
     summary["signal"] = stop.signal_number
     return summary

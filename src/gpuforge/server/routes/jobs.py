@@ -1,22 +1,28 @@
-"""Jobs: submit, list, read, cancel, events."""
+"""Jobs: submit, list, read, cancel, resume; a job's events, metrics, logs and summary."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import yaml
 from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi import Path as PathParam
+from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 
 from gpuforge.errors import SpecError
 from gpuforge.server.auth import Key
-from gpuforge.server.schemas import EventPublic, JobCreate, JobPublic
+from gpuforge.server.follow import follow, log_tail, metrics_page
+from gpuforge.server.schemas import EventPublic, JobCreate, JobPublic, JobResume, LogTail
 from gpuforge.spec import DATA_SCHEMES, JobSpec, parse_spec
 from gpuforge.store.db import session
 from gpuforge.store.models import Event, Job, utcnow
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+INT32 = 2**31 - 1  # ids and counts past it fit no store's integer column: refused as bad input (422)
+JobId = Annotated[int, PathParam(ge=1, le=INT32, description="the job's id")]
 FINAL_STATES = ("finished", "failed", "cancelled")
 
 
@@ -50,11 +56,11 @@ def _parse(body: JobCreate, request: Request) -> JobSpec:
         raw = yaml.safe_load(body.spec)
         base = settings.roots[0] if settings.roots else settings.home
         spec = parse_spec(raw, base, default_name=body.name or "job")
-        _check_roots(spec, settings.roots)
+        _check_roots(spec, [*settings.roots, settings.uploads_dir.resolve()])  # uploads: always readable
     except yaml.YAMLError as err:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"spec: not valid YAML: {err}") from err
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"spec: not valid YAML: {err}") from err
     except SpecError as err:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(err)) from err
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from err
     return spec
 
 
@@ -82,7 +88,14 @@ def submit(body: JobCreate, request: Request, key: Key) -> Job:
         s.add(job)
         s.flush()
         job.run_dir = str(request.app.state.settings.runs_dir / f"job-{job.id}")
+    _wake(request)
     return job
+
+
+def _wake(request: Request) -> None:
+    scheduler = getattr(request.app.state, "scheduler", None)
+    if scheduler is not None:
+        scheduler.wake()
 
 
 def _visible(s, key, job_id: int) -> Job:
@@ -98,7 +111,7 @@ def list_jobs(
     key: Key,
     state: Annotated[str | None, Query(description="only jobs in this state")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT32)] = 0,
 ) -> list[Job]:
     """Jobs, newest first: your own, or everyone's with an admin key."""
     query = select(Job).order_by(Job.id.desc()).limit(limit).offset(offset)
@@ -111,33 +124,57 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: int, request: Request, key: Key) -> Job:
+def get_job(job_id: JobId, request: Request, key: Key) -> Job:
     """One job."""
     with session(request.app.state.engine) as s:
         return _visible(s, key, job_id)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
-def cancel_job(job_id: int, request: Request, key: Key) -> Job:
+def cancel_job(job_id: JobId, request: Request, key: Key) -> Job:
     """Cancel a job; a job already ended answers 409 with its state."""
     with session(request.app.state.engine) as s:
         job = _visible(s, key, job_id)
         if job.state in FINAL_STATES:
             raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {job.state}")
         job.reason = f"cancelled by {key.name}"
-        if job.state == "queued":
+        if job.state in ("queued", "paused"):  # no process: it ends here
             job.state, job.finished_at = "cancelled", utcnow()
-        else:  # running or paused: the scheduler loop sends SIGTERM; the runner checkpoints and stops
+        else:  # running: the scheduler loop sends SIGTERM; the runner checkpoints and stops
             job.cancel_requested = True
-        return job
+    _wake(request)
+    return job
+
+
+@router.post("/{job_id}/resume", response_model=JobPublic)
+def resume_job(job_id: JobId, body: JobResume, request: Request, key: Key) -> Job:
+    """Queue a paused job again, from its last checkpoint, with a new cost budget."""
+    with session(request.app.state.engine) as s:
+        job = _visible(s, key, job_id)
+        if job.state != "paused":
+            raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}, not paused")
+        spent = job.cost_usd or 0.0
+        if body.budget_usd is not None and body.budget_usd <= spent:
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                f"budget_usd: {body.budget_usd:g} is not above the ${spent:.4f} job {job_id} has spent",
+            )
+        spec = yaml.safe_load(job.spec_yaml)
+        spec.setdefault("cost", {})["budget_usd"] = body.budget_usd
+        job.spec_yaml = yaml.safe_dump(spec, sort_keys=False)
+        job.state, job.restarts = "queued", 0
+        budget = f"${body.budget_usd:g}" if body.budget_usd is not None else "no budget"
+        job.reason = f"resumed by {key.name} with {budget}"
+    _wake(request)
+    return job
 
 
 @router.get("/{job_id}/events", response_model=list[EventPublic])
 def job_events(
-    job_id: int,
+    job_id: JobId,
     request: Request,
     key: Key,
-    after: Annotated[int, Query(ge=-1, description="only events after this seq")] = -1,
+    after: Annotated[int, Query(ge=-1, le=INT32, description="only events after this seq")] = -1,
 ) -> list[Event]:
     """The job's events, in order."""
     with session(request.app.state.engine) as s:
@@ -145,3 +182,91 @@ def job_events(
         return list(
             s.scalars(select(Event).where(Event.job_id == job_id, Event.seq > after).order_by(Event.seq))
         )
+
+
+@router.get("/{job_id}/metrics", response_model=list[dict[str, Any]])
+def job_metrics(
+    job_id: JobId,
+    request: Request,
+    key: Key,
+    after_step: Annotated[int, Query(ge=-1, le=INT32, description="only steps after this one")] = -1,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> list[dict[str, Any]]:
+    """The job's metrics records (DESIGN: metrics.jsonl), a page at a time, by step."""
+    with session(request.app.state.engine) as s:
+        run_dir = Path(_visible(s, key, job_id).run_dir)
+    return metrics_page(run_dir / "metrics.jsonl", after_step, limit)
+
+
+@router.get("/{job_id}/summary", response_model=dict[str, Any])
+def job_summary(job_id: JobId, request: Request, key: Key) -> dict[str, Any]:
+    """The run's summary.json: written when the runner stops (finished, failed, cancelled, paused)."""
+    with session(request.app.state.engine) as s:
+        run_dir = Path(_visible(s, key, job_id).run_dir)
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError) as err:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no summary yet") from err
+
+
+@router.get("/{job_id}/logs", response_model=LogTail)
+def job_logs(
+    job_id: JobId,
+    request: Request,
+    key: Key,
+    tail: Annotated[int, Query(ge=0, le=100_000, description="the last N lines")] = 200,
+) -> LogTail:
+    """The end of the job's process log (its runner's output, all restarts appended)."""
+    with session(request.app.state.engine) as s:
+        run_dir = Path(_visible(s, key, job_id).run_dir)
+    lines, offset = log_tail(run_dir / "logs" / "process.log", tail)
+    return LogTail(lines=lines, offset=offset)
+
+
+SSE = {200: {"content": {"text/event-stream": {}}, "description": "server-sent events"}}
+
+
+def _stream(request: Request, key: Key, job_id: int, **what) -> StreamingResponse:
+    engine = request.app.state.engine
+    with session(engine) as s:
+        run_dir = Path(_visible(s, key, job_id).run_dir)
+
+    def state() -> tuple[str, str | None]:
+        with session(engine) as s:
+            job = s.get(Job, job_id)
+            return job.state, job.reason
+
+    return StreamingResponse(
+        follow(run_dir, state, **what),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get("/{job_id}/metrics/stream", response_class=StreamingResponse, responses=SSE)
+def stream_metrics(
+    job_id: JobId,
+    request: Request,
+    key: Key,
+    after_step: Annotated[int, Query(ge=-1, le=INT32, description="only steps after this one")] = -1,
+) -> StreamingResponse:
+    """Metrics records as the runner writes them (`event: metric`), then `event: end` with the state
+    the job stopped in."""
+    return _stream(request, key, job_id, after_step=after_step)
+
+
+@router.get("/{job_id}/logs/stream", response_class=StreamingResponse, responses=SSE)
+def stream_logs(
+    job_id: JobId,
+    request: Request,
+    key: Key,
+    offset: Annotated[
+        int, Query(ge=0, le=2**62, description="byte offset to follow from (GET logs gives it)")
+    ] = 0,
+    metrics: Annotated[bool, Query(description="interleave metrics records (`event: metric`)")] = False,
+    after_step: Annotated[
+        int, Query(ge=-1, le=INT32, description="with metrics: only steps after this one")
+    ] = -1,
+) -> StreamingResponse:
+    """Log lines as the runner writes them (`event: log`), then `event: end`."""
+    return _stream(request, key, job_id, log_offset=offset, after_step=after_step if metrics else None)

@@ -1,0 +1,234 @@
+"""The server and its client verbs (they join `gpuforge.cli.app`):
+
+    gpuforge server [--host 127.0.0.1] [--port 8600] [--db URL]
+    gpuforge submit SPEC.yaml [--priority N] [--name NAME] [--set k=v]... [--json]
+    gpuforge jobs [--state S] [--json] | job ID [--json] | logs ID [--follow] [--tail N]
+    gpuforge cancel ID | resume ID --budget USD | wait ID...
+    gpuforge keys create NAME [--admin] | keys list
+
+Client verbs read GPUFORGE_URL and GPUFORGE_API_KEY (or --url / --key).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from gpuforge.cli import Overrides, SpecPath, app, out_console
+from gpuforge.errors import GpuforgeError
+
+Url = Annotated[str | None, typer.Option("--url", help="server URL (default: $GPUFORGE_URL)")]
+ApiKeyOption = Annotated[str | None, typer.Option("--key", help="API key (default: $GPUFORGE_API_KEY)")]
+AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+STOPPED = ("finished", "failed", "cancelled", "paused")
+
+
+def _client(url: str | None, key: str | None):
+    from gpuforge.client import Client
+
+    return Client(url, key)
+
+
+def _print_json(value) -> None:
+    out_console.print(json.dumps(value), highlight=False, soft_wrap=True, markup=False)
+
+
+@app.command()
+def server(
+    host: Annotated[str | None, typer.Option(help="default 127.0.0.1 ($GPUFORGE_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="default 8600 ($GPUFORGE_PORT)")] = None,
+    db: Annotated[str | None, typer.Option(help="store URL (default: SQLite in $GPUFORGE_HOME)")] = None,
+) -> None:
+    """Serve the HTTP API: jobs are queued in the store and run on this machine's devices."""
+    import uvicorn
+
+    from gpuforge.server.app import check_store_and_bind, create_app
+    from gpuforge.server.settings import Settings
+
+    overrides = {k: v for k, v in {"host": host, "port": port, "db": db}.items() if v is not None}
+    settings = Settings(**overrides)
+    check_store_and_bind(settings)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+
+
+@app.command()
+def submit(
+    spec: SpecPath,
+    priority: Annotated[int | None, typer.Option(help="default: the spec's priority")] = None,
+    name: Annotated[str | None, typer.Option(help="default: the spec's name")] = None,
+    set_: Overrides = None,
+    url: Url = None,
+    key: ApiKeyOption = None,
+    as_json: AsJson = False,
+) -> None:
+    """Queue a job on the server (sending the local data files it names); prints its id."""
+    from gpuforge.spec import load_spec
+
+    job = _client(url, key).submit(load_spec(spec, list(set_ or [])), priority, name)
+    if as_json:
+        _print_json({"id": job["id"]})
+    else:
+        out_console.print(f"job {job['id']} queued", highlight=False)
+
+
+@app.command()
+def jobs(
+    state: Annotated[str | None, typer.Option(help="only this state")] = None,
+    url: Url = None,
+    key: ApiKeyOption = None,
+    as_json: AsJson = False,
+) -> None:
+    """List jobs: id, name, state, devices, step, loss, samples/s, cost, age."""
+    rows = _client(url, key).jobs(state)
+    if as_json:
+        _print_json(rows)
+        return
+    out_console.print(jobs_table(rows))
+
+
+def jobs_table(rows: list[dict], title: str = "gpuforge jobs") -> Table:
+    from datetime import UTC, datetime
+
+    table = Table(title=title)
+    for column in ("id", "name", "state", "devices", "step", "loss", "samples/s", "cost $", "age"):
+        table.add_column(column)
+    now = datetime.now(UTC)
+    for j in rows:
+        step = f"{j['step']}/{j['total_steps']}" if j["step"] is not None else "-"
+        devices = j["devices"] or f"{j['devices_wanted']} {j['device_type']}"
+        age = (now - datetime.fromisoformat(j["created_at"])).total_seconds()
+        table.add_row(
+            str(j["id"]), j["name"], j["state"], devices, step,
+            f"{j['loss']:.4f}" if j["loss"] is not None else "-",
+            f"{j['samples_per_s']:.1f}" if j["samples_per_s"] is not None else "-",
+            f"{j['cost_usd']:.4f}" if j["cost_usd"] is not None else "-",
+            _age(age),
+        )  # fmt: skip
+    return table
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+@app.command()
+def job(job_id: int, url: Url = None, key: ApiKeyOption = None) -> None:
+    """One job, as JSON."""
+    out_console.print(json.dumps(_client(url, key).job(job_id), indent=2), highlight=False, markup=False)
+
+
+@app.command()
+def cancel(job_id: int, url: Url = None, key: ApiKeyOption = None) -> None:
+    """Cancel a job (a running one checkpoints first)."""
+    j = _client(url, key).cancel(job_id)
+    out_console.print(f"job {j['id']}: {j['state']}", highlight=False)
+
+
+@app.command()
+def resume(
+    job_id: int,
+    budget: Annotated[float, typer.Option("--budget", help="new cost.budget_usd, above what it spent")],
+    url: Url = None,
+    key: ApiKeyOption = None,
+) -> None:
+    """Queue a job paused by its cost budget again, with a higher budget."""
+    j = _client(url, key).resume(job_id, budget)
+    out_console.print(f"job {j['id']}: {j['state']} ({j['reason']})", highlight=False, markup=False)
+
+
+@app.command()
+def logs(
+    job_id: int,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="stream log and metrics lines live")] = False,
+    tail: Annotated[int, typer.Option(help="log lines to show first")] = 50,
+    url: Url = None,
+    key: ApiKeyOption = None,
+) -> None:
+    """A job's log; with --follow, new log and metrics lines as they come, until the job stops."""
+    client = _client(url, key)
+    start = client.logs(job_id, tail)
+    for line in start["lines"]:
+        out_console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if not follow:
+        return
+    for event, data in client.follow(job_id, start["offset"]):
+        if event == "log":
+            out_console.print(data["line"], highlight=False, markup=False, soft_wrap=True)
+        elif event == "metric":
+            out_console.print(_metric_line(data), highlight=False, markup=False)
+        elif event == "end":
+            why = f" ({data['reason']})" if data.get("reason") else ""
+            out_console.print(f"job {job_id} {data['state']}{why}", highlight=False, markup=False)
+
+
+def _metric_line(m: dict) -> str:
+    parts = [f"step {m.get('step')}"]
+    for key, fmt in (("loss", "loss {:.4f}"), ("samples_per_s", "{:.1f} samples/s"), ("cost_usd", "${:.4f}")):
+        if m.get(key) is not None:
+            parts.append(fmt.format(m[key]))
+    parts += [f"{k} {v:.4f}" for k, v in m.items() if k.startswith("eval_") and isinstance(v, float)]
+    return "metrics: " + ", ".join(parts)
+
+
+@app.command()
+def wait(
+    job_ids: Annotated[list[int], typer.Argument(help="job ids")],
+    timeout: Annotated[float, typer.Option(help="seconds before giving up")] = 3600.0,
+    url: Url = None,
+    key: ApiKeyOption = None,
+    as_json: AsJson = False,
+) -> None:
+    """Wait until the jobs stop (finished, failed, cancelled, paused); exit 1 unless all finished."""
+    client = _client(url, key)
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [client.job(i) for i in job_ids]
+        if all(r["state"] in STOPPED for r in rows):
+            break
+        if time.monotonic() > deadline:
+            raise GpuforgeError(f"wait: jobs still running after {timeout:g} s")
+        time.sleep(1.0)
+    if as_json:
+        _print_json(rows)
+    else:
+        out_console.print(jobs_table(rows, title="jobs"))
+    if any(r["state"] != "finished" for r in rows):
+        raise typer.Exit(1)
+
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys (an admin key makes them).")
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("create")
+def keys_create(
+    name: str,
+    admin: Annotated[bool, typer.Option(help="an admin key: sees all jobs, makes keys")] = False,
+    url: Url = None,
+    key: ApiKeyOption = None,
+    as_json: AsJson = False,
+) -> None:
+    """Make a key; it is printed this once and stored as a digest only."""
+    made = _client(url, key).create_key(name, admin)
+    if as_json:
+        _print_json(made)
+    else:
+        out_console.print(made["key"], highlight=False, markup=False)
+
+
+@keys_app.command("list")
+def keys_list(url: Url = None, key: ApiKeyOption = None) -> None:
+    """The keys by name (never the keys themselves)."""
+    table = Table(title="API keys")
+    for column in ("id", "name", "admin", "created"):
+        table.add_column(column)
+    for k in _client(url, key).keys():
+        table.add_row(str(k["id"]), k["name"], "yes" if k["admin"] else "", k["created_at"][:19])
+    out_console.print(table)

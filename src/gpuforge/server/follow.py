@@ -1,0 +1,110 @@
+"""Reading a run directory while its runner writes it: metrics pages, log tails, and live streams.
+
+Metrics and logs are served from the run directory itself (the runner's own record, DESIGN), not from
+the store: the runner already drops metrics lines a killed process logged past its checkpoint, so what
+the file holds is each step once. A line without its newline yet is left for the next read.
+
+Streams are server-sent events (text/event-stream): `event: metric` (one metrics.jsonl record),
+`event: log` ({"line", "offset"}), and a last `event: end` ({"state", "reason"}) once the job has
+stopped (finished, failed, cancelled, paused) and everything it wrote was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+POLL_S = 0.25
+KEEPALIVE_S = 15.0
+STOPPED = ("finished", "failed", "cancelled", "paused")
+
+
+def read_lines(path: Path, offset: int) -> tuple[list[bytes], int]:
+    """Complete lines after byte `offset`, and the offset past the last one. A file shorter than
+    `offset` was rewritten (the runner trims metrics on resume): start it again from the top."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            if f.tell() < offset:
+                offset = 0
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = chunk.rfind(b"\n") + 1
+    return chunk[:end].split(b"\n")[:-1], offset + end
+
+
+def metrics_page(path: Path, after_step: int, limit: int) -> list[dict[str, Any]]:
+    """Up to `limit` metrics records whose step is past `after_step`, in step order."""
+    records = []
+    for line in read_lines(path, 0)[0]:
+        record = _json(line)
+        if record is not None and record.get("step", 0) > after_step:
+            records.append(record)
+            if len(records) == limit:
+                break
+    return records
+
+
+def log_tail(path: Path, lines: int) -> tuple[list[str], int]:
+    """The last `lines` complete lines of a log, and the byte offset to follow it from."""
+    found, end = read_lines(path, 0)
+    return [line.decode(errors="replace") for line in found[-lines:]] if lines else [], end
+
+
+def _json(line: bytes) -> dict[str, Any] | None:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:  # a torn line from a killed writer
+        return None
+
+
+def sse(event: str, data: Any) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+async def follow(
+    run_dir: Path,
+    job_state: Callable[[], tuple[str, str | None]],
+    *,
+    after_step: int | None = None,
+    log_offset: int | None = None,
+) -> AsyncIterator[str]:
+    """Server-sent events for a job's metrics (when `after_step` is given) and log (when `log_offset`
+    is given) as they are written, until the job stops. `job_state` reads (state, reason) from the store
+    and is called in a worker thread."""
+    metrics_path, log_path = run_dir / "metrics.jsonl", run_dir / "logs" / "process.log"
+    metrics_offset, quiet_since = 0, time.monotonic()
+    while True:
+        state, reason = await asyncio.to_thread(job_state)  # asked first: what follows covers all it wrote
+        sent = False
+        if after_step is not None:
+            lines, metrics_offset = read_lines(metrics_path, metrics_offset)
+            for line in lines:
+                record = _json(line)
+                if record is not None and record.get("step", 0) > after_step:
+                    after_step = record["step"]
+                    sent = True
+                    yield sse("metric", record)
+        if log_offset is not None:
+            lines, end = read_lines(log_path, log_offset)
+            log_offset = end - sum(len(line) + 1 for line in lines)  # where the first line starts
+            for line in lines:
+                log_offset += len(line) + 1
+                sent = True
+                yield sse("log", {"line": line.decode(errors="replace"), "offset": log_offset})
+        if state in STOPPED and not sent:
+            yield sse("end", {"state": state, "reason": reason})
+            return
+        if sent:
+            quiet_since = time.monotonic()
+            continue
+        if time.monotonic() - quiet_since > KEEPALIVE_S:
+            quiet_since = time.monotonic()
+            yield ": keep-alive\n\n"  # a comment line: keeps proxies from closing an idle stream
+        await asyncio.sleep(POLL_S)

@@ -1,0 +1,79 @@
+"""Data files sent with `gpuforge submit`, stored once by content: <home>/uploads/<sha256><suffix>.
+
+The client hashes each local file a spec names, asks whether the server has it (GET), sends it only if
+not (PUT, the raw bytes), and names the returned server path in the spec it submits. The suffix is kept
+because readers pick the format by it (.jsonl, .csv, .parquet, .txt, .npz, .py). A body whose hash is not
+the one in the URL is refused and nothing is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, status
+
+from gpuforge.server.auth import Key
+from gpuforge.server.schemas import UploadPublic
+
+router = APIRouter(prefix="/api/v1/uploads", tags=["uploads"])
+SHA256 = r"^[0-9a-f]{64}$"
+Name = Annotated[str, Query(max_length=255, description="the file's name; its suffix is kept")]
+
+
+def _target(request: Request, sha256: str, name: str) -> Path:
+    if not re.fullmatch(SHA256, sha256):
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "sha256: 64 lowercase hex digits expected")
+    suffix = "".join(Path(name).suffixes)[-24:]
+    if not re.fullmatch(r"(\.[A-Za-z0-9_]+)*", suffix):
+        suffix = ""
+    return request.app.state.settings.uploads_dir / f"{sha256}{suffix}"
+
+
+def _public(path: Path, sha256: str) -> UploadPublic:
+    return UploadPublic(sha256=sha256, size=path.stat().st_size, path=str(path.resolve()))
+
+
+@router.get("/{sha256}", response_model=UploadPublic)
+def find_upload(sha256: str, request: Request, key: Key, name: Name = "") -> UploadPublic:
+    """Where the server keeps this content, if it has it (404 otherwise)."""
+    path = _target(request, sha256, name)
+    if not path.exists():
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no upload {sha256}")
+    return _public(path, sha256)
+
+
+@router.put("/{sha256}", response_model=UploadPublic)
+async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> UploadPublic:
+    """Store the request body (raw bytes) under its SHA-256."""
+    path = _target(request, sha256, name)
+    if path.exists():
+        return _public(path, sha256)
+    limit = request.app.state.settings.max_body_bytes
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest, size = hashlib.sha256(), 0
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".upload-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPException(
+                        status.HTTP_413_CONTENT_TOO_LARGE, f"upload is over the {limit} bytes allowed"
+                    )
+                digest.update(chunk)
+                f.write(chunk)
+        if digest.hexdigest() != sha256:
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                f"the body's sha256 is {digest.hexdigest()}, not the {sha256} named in the URL",
+            )
+        os.replace(tmp, path)  # whole or absent: a reader never sees half a file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return _public(path, sha256)

@@ -1,0 +1,83 @@
+"""Kill -9 the server while jobs run, start it again: a job whose process still runs is re-attached, one
+whose process died with the server is re-queued and resumes from its checkpoint, and nothing stored
+before the crash is lost or stored twice."""
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import TEST_MODELS, image_spec
+from tests.integration.server_process import free_port, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+
+def _wait(http, job_id, until, timeout=180.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = http.get(f"/api/v1/jobs/{job_id}").json()
+        if until(job):
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} never got there: {job}")
+
+
+def test_a_server_killed_mid_run_re_attaches_and_re_queues_its_jobs(tmp_path):
+    home, port = tmp_path / "home", free_port()
+    env = {"GPUFORGE_CPU_SLOTS": "2", "GPUFORGE_DATA_ROOTS": str(TEST_MODELS.parent)}
+    server = start_server(home, port, **env)
+    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    http.headers["Authorization"] = "Bearer " + (home / "admin.key").read_text().strip()
+    try:
+        ids = []
+        for _ in range(2):
+            spec = image_spec(tmp_path, max_steps=60, checkpoint_every=5, options={"sleep_s": 0.1})
+            ids.append(http.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)}).json()["id"])
+        survivor, victim = (_wait(http, i, lambda j: (j["step"] or 0) >= 12) for i in ids)
+        before = {i: http.get(f"/api/v1/jobs/{i}/events").json() for i in ids}
+
+        os.kill(server.pid, signal.SIGKILL)  # the server dies between two ticks, or in one
+        server.wait()
+        os.kill(_runner_pid(victim["run_dir"]), signal.SIGKILL)  # and this job's runner with it
+        time.sleep(1.0)  # the survivor goes on writing while no server watches
+
+        server = start_server(home, port, **env)
+        kept = _wait(http, survivor["id"], lambda j: j["state"] != "running" or (j["step"] or 0) >= 30)
+        assert kept["state"] == "running" and kept["restarts"] == 0  # re-attached, not restarted
+        done = [_wait(http, i, lambda j: j["state"] not in ("queued", "running")) for i in ids]
+        assert [j["state"] for j in done] == ["finished", "finished"]
+        assert done[0]["restarts"] == 0 and done[1]["restarts"] == 1
+        for job_id in ids:
+            events = http.get(f"/api/v1/jobs/{job_id}/events").json()
+            assert [e["seq"] for e in events] == list(range(len(events)))  # none lost, none twice
+            assert events[: len(before[job_id])] == before[job_id]  # what was stored stays as it was
+            run_dir = done[ids.index(job_id)]["run_dir"]
+            on_disk = [json.loads(line)["event"] for line in open(f"{run_dir}/events.jsonl")]
+            assert [e["kind"] for e in events] == on_disk
+            steps = [m["step"] for m in http.get(f"/api/v1/jobs/{job_id}/metrics").json()]
+            assert steps == list(range(1, 61))
+        starts = [e for e in http.get(f"/api/v1/jobs/{ids[1]}/events").json() if e["kind"] == "started"]
+        assert len(starts) == 2 and starts[1]["data"]["resumed_from"] >= 10
+    finally:
+        stop_server(server)
+        for job_id in ids:
+            pid = _runner_pid(str(home / "runs" / f"job-{job_id}"))
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+
+
+def _runner_pid(run_dir: str) -> int | None:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if run_dir.encode() in argv:
+                return int(entry)
+    return None
