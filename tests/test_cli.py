@@ -131,13 +131,31 @@ def test_hw_reports_the_device_and_its_measured_speed():
     assert "precision auto ->" in result.stdout
 
 
-def test_demo_trains_every_spec_in_the_folder_and_says_where(tmp_path):
+def _demo_examples(tmp_path):
     examples = tmp_path / "examples"
     examples.mkdir()
     write_spec(examples / "a.yaml", image_spec(tmp_path))
     compress = {"quantize": "int8"}
     write_spec(examples / "b.yaml", {**image_spec(tmp_path), "name": "other", "compress": compress})
+    return examples
+
+
+def test_demo_runs_every_example_through_a_server_and_tabulates_them(tmp_path):
+    examples = _demo_examples(tmp_path)
     result = run_cli("demo", "--examples", str(examples), "--out", str(tmp_path / "out"), "--max-steps", "2")
+    assert result.returncode == 0, result.stderr
+    runs = [tmp_path / "out" / "server" / "runs" / f"job-{i}" for i in (1, 2)]
+    for run in runs:
+        assert json.loads((run / "summary.json").read_text())["steps"] == 2
+        assert str(run) in result.stdout
+    assert "gpuforge demo (through the server)" in result.stdout and result.stdout.count(" finished ") >= 2
+    assert not (runs[0] / "compressed").exists() and (runs[1] / "compressed" / "report.json").exists()
+
+
+def test_demo_local_trains_every_spec_in_the_folder_and_says_where(tmp_path):
+    examples = _demo_examples(tmp_path)
+    out = tmp_path / "out"
+    result = run_cli("demo", "--local", "--examples", str(examples), "--out", str(out), "--max-steps", "2")
     assert result.returncode == 0, result.stderr
     runs = sorted((tmp_path / "out").iterdir())
     assert [p.name.split("-")[0] for p in runs] == ["a", "b"]

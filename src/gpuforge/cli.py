@@ -1,7 +1,7 @@
 """The `gpuforge` command: one verb a function, each a thin call into the modules that do the work.
 
     gpuforge train SPEC.yaml [--out DIR] [--max-steps N] [--set key=value]...
-    gpuforge demo [--examples DIR] [--out DIR] [--max-steps N]
+    gpuforge demo [--examples DIR] [--out DIR] [--max-steps N] [--local]
     gpuforge plan SPEC.yaml [--measure]
     gpuforge compress RUN/model [--merge] [--prune F --prune-structure S] [--quantize K] --out DIR
     gpuforge compress RUN/model --sweep --out DIR
@@ -117,11 +117,21 @@ def demo(
     max_steps: Annotated[
         int | None, typer.Option("--max-steps", min=1, help="cap every example's steps")
     ] = None,
+    local: Annotated[bool, typer.Option("--local", help="train here, without a server")] = False,
 ) -> None:
-    """Train (and compress, where a spec asks) every shipped example; say where the results are."""
+    """Start a server, submit every shipped example, follow them to the end (compressing where a spec
+    asks), and print what they did; --local trains them in this process instead."""
     specs = sorted(examples.glob("*.yaml"))
     if not specs:
         raise GpuforgeError(f"--examples {examples}: no *.yaml example specs there")
+    if not local:
+        from gpuforge.demo import demo_via_server
+
+        overrides = [f"train.max_steps={max_steps}"] if max_steps else []
+        out_console.print(demo_via_server(specs, (out / "server").absolute(), overrides, out_console))
+        return
+    from gpuforge.demo import eval_figure
+
     stamp = time.strftime("%Y%m%d-%H%M%S")
     table = Table(title="gpuforge demo")
     for column in ("job", "steps", "loss", "eval", "samples/s", "device", "wall s"):
@@ -137,7 +147,7 @@ def demo(
             job.name,
             f"{s['steps']} {s['status']}",
             f"{s['final_loss']:.4f}" if s["final_loss"] is not None else "-",
-            _eval_figure(s.get("eval") or {}),
+            eval_figure(s.get("eval") or {}),
             f"{s['samples_per_s'] or 0:.1f}",
             f"{s['device_type']} {s['precision']}",
             f"{s['wall_s']:.0f}",
@@ -148,12 +158,6 @@ def demo(
     out_console.print(
         "each run directory holds summary.json, metrics.jsonl, events.jsonl, model/, checkpoints/"
     )
-
-
-def _eval_figure(evaluation: dict) -> str:
-    if "accuracy" in evaluation:
-        return f"acc {evaluation['accuracy']:.3f}"
-    return f"ppl {evaluation['perplexity']:.1f}" if "perplexity" in evaluation else "-"
 
 
 @app.command()

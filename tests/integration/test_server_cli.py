@@ -4,25 +4,22 @@ import json
 
 import pytest
 
+from gpuforge.server.local import LocalServer, free_port
 from tests.conftest import ROOT, run_cli
-from tests.integration.server_process import free_port, start_server, stop_server
 
 
 @pytest.fixture
 def live_server(tmp_path, monkeypatch):
-    port = free_port()
-    process = start_server(
+    server = LocalServer(
         tmp_path / "home",
-        port,
+        log=tmp_path / "server.log",
         GPUFORGE_DATA_ROOTS=str(ROOT / "examples"),
         GPUFORGE_SCHEDULE="false",  # the API and client alone: jobs stay queued
     )
-    url = f"http://127.0.0.1:{port}"
-    key = (tmp_path / "home" / "admin.key").read_text().strip()
-    monkeypatch.setenv("GPUFORGE_URL", url)
-    monkeypatch.setenv("GPUFORGE_API_KEY", key)
-    yield url, process, tmp_path / "home"
-    stop_server(process)
+    with server:
+        monkeypatch.setenv("GPUFORGE_URL", server.url)
+        monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
+        yield server.url, server.process, server.home
 
 
 def test_submit_list_and_cancel_through_the_cli(live_server):

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import yaml
 
+from gpuforge.server.local import LocalServer
 from tests.conftest import TEST_MODELS, image_spec
-from tests.integration.server_process import free_port, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -28,11 +28,11 @@ def _wait(http, job_id, until, timeout=180.0) -> dict:
 
 
 def test_a_server_killed_mid_run_re_attaches_and_re_queues_its_jobs(tmp_path):
-    home, port = tmp_path / "home", free_port()
+    home = tmp_path / "home"
     env = {"GPUFORGE_CPU_SLOTS": "2", "GPUFORGE_DATA_ROOTS": str(TEST_MODELS.parent)}
-    server = start_server(home, port, **env)
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
-    http.headers["Authorization"] = "Bearer " + (home / "admin.key").read_text().strip()
+    server = LocalServer(home, log=tmp_path / "server.log", **env).start()
+    http = httpx.Client(base_url=server.url, timeout=10)
+    http.headers["Authorization"] = f"Bearer {server.key}"
     try:
         ids = []
         for _ in range(2):
@@ -41,12 +41,11 @@ def test_a_server_killed_mid_run_re_attaches_and_re_queues_its_jobs(tmp_path):
         survivor, victim = (_wait(http, i, lambda j: (j["step"] or 0) >= 12) for i in ids)
         before = {i: http.get(f"/api/v1/jobs/{i}/events").json() for i in ids}
 
-        os.kill(server.pid, signal.SIGKILL)  # the server dies between two ticks, or in one
-        server.wait()
+        server.kill()  # SIGKILL: the server dies between two ticks, or in one
         os.kill(_runner_pid(victim["run_dir"]), signal.SIGKILL)  # and this job's runner with it
         time.sleep(1.0)  # the survivor goes on writing while no server watches
 
-        server = start_server(home, port, **env)
+        server.start()  # the same home and port
         kept = _wait(http, survivor["id"], lambda j: j["state"] != "running" or (j["step"] or 0) >= 30)
         assert kept["state"] == "running" and kept["restarts"] == 0  # re-attached, not restarted
         done = [_wait(http, i, lambda j: j["state"] not in ("queued", "running")) for i in ids]
@@ -64,7 +63,7 @@ def test_a_server_killed_mid_run_re_attaches_and_re_queues_its_jobs(tmp_path):
         starts = [e for e in http.get(f"/api/v1/jobs/{ids[1]}/events").json() if e["kind"] == "started"]
         assert len(starts) == 2 and starts[1]["data"]["resumed_from"] >= 10
     finally:
-        stop_server(server)
+        server.stop()
         for job_id in ids:
             pid = _runner_pid(str(home / "runs" / f"job-{job_id}"))
             if pid:

@@ -112,7 +112,12 @@ class Scheduler:
             self.signalled.add(job.id)
         if alive:
             return
-        last = s.scalar(select(Event).where(Event.job_id == job.id).order_by(Event.seq.desc()).limit(1))
+        last = s.scalar(  # the runner's last word on its run (a `compressed` event may follow `finished`)
+            select(Event)
+            .where(Event.job_id == job.id, Event.kind.in_(["started", "paused", *ENDINGS]))
+            .order_by(Event.seq.desc())
+            .limit(1)
+        )
         self.launched.pop(job.id, None)
         self.signalled.discard(job.id)
         job.pid = None

@@ -49,17 +49,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine.dispose()
 
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
-    app.state.settings = settings
+    app.state.settings, app.state.known_keys = settings, {}
     for routes in (jobs, keys, uploads):
         app.include_router(routes.router)
 
-    @app.middleware("http")
-    async def refuse_large_bodies(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > settings.max_body_bytes:
-            detail = f"body of {int(length)} bytes is over the {settings.max_body_bytes} allowed"
-            return JSONResponse({"detail": detail}, status.HTTP_413_CONTENT_TOO_LARGE)
-        return await call_next(request)
+    app.add_middleware(RefuseLargeBodies, limit=settings.max_body_bytes)
 
     @app.get("/healthz", response_model=Health, tags=["system"])
     def healthz() -> Health:
@@ -98,6 +92,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return generate_latest(registry).decode()
 
     return app
+
+
+class RefuseLargeBodies:
+    """413 for a request whose Content-Length is over the limit, before its body is read. A plain ASGI
+    middleware: @app.middleware("http") would wrap every request and response in extra tasks."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"")
+            if length.isdigit() and int(length) > self.limit:
+                detail = f"body of {int(length)} bytes is over the {self.limit} allowed"
+                response = JSONResponse({"detail": detail}, status.HTTP_413_CONTENT_TOO_LARGE)
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def open_store(settings: Settings):

@@ -1,4 +1,8 @@
-"""Every route but health needs an API key: `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
+"""Every route but health needs an API key: `Authorization: Bearer <key>` or `X-API-Key: <key>`.
+
+Keys found are remembered by digest in this process (keys are never changed or removed once made), so a
+request costs no store round trip for its key; an unknown key is looked up each time (it may have been
+made since, by another server process on the same store)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from gpuforge.store.keys import find_key
 from gpuforge.store.models import ApiKey
 
 
-def current_key(
+async def current_key(  # async: no thread hop per request (see routes/jobs.py list_jobs)
     request: Request,
     authorization: Annotated[str | None, Header()] = None,
     x_api_key: Annotated[str | None, Header()] = None,
@@ -19,8 +23,13 @@ def current_key(
     key = x_api_key
     if authorization and authorization.lower().startswith("bearer "):
         key = authorization[7:].strip()
-    with session(request.app.state.engine) as s:
-        found = find_key(s, key)
+    known = request.app.state.known_keys
+    found = known.get(key) if key else None
+    if found is None:
+        with session(request.app.state.engine) as s:
+            found = find_key(s, key)
+        if found is not None:
+            known[key] = found
     if found is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,

@@ -54,7 +54,7 @@ def metrics_page(path: Path, after_step: int, limit: int) -> list[dict[str, Any]
 def log_tail(path: Path, lines: int) -> tuple[list[str], int]:
     """The last `lines` complete lines of a log, and the byte offset to follow it from."""
     found, end = read_lines(path, 0)
-    return [line.decode(errors="replace") for line in found[-lines:]] if lines else [], end
+    return [line.decode(errors="replace").rstrip() for line in found[-lines:]] if lines else [], end
 
 
 def _json(line: bytes) -> dict[str, Any] | None:
@@ -97,7 +97,7 @@ async def follow(
             for line in lines:
                 log_offset += len(line) + 1
                 sent = True
-                yield sse("log", {"line": line.decode(errors="replace"), "offset": log_offset})
+                yield sse("log", {"line": line.decode(errors="replace").rstrip(), "offset": log_offset})
         if state in STOPPED and not sent:
             yield sse("end", {"state": state, "reason": reason})
             return

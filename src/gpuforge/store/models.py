@@ -73,7 +73,7 @@ class Job(Base):
     device_type: Mapped[str] = mapped_column(String(8), default="cpu")  # what it asked for, resolved
     devices_wanted: Mapped[int] = mapped_column(default=1)
     devices: Mapped[str | None] = mapped_column(String(200))  # given, e.g. "cuda:0,cuda:1"
-    spec_yaml: Mapped[str] = mapped_column(Text)
+    spec_yaml: Mapped[str] = mapped_column(Text, deferred=True)  # read only to launch: not with every list
     run_dir: Mapped[str] = mapped_column(String(1000))
     pid: Mapped[int | None] = mapped_column()
     restarts: Mapped[int] = mapped_column(default=0)

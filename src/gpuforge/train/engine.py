@@ -125,6 +125,9 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             micro_batch=micro,
             global_batch=order.global_batch,
             batch_search=search.as_dict() if search else None,
+            setup_s=round(
+                time.perf_counter() - process_start, 3
+            ),  # device, data, model, batch: before step 1
         )
 
         first_batch = _to_device(data.train.collate(order.batch(0)[:micro]), device)
