@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument(
         "--think-ms",
         type=float,
-        default=0.0,
+        default=250.0,
         help="mean pause of each client between requests (exponentially distributed)",
     )
     parser.add_argument("--json", help="also write the figures here")
