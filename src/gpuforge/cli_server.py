@@ -119,9 +119,13 @@ def _age(seconds: float) -> str:
 
 
 @app.command()
-def job(job_id: int, url: Url = None, key: ApiKeyOption = None) -> None:
-    """One job, as JSON."""
-    out_console.print(json.dumps(_client(url, key).job(job_id), indent=2), highlight=False, markup=False)
+def job(job_id: int, url: Url = None, key: ApiKeyOption = None, as_json: AsJson = False) -> None:
+    """One job, as JSON (indented; --json: on one line)."""
+    found = _client(url, key).job(job_id)
+    if as_json:
+        _print_json(found)
+    else:
+        out_console.print(json.dumps(found, indent=2), highlight=False, markup=False)
 
 
 @app.command()

@@ -61,6 +61,13 @@ class Client:
     def resume(self, job_id: int, budget_usd: float | None) -> dict:
         return self._call("POST", f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": budget_usd})
 
+    def events(self, job_id: int, after: int = -1) -> list[dict]:
+        return self._call("GET", f"/api/v1/jobs/{job_id}/events", params={"after": after})
+
+    def metrics(self, job_id: int, after_step: int = -1, limit: int = 1000) -> list[dict]:
+        params = {"after_step": after_step, "limit": limit}
+        return self._call("GET", f"/api/v1/jobs/{job_id}/metrics", params=params)
+
     def summary(self, job_id: int) -> dict:
         return self._call("GET", f"/api/v1/jobs/{job_id}/summary")
 
