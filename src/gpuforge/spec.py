@@ -187,7 +187,7 @@ class DistributedSpec(Section):
 class CostSpec(Section):
     usd_per_hour: float = Field(0.0, ge=0, description="what the device costs; 0 means not tracked")
     instance: str | None = None
-    budget_usd: float | None = Field(None, gt=0, description="stop (with a checkpoint) once spent")
+    budget_usd: float | None = Field(None, gt=0, description="pause (with a checkpoint) once spent")
 
 
 class JobSpec(Section):
