@@ -124,6 +124,13 @@ def test_nan_loss_exits_1_with_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_a_spent_budget_exits_3_and_says_how_to_go_on(tmp_path):
+    raw = {**image_spec(tmp_path, max_steps=50), "cost": {"usd_per_hour": 1e6, "budget_usd": 0.5}}
+    result = run_cli("train", str(write_spec(tmp_path / "s.yaml", raw)), "--out", str(tmp_path / "run"))
+    assert result.returncode == 3, result.stderr
+    assert "paused: cost.budget_usd 0.5 spent" in result.stdout and "raise cost.budget_usd" in result.stdout
+
+
 def test_hw_reports_the_device_and_its_measured_speed():
     result = run_cli("hw")
     assert result.returncode == 0, result.stderr

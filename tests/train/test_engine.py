@@ -160,12 +160,18 @@ def test_nan_loss_stops_with_a_failed_event_and_keeps_the_last_good_checkpoint(t
     assert run.summary()["status"] == "failed" and not run.model_dir.exists()
 
 
-def test_budget_stops_with_a_checkpoint(tmp_path):
+def test_a_spent_budget_pauses_with_a_checkpoint_and_a_higher_one_goes_on(tmp_path):
     raw = image_spec(tmp_path, max_steps=50)
     raw["cost"] = {"usd_per_hour": 1e6, "budget_usd": 0.5}
     summary = _train(tmp_path, raw)
-    assert summary["status"] == "cancelled" and "budget" in summary["reason"]
-    assert RunDir(tmp_path / "run").latest_checkpoint()[0] == summary["steps"] < 50
+    assert summary["status"] == "paused" and "cost.budget_usd 0.5 spent" in summary["reason"]
+    run = RunDir(tmp_path / "run")
+    assert run.latest_checkpoint()[0] == summary["steps"] < 50
+    paused = run.events()[-1]
+    assert paused["event"] == "paused" and paused["budget_usd"] == 0.5 and paused["cost_usd"] >= 0.5
+    raw["cost"]["budget_usd"] = 1e9  # the same run directory, a higher budget: it resumes
+    assert _train(tmp_path, raw)["status"] == "finished"
+    assert [m["step"] for m in run.metrics()] == list(range(1, 51))
 
 
 class SignalAt(Reporter):
