@@ -106,3 +106,21 @@ def test_a_store_that_cannot_open_is_one_line(tmp_path):
         "server", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none", env={"GPUFORGE_HOME": str(tmp_path)}
     )
     assert bad.returncode == 2 and "cannot open the store" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_logs_follow_prints_log_and_metrics_lines_until_the_job_stops(tmp_path, monkeypatch):
+    from tests.conftest import TEST_MODELS, image_spec, write_spec
+
+    spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=12, options={"sleep_s": 0.05}))
+    with LocalServer(tmp_path / "home", log=tmp_path / "server.log") as server:  # scheduling on
+        monkeypatch.setenv("GPUFORGE_URL", server.url)
+        monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
+        job_id = json.loads(run_cli("submit", str(spec), "--json").stdout)["id"]
+        followed = run_cli("logs", str(job_id), "--follow", timeout=120)
+    assert followed.returncode == 0, followed.stderr
+    lines = followed.stdout.splitlines()
+    steps = [int(line.split()[2].rstrip(",")) for line in lines if line.startswith("metrics: step")]
+    assert steps == list(range(1, 13))  # every step once, in order
+    assert any("finished at step 12/12" in line for line in lines)
+    assert lines[-1] == f"job {job_id} finished"
+    assert str(TEST_MODELS) not in (tmp_path / "home" / "runs" / f"job-{job_id}.yaml").read_text()  # uploaded
