@@ -110,6 +110,14 @@ def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu", deq
     return module.to(device).eval(), tokenizer, manifest
 
 
+def built_from(module: torch.nn.Module, manifest: dict[str, Any]) -> BuiltModel:
+    """A loaded artifact's module as the task code takes it (tasks.forward needs to know its kind)."""
+    is_transformers = hasattr(module, "config") and hasattr(module, "save_pretrained")
+    return BuiltModel(
+        module, is_transformers, manifest.get("source", ""), adapter=hasattr(module, "peft_config")
+    )
+
+
 def load_saved_tokenizer(model_dir: Path, manifest: dict[str, Any]):
     """The tokenizer a model directory holds, or None (image models): without loading any weights."""
     if not manifest.get("tokenizer"):

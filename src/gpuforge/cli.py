@@ -6,7 +6,8 @@
     gpuforge compress RUN/model [--merge] [--prune F --prune-structure S] [--quantize K] --out DIR
     gpuforge compress RUN/model --sweep --out DIR
     gpuforge hw
-    gpuforge server | submit | jobs | job | logs | cancel | resume | keys      (cli_server.py)
+    gpuforge server | submit | jobs | job | logs | cancel | resume | wait | keys      (cli_server.py)
+    gpuforge serve RUN/model [--port 8700] [--max-batch 32] [--max-wait-ms 5]        (cli_serve.py)
 
 Bad input is one line on stderr and exit code 2; a training failure (NaN loss) exits 1; a run paused by
 its cost budget exits 3; a run stopped by SIGINT/SIGTERM exits 130/143 after its checkpoint.
@@ -290,7 +291,7 @@ def hw() -> None:
     out_console.print(f"precision auto -> {choose_precision('auto', device).name}")
 
 
-from gpuforge import cli_server  # noqa: E402, F401  (the server and its client verbs join `app`)
+from gpuforge import cli_serve, cli_server  # noqa: E402, F401  (the server, client and serve verbs join `app`)
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from safetensors.torch import save_model
 from torch import nn
 
-from gpuforge.artifact import MANIFEST, load_artifact, load_saved_tokenizer
+from gpuforge.artifact import MANIFEST, built_from, load_artifact, load_saved_tokenizer
 from gpuforge.compress import report
 from gpuforge.compress.merge import merge_adapter
 from gpuforge.compress.prune import STRUCTURES, check_amount, magnitude_prune, prune_channels
@@ -110,13 +110,6 @@ def open_source(model_dir: str | Path, spec_path: str | Path | None = None) -> S
     return Source(model_dir, manifest, spec, data)
 
 
-def _built(module: nn.Module, manifest: dict[str, Any]) -> BuiltModel:
-    is_transformers = hasattr(module, "config") and hasattr(module, "save_pretrained")
-    return BuiltModel(
-        module, is_transformers, manifest.get("source", ""), adapter=hasattr(module, "peft_config")
-    )
-
-
 def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, Any, dict[str, Any]]:
     """(the compressed model, its tokenizer, what was done) for `options`, all in memory."""
     options.check()
@@ -148,7 +141,7 @@ def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, 
         if options.recover_steps:
             lr = options.recover_lr or (5e-5 if source.is_adapter else source.spec.train.lr)
             losses = recover(
-                _built(module, manifest),
+                built_from(module, manifest),
                 source.spec,
                 source.data.train,
                 options.recover_steps,
@@ -177,7 +170,7 @@ def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, 
             after = sum(tensor_bytes(module.get_submodule(name)) for name in result.quantized)
             done["touched_ratio"] = after / sum(before[name] for name in result.quantized)
     done["params"], done["nonzero_params"] = counts
-    return _built(module, manifest), tokenizer, {**manifest, "compression": done}
+    return built_from(module, manifest), tokenizer, {**manifest, "compression": done}
 
 
 def save_variant(built: BuiltModel, tokenizer, manifest: dict[str, Any], out: Path) -> None:
@@ -221,7 +214,7 @@ def _check_out(out: Path, force: bool) -> None:
 
 def _original_row(source: Source) -> dict[str, Any]:
     module, _, manifest = load_artifact(source.model_dir)
-    built = _built(module, manifest)
+    built = built_from(module, manifest)
     name = "original (adapter on its base)" if source.is_adapter else "original"
     return report.measure(
         name, built, source.spec.model.task, source.data.eval, report.count_parameters(module),

@@ -1,0 +1,173 @@
+"""What an endpoint runs: a trained classifier loaded from a run's model/ directory, one batch at a time.
+
+    predictor = load_predictor("runs/x/model", device="auto", precision="auto", quantize=None)
+    item = predictor.check(raw_input)          # in the request: bad input is an InputError (a 4xx)
+    results = predictor.run_batch([item, ...])  # in the model thread: one result per item
+
+Text models tokenize the whole batch at once and pad it to its own longest input (not to a fixed
+length); an input longer than `max_length` tokens is truncated and its result says so. Image models take
+each input as nested lists of numbers in the training shape (C x H x W, or H x W for one channel).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpuforge.artifact import built_from, load_artifact
+from gpuforge.errors import GpuforgeError
+from gpuforge.hardware.probe import select_device
+from gpuforge.train import tasks
+from gpuforge.train.precision import autocast, choose_precision
+
+log = logging.getLogger("gpuforge.serve")
+MAX_TEXT_CHARS = 100_000  # past this an input is refused before it is tokenized (a 413)
+
+
+class InputError(GpuforgeError):
+    """One input the model cannot take; `status` is the HTTP answer (422, or 413 for one too large)."""
+
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Predictor:
+    module: torch.nn.Module
+    tokenizer: Any
+    manifest: dict[str, Any]
+    device: torch.device
+    precision: Any  # train.precision.Precision
+    max_length: int | None
+    quantized: str | None = None
+
+    @property
+    def task(self) -> str:
+        return self.manifest["task"]
+
+    @property
+    def labels(self) -> list[str]:
+        n = self.manifest.get("num_labels") or 0
+        return self.manifest.get("labels") or [str(i) for i in range(n)]
+
+    @property
+    def name(self) -> str:
+        return self.manifest.get("job") or "model"
+
+    def check(self, raw: Any) -> Any:
+        """One input as the model takes it, or an InputError naming what is wrong."""
+        if self.task == "image-classification":
+            return self._check_image(raw)
+        if not isinstance(raw, str):
+            raise InputError(f"each input must be a string of text, got {type(raw).__name__}")
+        if not raw.strip():
+            raise InputError("an input is empty")
+        if len(raw) > MAX_TEXT_CHARS:
+            raise InputError(f"an input has {len(raw)} characters, over the {MAX_TEXT_CHARS} allowed", 413)
+        return raw
+
+    def _check_image(self, raw: Any) -> torch.Tensor:
+        shape = tuple(self.manifest.get("sample_shape") or ())
+        try:
+            pixels = torch.as_tensor(raw, dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise InputError(f"an image input must be nested lists of numbers ({err})") from None
+        if shape and pixels.shape != shape:
+            if len(shape) == 3 and shape[0] == 1 and pixels.shape == shape[1:]:
+                pixels = pixels.unsqueeze(0)  # one channel may come without its axis
+            else:
+                want = " x ".join(map(str, shape))
+                raise InputError(f"an image input has shape {list(pixels.shape)}, the model takes {want}")
+        if not torch.isfinite(pixels).all():
+            raise InputError("an image input holds NaN or infinity")
+        return pixels
+
+    def run_batch(self, items: list[Any]) -> list[dict[str, Any]]:
+        batch, truncated = self._collate(items)
+        built = built_from(self.module, self.manifest)
+        with torch.inference_mode(), autocast(self.precision, self.device):
+            logits = tasks.forward(built, self.task, batch)
+        probs = torch.softmax(logits.float(), dim=-1).cpu()
+        labels = self.labels
+        results = []
+        for row, cut in zip(probs, truncated, strict=True):
+            best = int(row.argmax())
+            result = {"label": labels[best] if best < len(labels) else str(best), "score": float(row[best])}
+            result["scores"] = {labels[i] if i < len(labels) else str(i): float(p) for i, p in enumerate(row)}
+            if cut:
+                result["truncated"] = True
+            results.append(result)
+        return results
+
+    def _collate(self, items: list[Any]) -> tuple[dict[str, torch.Tensor], list[bool]]:
+        if self.task == "image-classification":
+            return {"pixel_values": torch.stack(items).to(self.device)}, [False] * len(items)
+        encoded = self.tokenizer(
+            list(items), padding=True, truncation=self.max_length is not None, max_length=self.max_length,
+            return_tensors="pt", return_overflowing_tokens=False, return_length=False,
+        )  # fmt: skip
+        lengths = encoded["attention_mask"].sum(dim=1)
+        truncated = [bool(n >= self.max_length) for n in lengths] if self.max_length else [False] * len(items)
+        batch = {k: v.to(self.device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
+        return batch, truncated
+
+    def warm_up(self, batch_sizes: tuple[int, ...] = (1, 8)) -> None:
+        """Run the model on made-up inputs so the first request does not pay for lazy set-up."""
+        if self.task == "image-classification":
+            shape = tuple(self.manifest.get("sample_shape") or ())
+            sample = torch.zeros(shape) if shape else None
+            if sample is None:
+                return
+            for n in batch_sizes:
+                self.run_batch([sample] * n)
+        else:
+            for n in batch_sizes:
+                self.run_batch(["warm up " * (i % 7 + 1) for i in range(n)])
+
+
+def load_predictor(
+    model_dir: str | Path,
+    device: str = "auto",
+    precision: str = "auto",
+    quantize: str | None = None,
+    max_length: int | None = None,
+) -> Predictor:
+    model_dir = Path(model_dir)
+    if not (model_dir / "gpuforge.json").is_file():
+        raise GpuforgeError(f"{model_dir}: not a gpuforge model directory (no gpuforge.json)")
+    torch_device = select_device(device)
+    stored = json.loads((model_dir / "gpuforge.json").read_text())
+    merge_qlora = bool(quantize and stored.get("quantize_base"))  # merged onto a dequantized base first
+    module, tokenizer, manifest = load_artifact(model_dir, torch_device, dequantize_base=merge_qlora)
+    if manifest["task"] == "causal-lm":
+        raise GpuforgeError(f"{model_dir}: a causal-lm model; this release serves classifiers only")
+    if quantize:
+        module = _quantize(module, manifest, quantize)
+    chosen = choose_precision(precision, torch_device)
+    length = max_length or manifest.get("max_length")
+    if length is not None and hasattr(module, "config"):
+        positions = getattr(module.config, "max_position_embeddings", None)
+        length = min(length, positions) if positions else length
+    log.info("serving %s (%s) on %s, precision %s", model_dir, manifest["task"], torch_device, chosen.name)
+    return Predictor(module, tokenizer, manifest, torch_device, chosen, length, quantize)
+
+
+def _quantize(module: torch.nn.Module, manifest: dict[str, Any], kind: str) -> torch.nn.Module:
+    """Post-training weight-only quantization at load (compress/quantize.py); an adapter is merged first."""
+    if manifest.get("compression", {}).get("quantize"):
+        raise GpuforgeError("--quantize: this model directory is quantized already (gpuforge compress)")
+    if manifest["kind"] == "adapter":
+        from gpuforge.compress.merge import merge_adapter
+
+        module = merge_adapter(module)
+    from gpuforge.compress.quantize import quantize_model
+
+    done = quantize_model(module, kind)
+    log.info("quantized %d layers to %s (%d left in float)", len(done.quantized), kind, len(done.skipped))
+    return module

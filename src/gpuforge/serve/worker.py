@@ -1,0 +1,257 @@
+"""An endpoint: one trained model behind HTTP, its requests gathered into batches (serve/batcher.py).
+
+    gpuforge serve runs/<id>/model --port 8700 --max-batch 32 --max-wait-ms 5 [--quantize int8]
+
+    POST /predict   {"inputs": ["great film", ...]}  ->  {"model", "outputs": [{"label", "score", "scores"}]}
+    GET  /info      what is served (task, labels, precision, batching)
+    GET  /healthz   the process answers;  /readyz: the model is loaded and warmed up (503 before)
+    GET  /metrics   Prometheus: request latency, queue time, batch sizes, inputs, tokens, in flight
+
+The model loads in the background after the server starts listening, so /healthz answers at once and
+/readyz turns 200 only after a warm-up. Backpressure: the queue holds at most `max_queue` inputs; past it
+a request gets 429 with Retry-After, never an unbounded wait. A request past `timeout_s` gets 504, and a
+client that goes away frees its place (its inputs are dropped before they reach the model). On SIGTERM
+the server stops accepting, answers what it holds, then exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Request, status
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuforge.serve.batcher import Batcher, BatchStats, QueueFull
+from gpuforge.serve.predict import InputError, Predictor, load_predictor
+
+log = logging.getLogger("gpuforge.serve")
+DISCONNECT_POLL_S = 0.05
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+@dataclass
+class ServeConfig:
+    model_dir: Path
+    max_batch: int = 32
+    max_wait_ms: float = 5.0
+    max_queue: int = 256  # inputs waiting; past it 429
+    timeout_s: float = 30.0
+    max_inputs: int = 256  # per request
+    api_key: str | None = None
+    quantize: str | None = None
+    precision: str = "auto"
+    device: str = "auto"
+    max_length: int | None = None
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: list[Any] | str = Field(description="texts (or images as nested lists of numbers); one or many")
+
+
+class Prediction(BaseModel):
+    model_config = ConfigDict(extra="allow")  # `truncated: true` when an input was cut to max_length
+
+    label: str
+    score: float
+    scores: dict[str, float]
+
+
+class PredictResponse(BaseModel):
+    model: str
+    outputs: list[Prediction]
+
+
+class Status(BaseModel):
+    status: str
+
+
+class Info(BaseModel):
+    model: str
+    task: str
+    labels: list[str]
+    device: str
+    precision: str
+    quantized: str | None
+    max_length: int | None
+    max_batch: int
+    max_wait_ms: float
+    max_queue: int
+
+
+class _Metrics:
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        buckets = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+        self.latency = Histogram(
+            "gpuforge_serve_request_seconds", "request latency", buckets=buckets, registry=r
+        )
+        self.queue = Histogram(
+            "gpuforge_serve_queue_seconds", "an input's wait for its batch", buckets=buckets, registry=r
+        )
+        sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+        self.batch = Histogram("gpuforge_serve_batch_size", "inputs per batch", buckets=sizes, registry=r)
+        self.inputs = Counter("gpuforge_serve_inputs", "inputs answered", registry=r)
+        self.tokens = Counter("gpuforge_serve_tokens", "tokens the model read", registry=r)
+        self.in_flight = Gauge("gpuforge_serve_requests_in_flight", "requests being answered", registry=r)
+        self.rejected = Counter("gpuforge_serve_rejected", "requests refused", ["reason"], registry=r)
+        self.queued = Gauge("gpuforge_serve_queue_length", "inputs waiting for a batch", registry=r)
+
+    def batch_done(self, stats: BatchStats) -> None:
+        self.batch.observe(stats.size)
+        for seconds in stats.queue_seconds:
+            self.queue.observe(seconds)
+
+
+def create_worker(config: ServeConfig) -> FastAPI:
+    metrics = _Metrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.predictor, app.state.batcher, app.state.load_error = None, None, None
+        loading = asyncio.get_running_loop().create_task(_load(app))
+        yield
+        loading.cancel()
+        if app.state.batcher is not None:
+            await app.state.batcher.stop()  # answers what is queued before the process exits
+
+    async def _load(app: FastAPI) -> None:
+        try:
+            predictor = await asyncio.to_thread(
+                load_predictor, config.model_dir, config.device, config.precision, config.quantize,
+                config.max_length,
+            )  # fmt: skip
+            await asyncio.to_thread(predictor.warm_up, (1, min(8, config.max_batch), config.max_batch))
+        except Exception as err:  # the process stays up to say why on /readyz
+            log.exception("loading %s failed", config.model_dir)
+            app.state.load_error = f"{type(err).__name__}: {err}"
+            return
+
+        def run_batch(items):
+            results = predictor.run_batch(items)
+            metrics.inputs.inc(len(items))
+            if predictor.task != "image-classification":
+                metrics.tokens.inc(sum(len(t) for t in items) / 4)  # rough: ~4 characters a token
+            return results
+
+        batcher = Batcher(
+            run_batch, config.max_batch, config.max_wait_ms, config.max_queue, metrics.batch_done
+        )
+        await batcher.start()
+        app.state.predictor, app.state.batcher = predictor, batcher
+        log.info("ready: %s", config.model_dir)
+
+    app = FastAPI(title="gpuforge endpoint", version="0.1.0", lifespan=lifespan)
+
+    def check_key(
+        authorization: Annotated[str | None, Header()] = None,
+        x_api_key: Annotated[str | None, Header()] = None,
+    ) -> None:
+        if config.api_key is None:
+            return
+        given = (
+            authorization[7:].strip()
+            if authorization and authorization.lower().startswith("bearer ")
+            else x_api_key
+        )
+        if given != config.api_key:
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong API key",
+                                headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+
+    def ready_predictor(request: Request) -> Predictor:
+        predictor = request.app.state.predictor
+        if predictor is None:
+            why = request.app.state.load_error or "the model is still loading"
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, why, headers={"Retry-After": "5"})
+        return predictor
+
+    @app.post("/predict", response_model=PredictResponse, dependencies=[Depends(check_key)])
+    async def predict(body: PredictRequest, request: Request) -> PredictResponse | JSONResponse:
+        """Labels and scores for one input or many; inputs of one request may share a batch with others'."""
+        started = time.perf_counter()
+        predictor = ready_predictor(request)
+        inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        if not inputs:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "inputs: empty; send at least one")
+        if len(inputs) > config.max_inputs:
+            too_many = f"inputs: {len(inputs)} in one request, over the {config.max_inputs} allowed"
+            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, too_many)
+        items = []
+        for i, raw in enumerate(inputs):
+            try:
+                items.append(predictor.check(raw))
+            except InputError as err:
+                raise HTTPException(err.status, f"inputs[{i}]: {err}") from None
+        metrics.in_flight.inc()
+        try:
+            outputs = await _answer(request, request.app.state.batcher, items)
+        except QueueFull as err:
+            metrics.rejected.labels("queue full").inc()
+            return JSONResponse({"detail": str(err)}, status.HTTP_429_TOO_MANY_REQUESTS,
+                                headers={"Retry-After": str(math.ceil(err.retry_after_s))})  # fmt: skip
+        except ClientGone:
+            return JSONResponse({"detail": "client closed the request"}, 499)  # nobody reads it
+        except TimeoutError:
+            metrics.rejected.labels("timeout").inc()
+            return JSONResponse(
+                {"detail": f"no answer within {config.timeout_s:g} s"}, status.HTTP_504_GATEWAY_TIMEOUT
+            )
+        finally:
+            metrics.in_flight.dec()
+            metrics.queued.set(request.app.state.batcher.queued)
+        metrics.latency.observe(time.perf_counter() - started)
+        return PredictResponse(model=predictor.name, outputs=outputs)
+
+    async def _answer(request: Request, batcher: Batcher, items: list[Any]) -> list[dict[str, Any]]:
+        """The batcher's results for `items`; a client that disconnects first cancels them."""
+        work = asyncio.ensure_future(asyncio.gather(*(batcher.submit(i, config.timeout_s) for i in items)))
+        while not work.done():
+            done, _ = await asyncio.wait({work}, timeout=DISCONNECT_POLL_S)
+            if not done and await request.is_disconnected():
+                work.cancel()
+                metrics.rejected.labels("client gone").inc()
+                raise ClientGone
+        return work.result()
+
+    @app.get("/info", response_model=Info, dependencies=[Depends(check_key)])
+    def info(request: Request) -> Info:
+        """What this endpoint serves and how it batches."""
+        p = ready_predictor(request)
+        return Info(
+            model=p.name, task=p.task, labels=p.labels, device=str(p.device), precision=p.precision.name,
+            quantized=p.quantized, max_length=p.max_length, max_batch=config.max_batch,
+            max_wait_ms=config.max_wait_ms, max_queue=config.max_queue,
+        )  # fmt: skip
+
+    @app.get("/healthz", response_model=Status)
+    def healthz() -> Status:
+        """The process answers."""
+        return Status(status="ok")
+
+    @app.get("/readyz", response_model=Status)
+    def readyz(request: Request) -> Status:
+        """The model is loaded and warmed up."""
+        ready_predictor(request)
+        return Status(status="ready")
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def prometheus(request: Request) -> str:
+        """Prometheus text."""
+        if request.app.state.batcher is not None:
+            metrics.queued.set(request.app.state.batcher.queued)
+        return generate_latest(metrics.registry).decode()
+
+    return app

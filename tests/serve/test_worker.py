@@ -1,0 +1,188 @@
+"""The endpoint worker on real trained models (a tiny BERT classifier, the digits CNN), in process."""
+
+import json
+import time
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from gpuforge.artifact import built_from, load_artifact
+from gpuforge.serve.worker import ServeConfig, create_worker
+from gpuforge.spec import load_spec
+from gpuforge.train import tasks
+from gpuforge.train.engine import train
+from tests.conftest import ROOT, TOPICS, write_spec
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory, tiny_bert_dir):
+    tmp = tmp_path_factory.mktemp("serve-text")
+    topics = tmp / "topics.jsonl"
+    topics.write_text("\n".join(TOPICS.read_text().splitlines()[:96]) + "\n")
+    raw = {
+        "name": "topics",
+        "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},
+        "data": {"train": str(topics), "max_length": 16, "eval_fraction": 0.25},
+        "train": {"max_steps": 6, "batch_size": 8, "lr": 5e-3, "precision": "fp32"},
+    }
+    train(load_spec(write_spec(tmp / "spec.yaml", raw)), tmp / "run")
+    return tmp / "run" / "model"
+
+
+@pytest.fixture(scope="module")
+def digits_model(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve-digits")
+    spec = load_spec(ROOT / "examples" / "digits-cnn.yaml", ["train.max_steps=10", "train.precision=fp32"])
+    train(spec, tmp / "run")
+    return tmp / "run" / "model"
+
+
+def _client(model_dir, **options):
+    config = ServeConfig(model_dir, precision="fp32", **options)
+    client = TestClient(create_worker(config))
+    client.__enter__()
+    deadline = time.monotonic() + 60
+    while client.get("/readyz").status_code != 200:
+        assert time.monotonic() < deadline, client.get("/readyz").json()
+        time.sleep(0.05)
+    return client
+
+
+@pytest.fixture(scope="module")
+def text_endpoint(text_model):
+    client = _client(text_model, max_batch=8, max_wait_ms=20)
+    yield client
+    client.__exit__(None, None, None)
+
+
+def _offline(model_dir, texts):
+    module, tokenizer, manifest = load_artifact(model_dir)
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=16, return_tensors="pt")
+    with torch.no_grad():
+        logits = tasks.forward(built_from(module, manifest), manifest["task"], dict(batch))
+    return [manifest["labels"][i] for i in logits.argmax(-1).tolist()], torch.softmax(logits, -1)
+
+
+def test_predict_answers_what_the_model_says_offline(text_endpoint, text_model):
+    texts = ["the striker scored twice in the final", "shares fell as the central bank raised rates"]
+    response = text_endpoint.post("/predict", json={"inputs": texts})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    labels, probs = _offline(text_model, texts)
+    assert [o["label"] for o in body["outputs"]] == labels and body["model"] == "topics"
+    for output, row in zip(body["outputs"], probs, strict=True):
+        assert output["score"] == pytest.approx(float(row.max()), abs=1e-5)
+        assert sum(output["scores"].values()) == pytest.approx(1.0, abs=1e-5)
+    one = text_endpoint.post("/predict", json={"inputs": texts[0]}).json()["outputs"]
+    assert len(one) == 1 and one[0]["label"] == labels[0]
+
+
+def test_concurrent_requests_share_batches(text_endpoint):
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(
+            pool.map(lambda i: text_endpoint.post("/predict", json={"inputs": [f"news {i}"]}), range(32))
+        )
+    assert all(a.status_code == 200 for a in answers)
+    metrics = text_endpoint.get("/metrics").text
+    figures = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line and not line.startswith("#"))
+    count, total = (float(figures[f"gpuforge_serve_batch_size_{k}"]) for k in ("count", "sum"))
+    assert total / count > 1.0  # more than one input per batch on average
+    for name in ("gpuforge_serve_request_seconds_bucket", "gpuforge_serve_queue_seconds_count",
+                 "gpuforge_serve_requests_in_flight", "gpuforge_serve_tokens_total"):  # fmt: skip
+        assert name in metrics
+
+
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        ({"inputs": []}, 422, "inputs: empty"),
+        ({"inputs": [""]}, 422, "inputs[0]: an input is empty"),
+        ({"inputs": ["fine", 3]}, 422, "inputs[1]: each input must be a string"),
+        ({"inputs": ["x"] * 300}, 413, "300 in one request"),
+        ({"text": "no inputs key"}, 422, "inputs"),
+        ({"inputs": ["ok"], "adapter": "x", "extra": 1}, 422, "extra"),
+    ],
+)
+def test_bad_input_is_a_clear_4xx_and_the_worker_stays_up(text_endpoint, body, status, words):
+    response = text_endpoint.post("/predict", json=body)
+    assert response.status_code == status and words in json.dumps(response.json())
+    assert text_endpoint.post("/predict", json={"inputs": ["still here"]}).status_code == 200
+
+
+def test_malformed_and_non_utf8_bodies_are_4xx(text_endpoint):
+    headers = {"content-type": "application/json"}
+    for body in (b'{"inputs": [', b'{"inputs": ["\xff\xfe"]}', b"\x80\x81"):
+        response = text_endpoint.post("/predict", content=body, headers=headers)
+        assert response.status_code in (400, 422) and response.json()["detail"]
+    assert text_endpoint.post("/predict", json={"inputs": ["still here"]}).status_code == 200
+
+
+def test_an_input_over_the_length_is_truncated_and_says_so(text_endpoint):
+    outputs = text_endpoint.post("/predict", json={"inputs": ["goal " * 200, "short one"]}).json()["outputs"]
+    assert outputs[0].get("truncated") is True and "truncated" not in outputs[1]
+
+
+def test_a_bad_input_does_not_disturb_the_others_in_flight(text_endpoint):
+    import concurrent.futures
+
+    bodies = [{"inputs": ["match report"]}, {"inputs": [""]}, {"inputs": ["market news"]}] * 5
+    with concurrent.futures.ThreadPoolExecutor(15) as pool:
+        codes = list(pool.map(lambda b: text_endpoint.post("/predict", json=b).status_code, bodies))
+    assert codes == [200, 422, 200] * 5
+
+
+def test_the_api_key_is_required_when_configured(text_model):
+    client = _client(text_model, api_key="secret-key")
+    try:
+        assert client.post("/predict", json={"inputs": ["x"]}).status_code == 401
+        ok = client.post("/predict", json={"inputs": ["x"]}, headers={"Authorization": "Bearer secret-key"})
+        assert ok.status_code == 200
+        assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 200
+    finally:
+        client.__exit__(None, None, None)
+
+
+def test_images_in_the_training_shape(digits_model):
+    from sklearn.datasets import load_digits
+
+    client = _client(digits_model)
+    try:
+        digits = load_digits()
+        images = (digits.images[:4] / 16.0).tolist()  # 8 x 8: the one channel may be left out
+        response = client.post("/predict", json={"inputs": images})
+        assert response.status_code == 200, response.text
+        assert [o["label"] for o in response.json()["outputs"]] != [] and client.get("/info").json()[
+            "task"
+        ] == ("image-classification")
+        wrong = client.post("/predict", json={"inputs": [[[0.0] * 5] * 5]})
+        assert wrong.status_code == 422 and "shape [5, 5]" in wrong.json()["detail"]
+        assert client.post("/predict", json={"inputs": ["text"]}).status_code == 422
+    finally:
+        client.__exit__(None, None, None)
+
+
+def test_readyz_says_why_a_model_cannot_load(tmp_path):
+    (tmp_path / "gpuforge.json").write_text("{}")
+    client = TestClient(create_worker(ServeConfig(tmp_path)))
+    with client:
+        deadline = time.monotonic() + 30
+        while (
+            "still loading" in (detail := client.get("/readyz").json()["detail"])
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert client.get("/readyz").status_code == 503 and "KeyError" in detail
+        assert client.post("/predict", json={"inputs": ["x"]}).status_code == 503
+        assert client.get("/healthz").status_code == 200
+
+
+def test_quantized_at_load_still_answers(text_model):
+    client = _client(text_model, quantize="int8")
+    try:
+        assert client.get("/info").json()["quantized"] == "int8"
+        assert client.post("/predict", json={"inputs": ["a goal in extra time"]}).status_code == 200
+    finally:
+        client.__exit__(None, None, None)
