@@ -35,10 +35,15 @@ def serve(
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="required from clients ($GPUFORGE_API_KEY)")
     ] = None,
+    adapter: Annotated[
+        list[str] | None, typer.Option("--adapter", help="NAME=DIR: another LoRA adapter on the same base")
+    ] = None,
+    max_adapters: Annotated[int, typer.Option(min=1, help="adapters loaded at once (LRU past it)")] = 8,
 ) -> None:
     """Serve a trained model: POST /predict, dynamic batching, Prometheus /metrics."""
     import uvicorn
 
+    from gpuforge.serve.adapters import check_adapters
     from gpuforge.serve.worker import ServeConfig, create_worker
 
     api_key = api_key or os.environ.get("GPUFORGE_API_KEY") or None
@@ -48,9 +53,17 @@ def serve(
         raise GpuforgeError(f"{model_dir}: not a gpuforge model directory (no gpuforge.json)")
     if quantize not in (None, "int8", "int4", "int8-dynamic"):
         raise GpuforgeError(f"--quantize {quantize}: expected int8, int4 or int8-dynamic")
+    adapters = {}
+    for given in adapter or []:
+        name, sep, path = given.partition("=")
+        if not sep or not name or not path:
+            raise GpuforgeError(f"--adapter {given}: expected NAME=DIR")
+        adapters[name] = Path(path)
+    check_adapters(model_dir, adapters)  # before listening: a bad adapter is one line, not a 503 later
     config = ServeConfig(
         model_dir, max_batch, max_wait_ms, max_queue, timeout_s, api_key=api_key, quantize=quantize,
-        precision=precision, device=device, max_length=max_length,
+        precision=precision, device=device, max_length=max_length, adapters=adapters,
+        max_adapters=max_adapters,
     )  # fmt: skip
     uvicorn.run(
         create_worker(config), host=host, port=port, log_level="warning", timeout_graceful_shutdown=30

@@ -186,3 +186,66 @@ def test_quantized_at_load_still_answers(text_model):
         assert client.post("/predict", json={"inputs": ["a goal in extra time"]}).status_code == 200
     finally:
         client.__exit__(None, None, None)
+
+
+def _adapter(tmp, tiny_bert_dir, topics, name, seed):
+    raw = {
+        "name": name,
+        "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},
+        "data": {"train": str(topics), "max_length": 16, "eval_fraction": 0.25},
+        "train": {"max_steps": 4, "batch_size": 8, "lr": 2e-2, "precision": "fp32", "seed": seed},
+        "adapt": {"lora": {"r": 4}},
+    }
+    train(load_spec(write_spec(tmp / f"{name}.yaml", raw)), tmp / name)
+    return tmp / name / "model"
+
+
+@pytest.fixture(scope="module")
+def three_adapters(tmp_path_factory, tiny_bert_dir):
+    tmp = tmp_path_factory.mktemp("serve-adapters")
+    topics = tmp / "topics.jsonl"
+    topics.write_text("\n".join(TOPICS.read_text().splitlines()[:96]) + "\n")
+    return [_adapter(tmp, tiny_bert_dir, topics, name, seed) for seed, name in enumerate(("own", "b", "c"))]
+
+
+def test_many_adapters_on_one_base_mixed_in_one_batch(three_adapters):
+    import concurrent.futures
+
+    own, b, c = three_adapters
+    texts = ["the striker scored twice", "shares fell sharply", "a new phone was launched", "rain all week"]
+    expected = {name: _offline(path, texts)[1] for name, path in (("default", own), ("b", b), ("c", c))}
+    client = _client(own, adapters={"b": b, "c": c}, max_adapters=2, max_batch=16, max_wait_ms=50)
+    try:
+        assert client.get("/info").json()["adapters"] == ["default", "b", "c"]
+
+        def ask(job):
+            name, text_index = job
+            body = {"inputs": [texts[text_index]], **({"adapter": name} if name != "default" else {})}
+            return name, text_index, client.post("/predict", json=body).json()["outputs"][0]
+
+        jobs = [(name, i) for name in ("default", "b", "c") for i in range(len(texts))] * 2
+        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+            for name, i, output in pool.map(ask, jobs):  # rows of one batch go through their own adapter
+                assert output["score"] == pytest.approx(float(expected[name][i].max()), abs=1e-4), (name, i)
+        adapters = client.app.state.predictor.adapters
+        assert len(adapters.loaded) <= 3 and adapters.loads >= 2  # b and c on first use
+
+        before = adapters.evictions
+        for name in ("b", "c", "b"):  # one of b and c at a time: each use of the other evicts
+            assert client.post("/predict", json={"inputs": ["x"], "adapter": name}).status_code == 200
+        assert adapters.evictions - before >= 2 and set(adapters.loaded) <= {"default", "b", "c"}
+
+        unknown = client.post("/predict", json={"inputs": ["x"], "adapter": "nope"})
+        assert unknown.status_code == 404 and "unknown adapter 'nope'" in unknown.json()["detail"]
+    finally:
+        client.__exit__(None, None, None)
+
+
+def test_an_adapter_on_another_base_is_refused_before_serving(three_adapters, text_model):
+    from gpuforge.errors import GpuforgeError
+    from gpuforge.serve.adapters import check_adapters
+
+    with pytest.raises(GpuforgeError, match="a full model, not a LoRA adapter"):
+        check_adapters(three_adapters[0], {"full": text_model})
+    with pytest.raises(GpuforgeError, match="is a full model; serve an adapter"):
+        check_adapters(text_model, {"b": three_adapters[1]})

@@ -22,6 +22,7 @@ import torch
 from gpuforge.artifact import built_from, load_artifact
 from gpuforge.errors import GpuforgeError
 from gpuforge.hardware.probe import select_device
+from gpuforge.serve.adapters import OWN, Adapters, check_adapters
 from gpuforge.train import tasks
 from gpuforge.train.precision import autocast, choose_precision
 
@@ -46,6 +47,7 @@ class Predictor:
     precision: Any  # train.precision.Precision
     max_length: int | None
     quantized: str | None = None
+    adapters: Adapters | None = None  # several LoRA adapters on this base (serve/adapters.py)
 
     @property
     def task(self) -> str:
@@ -88,18 +90,24 @@ class Predictor:
             raise InputError("an image input holds NaN or infinity")
         return pixels
 
-    def run_batch(self, items: list[Any]) -> list[dict[str, Any]]:
-        batch, truncated = self._collate(items)
-        built = built_from(self.module, self.manifest)
+    def run_batch(self, items: list[tuple[str | None, Any]]) -> list[dict[str, Any]]:
+        """Results for (adapter name or None, checked input) pairs; one forward pass for all of them."""
+        batch, truncated = self._collate([payload for _, payload in items])
+        names = [name or OWN for name, _ in items]
         with torch.inference_mode(), autocast(self.precision, self.device):
-            logits = tasks.forward(built, self.task, batch)
+            if self.adapters is None or set(names) == {OWN}:  # the active adapter alone: the plain path
+                logits = tasks.forward(built_from(self.module, self.manifest), self.task, batch)
+            else:  # rows of one batch may each name another adapter: PEFT routes them
+                self.adapters.ready(set(names))
+                out = self.module(**batch, adapter_names=names)
+                logits = out.logits if hasattr(out, "logits") else out
         probs = torch.softmax(logits.float(), dim=-1).cpu()
-        labels = self.labels
         results = []
-        for row, cut in zip(probs, truncated, strict=True):
+        for row, cut, name in zip(probs, truncated, names, strict=True):
+            labels = self.adapters.labels[name] if self.adapters else self.labels
             best = int(row.argmax())
-            result = {"label": labels[best] if best < len(labels) else str(best), "score": float(row[best])}
-            result["scores"] = {labels[i] if i < len(labels) else str(i): float(p) for i, p in enumerate(row)}
+            result = {"label": _label(labels, best), "score": float(row[best])}
+            result["scores"] = {_label(labels, i): float(p) for i, p in enumerate(row)}
             if cut:
                 result["truncated"] = True
             results.append(result)
@@ -125,10 +133,14 @@ class Predictor:
             if sample is None:
                 return
             for n in batch_sizes:
-                self.run_batch([sample] * n)
+                self.run_batch([(None, sample)] * n)
         else:
             for n in batch_sizes:
-                self.run_batch(["warm up " * (i % 7 + 1) for i in range(n)])
+                self.run_batch([(None, "warm up " * (i % 7 + 1)) for i in range(n)])
+
+
+def _label(labels: list[str], index: int) -> str:
+    return labels[index] if index < len(labels) else str(index)
 
 
 def load_predictor(
@@ -137,10 +149,15 @@ def load_predictor(
     precision: str = "auto",
     quantize: str | None = None,
     max_length: int | None = None,
+    adapters: dict[str, Path] | None = None,
+    max_adapters: int = 8,
 ) -> Predictor:
     model_dir = Path(model_dir)
     if not (model_dir / "gpuforge.json").is_file():
         raise GpuforgeError(f"{model_dir}: not a gpuforge model directory (no gpuforge.json)")
+    manifests = check_adapters(model_dir, adapters or {})
+    if adapters and quantize:
+        raise GpuforgeError("--quantize with --adapter: quantizing merges one adapter into the base")
     torch_device = select_device(device)
     stored = json.loads((model_dir / "gpuforge.json").read_text())
     merge_qlora = bool(quantize and stored.get("quantize_base"))  # merged onto a dequantized base first
@@ -155,7 +172,10 @@ def load_predictor(
         positions = getattr(module.config, "max_position_embeddings", None)
         length = min(length, positions) if positions else length
     log.info("serving %s (%s) on %s, precision %s", model_dir, manifest["task"], torch_device, chosen.name)
-    return Predictor(module, tokenizer, manifest, torch_device, chosen, length, quantize)
+    predictor = Predictor(module, tokenizer, manifest, torch_device, chosen, length, quantize)
+    if manifest["kind"] == "adapter":  # its own adapter, and any others on the same base
+        predictor.adapters = Adapters(module, predictor.labels, adapters or {}, manifests, max_adapters)
+    return predictor
 
 
 def _quantize(module: torch.nn.Module, manifest: dict[str, Any], kind: str) -> torch.nn.Module:

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -54,12 +54,15 @@ class ServeConfig:
     precision: str = "auto"
     device: str = "auto"
     max_length: int | None = None
+    adapters: dict[str, Path] = field(default_factory=dict)  # more LoRA adapters on the served base
+    max_adapters: int = 8  # loaded at once; the least recently used goes first
 
 
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     inputs: list[Any] | str = Field(description="texts (or images as nested lists of numbers); one or many")
+    adapter: str | None = Field(None, description="the LoRA adapter to answer with (default: the served one)")
 
 
 class Prediction(BaseModel):
@@ -90,6 +93,7 @@ class Info(BaseModel):
     max_batch: int
     max_wait_ms: float
     max_queue: int
+    adapters: list[str]
 
 
 class _Metrics:
@@ -132,7 +136,7 @@ def create_worker(config: ServeConfig) -> FastAPI:
         try:
             predictor = await asyncio.to_thread(
                 load_predictor, config.model_dir, config.device, config.precision, config.quantize,
-                config.max_length,
+                config.max_length, config.adapters, config.max_adapters,
             )  # fmt: skip
             await asyncio.to_thread(predictor.warm_up, (1, min(8, config.max_batch), config.max_batch))
         except Exception as err:  # the process stays up to say why on /readyz
@@ -144,7 +148,7 @@ def create_worker(config: ServeConfig) -> FastAPI:
             results = predictor.run_batch(items)
             metrics.inputs.inc(len(items))
             if predictor.task != "image-classification":
-                metrics.tokens.inc(sum(len(t) for t in items) / 4)  # rough: ~4 characters a token
+                metrics.tokens.inc(sum(len(text) for _, text in items) / 4)  # rough: ~4 characters a token
             return results
 
         batcher = Batcher(
@@ -189,10 +193,16 @@ def create_worker(config: ServeConfig) -> FastAPI:
         if len(inputs) > config.max_inputs:
             too_many = f"inputs: {len(inputs)} in one request, over the {config.max_inputs} allowed"
             raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, too_many)
+        adapter = body.adapter
+        if adapter is not None and not (predictor.adapters and predictor.adapters.known(adapter)):
+            served = ", ".join(predictor.adapters.names()) if predictor.adapters else "none"
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND, f"adapter: unknown adapter {adapter!r} (served: {served})"
+            )
         items = []
         for i, raw in enumerate(inputs):
             try:
-                items.append(predictor.check(raw))
+                items.append((adapter, predictor.check(raw)))
             except InputError as err:
                 raise HTTPException(err.status, f"inputs[{i}]: {err}") from None
         metrics.in_flight.inc()
@@ -234,6 +244,7 @@ def create_worker(config: ServeConfig) -> FastAPI:
             model=p.name, task=p.task, labels=p.labels, device=str(p.device), precision=p.precision.name,
             quantized=p.quantized, max_length=p.max_length, max_batch=config.max_batch,
             max_wait_ms=config.max_wait_ms, max_queue=config.max_queue,
+            adapters=p.adapters.names() if p.adapters else [],
         )  # fmt: skip
 
     @app.get("/healthz", response_model=Status)
