@@ -129,7 +129,7 @@ def demo(
         from gpuforge.demo import demo_via_server
 
         overrides = [f"train.max_steps={max_steps}"] if max_steps else []
-        out_console.print(demo_via_server(specs, (out / "server").absolute(), overrides, out_console))
+        demo_via_server(specs, (out / "server").absolute(), overrides, out_console)
         return
     from gpuforge.demo import eval_figure
 

@@ -94,6 +94,24 @@ class Client:
         except httpx.HTTPError as err:
             raise _unreachable(self.url, err) from err
 
+    # --- deployments ---
+    def deploy(self, job_id: int, name: str, replicas: int = 1, options: dict | None = None) -> dict:
+        body = {"job_id": job_id, "name": name, "replicas": replicas, "options": options or {}}
+        return self._call("POST", "/api/v1/deployments", json=body)
+
+    def deployments(self) -> list[dict]:
+        return self._call("GET", "/api/v1/deployments")
+
+    def deployment(self, name: str) -> dict:
+        return self._call("GET", f"/api/v1/deployments/{name}")
+
+    def undeploy(self, name: str) -> dict:
+        return self._call("DELETE", f"/api/v1/deployments/{name}")
+
+    def predict(self, name: str, inputs: list, adapter: str | None = None) -> dict:
+        body = {"inputs": inputs, **({"adapter": adapter} if adapter else {})}
+        return self._call("POST", f"/api/v1/deployments/{name}/predict", json=body)
+
     # --- keys ---
     def create_key(self, name: str, admin: bool = False) -> dict:
         return self._call("POST", "/api/v1/keys", json={"name": name, "admin": admin})

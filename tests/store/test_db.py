@@ -22,9 +22,9 @@ def test_the_migrations_build_exactly_the_models_schema_and_run_twice_safely(eng
         if engine.dialect.name == "sqlite":  # the pragmas connect() sets on SQLite (and on nothing else)
             assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
             assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
     migrate(engine)  # already at head: nothing to do, nothing lost
-    assert {"jobs", "events", "devices", "api_keys"} <= set(inspect(engine).get_table_names())
+    assert {"jobs", "events", "devices", "api_keys", "deployments"} <= set(inspect(engine).get_table_names())
 
 
 def test_a_job_keeps_its_events_in_order_and_one_line_is_stored_once(engine):

@@ -5,7 +5,8 @@ A tick, in one transaction:
    (the runner checkpoints and exits); a process that is gone ends the job, by the last event it wrote:
    finished, failed, cancelled, paused (its cost budget spent), or, with no ending event (killed,
    OOM-killed), queued again to resume from its last checkpoint while `restarts < max_restarts`;
-2. the queue: plan_starts() on the devices no running job holds; each job to start gets its spec
+2. deployments (scheduler/deployments.py): replicas started, restarted, checked, stopped;
+3. the queue: plan_starts() on the devices no running job or deployment holds; each job to start gets its spec
    written beside its run directory and a runner process with its devices' environment.
 The store is the truth the next tick reads, so a tick can fail (the store busy, a launch refused) and
 the next one carries on. It is also what a restarted server starts from: a job the store says is running
@@ -25,6 +26,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpuforge.scheduler import deployments
 from gpuforge.scheduler.allocator import DeviceInfo, job_environment
 from gpuforge.scheduler.executor import Launched, is_alive, launch
 from gpuforge.scheduler.queue import QueuedJob, plan_starts
@@ -38,8 +40,8 @@ ENDINGS = {"finished": "finished", "failed": "failed", "cancelled": "cancelled"}
 
 
 class Scheduler:
-    def __init__(self, engine, devices: list[DeviceInfo]):
-        self.engine, self.devices = engine, devices
+    def __init__(self, engine, devices: list[DeviceInfo], deployments_dir: Path = Path("deployments")):
+        self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
         self.launched: dict[int, Launched] = {}  # this server's own children (others: re-attached by pid)
         self.signalled: set[int] = set()
         self.tick_seconds: list[float] = []  # recent tick durations, for /metrics (scheduling latency)
@@ -78,6 +80,10 @@ class Scheduler:
             self._count_busy(s, running)
             for job in running:
                 self._watch(s, job)
+            jobs_hold = {
+                d for job in running if job.state == "running" and job.devices for d in job.devices.split(",")
+            }
+            deployments.keep(s, self.devices, jobs_hold, self.deployments_dir)
             self._start_queued(s)
         self.tick_seconds = [*self.tick_seconds[-999:], time.perf_counter() - began]
 
@@ -85,7 +91,9 @@ class Scheduler:
         """Add the time since the last tick to each device a running job holds (Device.busy_seconds)."""
         now = time.monotonic()
         elapsed, self._last_tick = (now - self._last_tick if self._last_tick else 0.0), now
-        held = {d for job in running if job.devices for d in job.devices.split(",")}
+        held = {
+            d for job in running if job.devices for d in job.devices.split(",")
+        } | deployments.held_devices(s)
         for device in self.devices:
             row = s.get(Device, device.id)
             if row is None:
@@ -138,7 +146,7 @@ class Scheduler:
 
     def _start_queued(self, s: Session) -> None:
         held = {d for (devices,) in s.execute(select(Job.devices).where(Job.state == "running")) if devices
-                for d in devices.split(",")}  # fmt: skip
+                for d in devices.split(",")} | deployments.held_devices(s)  # fmt: skip
         free: dict[str, list[str]] = {}
         total: dict[str, int] = {}
         for d in self.devices:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
+import httpx
 from fastapi import FastAPI, Request, status
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, Gauge, Summary, generate_latest
@@ -19,7 +20,7 @@ from sqlalchemy import func, select, text
 from gpuforge.errors import GpuforgeError
 from gpuforge.scheduler.allocator import inventory
 from gpuforge.scheduler.loop import Scheduler
-from gpuforge.server.routes import jobs, keys, uploads
+from gpuforge.server.routes import deployments, jobs, keys, uploads
 from gpuforge.server.schemas import Health
 from gpuforge.server.settings import Settings
 from gpuforge.store.db import connect, migrate, session
@@ -41,16 +42,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if admin:
             log.warning("admin API key (shown once, also in %s): %s", settings.home / "admin.key", admin)
         app.state.engine, app.state.devices = engine, inventory()
-        app.state.scheduler = Scheduler(engine, app.state.devices)
+        app.state.scheduler = Scheduler(engine, app.state.devices, settings.home / "deployments")
         if settings.schedule:
             app.state.scheduler.start()
-        yield
+        app.state.replica_load = {}  # (deployment, replica) -> requests forwarded and not yet answered
+        async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=5)) as app.state.http:
+            yield
         app.state.scheduler.stop()
         engine.dispose()
 
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
     app.state.settings, app.state.known_keys = settings, {}
-    for routes in (jobs, keys, uploads):
+    for routes in (jobs, keys, uploads, deployments):
         app.include_router(routes.router)
 
     app.add_middleware(RefuseLargeBodies, limit=settings.max_body_bytes)

@@ -90,3 +90,50 @@ class UploadPublic(BaseModel):
     sha256: str
     size: int
     path: str = Field(description="where the file lies on the server: name it in a spec")
+
+
+class ServeOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch: int | None = Field(None, ge=1, le=1024)
+    max_wait_ms: float | None = Field(None, ge=0, le=10_000)
+    max_queue: int | None = Field(None, ge=1, le=100_000)
+    timeout_s: float | None = Field(None, gt=0, le=3600)
+    quantize: str | None = Field(None, pattern=r"^(int8|int4|int8-dynamic)$")
+    precision: str | None = Field(None, pattern=r"^(auto|bf16|fp16|fp32)$")
+    max_length: int | None = Field(None, ge=1, le=1_000_000)
+
+
+class DeploymentCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: int = Field(ge=1, le=2**31 - 1, description="a finished job: its run's model/ is served")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
+    replicas: int = Field(1, ge=1, le=64)
+    options: ServeOptions = Field(default_factory=ServeOptions)
+
+
+class ReplicaPublic(BaseModel):
+    index: int
+    port: int | None = None
+    device: str | None = None
+    ready: bool = False
+    restarts: int = 0
+
+
+class DeploymentPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    job_id: int | None
+    model_dir: str
+    replicas: int
+    device_type: str
+    state: str
+    reason: str | None
+    url: str = Field("", description="where clients send requests: POST {url}/predict")
+    workers: list[ReplicaPublic]
+    options: dict[str, Any]
+    created_at: datetime
+    stopped_at: datetime | None

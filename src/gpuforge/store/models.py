@@ -1,4 +1,4 @@
-"""The server's tables: jobs, their events, devices, API keys (SQLAlchemy 2, typed mappings).
+"""The server's tables: jobs, their events, devices, API keys, deployments (SQLAlchemy 2, typed mappings).
 
 The run directory stays the truth of a run (DESIGN: the runner never talks to the database); the
 store holds what the server needs to answer and schedule fast: each job's state and latest figures, the
@@ -24,6 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 JOB_STATES = ("queued", "running", "paused", "finished", "failed", "cancelled")
+DEPLOYMENT_STATES = ("starting", "ready", "failed", "stopped")
 ACTIVE_STATES = ("queued", "running", "paused")
 
 
@@ -122,3 +123,27 @@ class Device(Base):
     memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
     busy_seconds: Mapped[float] = mapped_column(default=0.0)
+
+
+class Deployment(Base):
+    """A trained model served by `replicas` worker processes (gpuforge serve) the server runs and restarts;
+    the server's own address forwards to them (least loaded first)."""
+
+    __tablename__ = "deployments"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    model_dir: Mapped[str] = mapped_column(String(1000))
+    options: Mapped[dict[str, Any]] = mapped_column(default=dict)  # gpuforge serve options
+    replicas: Mapped[int] = mapped_column(default=1)
+    device_type: Mapped[str] = mapped_column(String(8), default="cpu")
+    state: Mapped[str] = mapped_column(String(16), default="starting")
+    reason: Mapped[str | None] = mapped_column(Text)
+    worker_key: Mapped[str] = mapped_column(String(64))  # what the server sends its loopback workers
+    # one entry a replica: {"index", "pid", "port", "device", "restarts", "ready"}
+    workers: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    max_restarts: Mapped[int] = mapped_column(default=5)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    stopped_at: Mapped[datetime | None] = mapped_column()

@@ -1,0 +1,153 @@
+"""Deployments: serve a finished job's model with N replicas, and forward requests to them.
+
+    POST   /api/v1/deployments                 {"job_id", "name", "replicas", "options"}
+    GET    /api/v1/deployments[/{name}]
+    DELETE /api/v1/deployments/{name}          (undeploy: replicas finish what they hold, then stop)
+    POST   /api/v1/deployments/{name}/predict  forwarded to the least loaded ready replica
+
+The scheduling loop starts and restarts the replicas (scheduler/deployments.py). Any key may send
+predictions to a deployment; only its owner (or an admin) sees it in lists and undeploys it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+from fastapi import APIRouter, HTTPException, Request, Response, status
+from fastapi import Path as PathParam
+from sqlalchemy import select
+
+from gpuforge.server.auth import Key
+from gpuforge.server.schemas import DeploymentCreate, DeploymentPublic
+from gpuforge.store.db import session
+from gpuforge.store.models import ApiKey, Deployment, Job
+
+router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"])
+Name = Annotated[str, PathParam(max_length=100, description="the deployment's name")]
+FORWARDED_HEADERS = ("content-type", "retry-after")
+_turns = itertools.count()  # breaks ties between equally loaded replicas: round-robin
+
+
+def _public(d: Deployment) -> DeploymentPublic:
+    public = DeploymentPublic.model_validate(d)
+    public.url = f"/api/v1/deployments/{d.name}"
+    return public
+
+
+def _owned(s, key: ApiKey, name: str) -> Deployment:
+    deployment = s.scalar(select(Deployment).where(Deployment.name == name))
+    if deployment is None or not (key.admin or deployment.owner_id == key.id):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no deployment {name!r}")
+    return deployment
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=DeploymentPublic)
+def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPublic:
+    """Serve a finished job's model; the replicas start on free devices (state starting, then ready)."""
+    devices = request.app.state.devices
+    with session(request.app.state.engine) as s:
+        job = s.get(Job, body.job_id)
+        if job is None or not (key.admin or job.owner_id == key.id):
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {body.job_id}")
+        model_dir = Path(job.run_dir) / "model"
+        if job.state != "finished" or not (model_dir / "gpuforge.json").is_file():
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, f"job {job.id} is {job.state}: it has no trained model"
+            )
+        existing = s.scalar(select(Deployment).where(Deployment.name == body.name))
+        if existing is not None and existing.state not in ("stopped", "failed"):
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, f"a deployment named {body.name!r} exists ({existing.state})"
+            )
+        have = sum(1 for d in devices if d.kind == job.device_type)
+        if body.replicas > have:
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                f"replicas: {body.replicas} asked, this server has {have} {job.device_type} device(s)",
+            )
+        if existing is not None:
+            s.delete(existing)  # a stopped or failed one gives its name back
+            s.flush()
+        deployment = Deployment(
+            name=body.name, owner_id=key.id, job_id=job.id, model_dir=str(model_dir),
+            options=body.options.model_dump(exclude_none=True), replicas=body.replicas,
+            device_type=job.device_type, worker_key="gf_" + secrets.token_urlsafe(24), workers=[],
+        )  # fmt: skip
+        s.add(deployment)
+        s.flush()
+        public = _public(deployment)
+    request.app.state.scheduler.wake()
+    return public
+
+
+@router.get("", response_model=list[DeploymentPublic])
+def list_deployments(request: Request, key: Key) -> list[DeploymentPublic]:
+    """Deployments, newest first: your own, or everyone's with an admin key."""
+    query = select(Deployment).order_by(Deployment.id.desc())
+    if not key.admin:
+        query = query.where(Deployment.owner_id == key.id)
+    with session(request.app.state.engine) as s:
+        return [_public(d) for d in s.scalars(query)]
+
+
+@router.get("/{name}", response_model=DeploymentPublic)
+def get_deployment(name: Name, request: Request, key: Key) -> DeploymentPublic:
+    """One deployment, with its replicas."""
+    with session(request.app.state.engine) as s:
+        return _public(_owned(s, key, name))
+
+
+@router.delete("/{name}", response_model=DeploymentPublic)
+def undeploy(name: Name, request: Request, key: Key) -> DeploymentPublic:
+    """Stop the replicas (each finishes the requests it holds)."""
+    with session(request.app.state.engine) as s:
+        deployment = _owned(s, key, name)
+        if deployment.state in ("stopped", "failed"):
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, f"deployment {name!r} is already {deployment.state}"
+            )
+        deployment.state = "stopping"
+        public = _public(deployment)
+    request.app.state.scheduler.wake()
+    return public
+
+
+@router.post("/{name}/predict", response_model=dict)
+async def predict(name: Name, request: Request, key: Key) -> Response:
+    """Forwarded as it is to the least loaded ready replica (body: as `gpuforge serve` takes it)."""
+    with session(request.app.state.engine) as s:
+        deployment = s.scalar(select(Deployment).where(Deployment.name == name))
+        if deployment is None or deployment.state in ("stopped", "failed"):
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no deployment {name!r} serving")
+        ready = [w for w in deployment.workers or [] if w.get("ready") and w.get("port")]
+        worker_key = deployment.worker_key
+    if not ready:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, f"deployment {name!r} has no ready replica yet",
+            headers={"Retry-After": "2"},
+        )  # fmt: skip
+    load = request.app.state.replica_load
+    turn = next(_turns)
+    worker = min(ready, key=lambda w: (load.get((name, w["index"]), 0), (w["index"] - turn) % len(ready)))
+    slot = (name, worker["index"])
+    load[slot] = load.get(slot, 0) + 1
+    try:
+        answer = await request.app.state.http.post(
+            f"http://127.0.0.1:{worker['port']}/predict",
+            content=await request.body(),
+            headers={"content-type": request.headers.get("content-type", "application/json"),
+                     "authorization": f"Bearer {worker_key}"},
+        )  # fmt: skip
+    except httpx.HTTPError as err:
+        raise HTTPException(
+            status.HTTP_502_BAD_GATEWAY, f"replica {worker['index']}: {type(err).__name__}"
+        ) from err
+    finally:
+        load[slot] -= 1
+    headers = {k: v for k, v in answer.headers.items() if k.lower() in FORWARDED_HEADERS}
+    headers["x-gpuforge-replica"] = str(worker["index"])
+    return Response(answer.content, answer.status_code, headers=headers)

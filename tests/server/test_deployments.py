@@ -1,0 +1,89 @@
+"""Deployments through the server, with real processes: a finished job's model served by two replicas
+behind the server's address, a dead replica restarted, undeploy, and the refusals."""
+
+import os
+import signal
+import time
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from sklearn.datasets import load_digits
+
+from gpuforge.server.app import create_app
+from gpuforge.server.settings import Settings
+from tests.conftest import TEST_MODELS, image_spec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def api(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFORGE_CPU_SLOTS", "2")
+    settings = Settings(home=tmp_path / "home", data_roots=str(TEST_MODELS.parent))
+    with TestClient(create_app(settings)) as client:
+        client.headers["Authorization"] = "Bearer " + (tmp_path / "home" / "admin.key").read_text().strip()
+        yield client
+
+
+def _wait(api, path, until, timeout=120.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = api.get(path).json()
+        if until(found):
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never got there: {found}")
+
+
+def test_a_finished_job_served_by_two_replicas_behind_the_server(api, tmp_path):
+    spec = image_spec(tmp_path, max_steps=4)
+    job_id = api.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)}).json()["id"]
+    early = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits"})
+    assert early.status_code == 409 and "no trained model" in early.json()["detail"]
+    _wait(api, f"/api/v1/jobs/{job_id}", lambda j: j["state"] == "finished")
+
+    too_many = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits", "replicas": 3})
+    assert too_many.status_code == 422 and "this server has 2 cpu device(s)" in too_many.json()["detail"]
+    made = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits", "replicas": 2,
+                                                 "options": {"max_batch": 8}})  # fmt: skip
+    assert made.status_code == 201 and made.json()["state"] == "starting", made.text
+    again = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits"})
+    assert again.status_code == 409
+    ready = _wait(api, "/api/v1/deployments/digits", lambda d: d["state"] == "ready")
+    assert [w["ready"] for w in ready["workers"]] == [True, True]
+
+    images = (load_digits().images[:2] / 16.0).tolist()
+    replicas = set()
+    for _ in range(6):
+        answer = api.post("/api/v1/deployments/digits/predict", json={"inputs": images})
+        assert answer.status_code == 200 and len(answer.json()["outputs"]) == 2, answer.text
+        replicas.add(answer.headers["x-gpuforge-replica"])
+    assert replicas == {"0", "1"}  # spread over both
+    bad = api.post("/api/v1/deployments/digits/predict", json={"inputs": []})
+    assert bad.status_code == 422  # the replica's own answer, passed through
+
+    pid = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _serves(int(p), ready["model_dir"]))
+    os.kill(pid, signal.SIGKILL)
+
+    def restarts(d):
+        return sum(w["restarts"] for w in d["workers"])
+
+    back = _wait(api, "/api/v1/deployments/digits", lambda d: d["state"] == "ready" and restarts(d) == 1)
+    assert back["state"] == "ready"
+
+    stopping = api.delete("/api/v1/deployments/digits")
+    assert stopping.status_code == 200 and stopping.json()["state"] == "stopping"
+    _wait(api, "/api/v1/deployments/digits", lambda d: d["state"] == "stopped")
+    assert not any(_serves(int(p), ready["model_dir"]) for p in os.listdir("/proc") if p.isdigit())
+    assert api.post("/api/v1/deployments/digits/predict", json={"inputs": images}).status_code == 404
+    assert api.delete("/api/v1/deployments/digits").status_code == 409
+    assert api.post("/api/v1/deployments", json={"job_id": 999, "name": "x"}).status_code == 404
+
+
+def _serves(pid: int, model_dir: str) -> bool:
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        return False
+    return b"serve" in argv and model_dir.encode() in argv
