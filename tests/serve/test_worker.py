@@ -182,7 +182,11 @@ def test_readyz_says_why_a_model_cannot_load(tmp_path):
 def test_quantized_at_load_still_answers(text_model):
     client = _client(text_model, quantize="int8")
     try:
-        assert client.get("/info").json()["quantized"] == "int8"
+        info = client.get("/info").json()
+        assert info["quantized"] == "int8"
+        report = info["quantize_report"]  # measured at load on the run's held-out split
+        assert report["metric"] == "accuracy" and report["examples"] == 24
+        assert report["after"] == pytest.approx(report["before"] + report["delta"])
         assert client.post("/predict", json={"inputs": ["a goal in extra time"]}).status_code == 200
     finally:
         client.__exit__(None, None, None)

@@ -48,6 +48,7 @@ class Predictor:
     max_length: int | None
     quantized: str | None = None
     adapters: Adapters | None = None  # several LoRA adapters on this base (serve/adapters.py)
+    quantize_report: dict[str, Any] | None = None  # the eval metric before and after --quantize
 
     @property
     def task(self) -> str:
@@ -164,15 +165,21 @@ def load_predictor(
     module, tokenizer, manifest = load_artifact(model_dir, torch_device, dequantize_base=merge_qlora)
     if manifest["task"] == "causal-lm":
         raise GpuforgeError(f"{model_dir}: a causal-lm model; this release serves classifiers only")
-    if quantize:
-        module = _quantize(module, manifest, quantize)
     chosen = choose_precision(precision, torch_device)
+    report = None
+    if quantize:
+        eval_data = _eval_data(model_dir)
+        before = _metric(module, manifest, eval_data, chosen, torch_device)
+        module = _quantize(module, manifest, quantize)
+        report = _metric_change(before, _metric(module, manifest, eval_data, chosen, torch_device), eval_data)
+        log.info("--quantize %s: %s", quantize, report["summary"])
     length = max_length or manifest.get("max_length")
     if length is not None and hasattr(module, "config"):
         positions = getattr(module.config, "max_position_embeddings", None)
         length = min(length, positions) if positions else length
     log.info("serving %s (%s) on %s, precision %s", model_dir, manifest["task"], torch_device, chosen.name)
     predictor = Predictor(module, tokenizer, manifest, torch_device, chosen, length, quantize)
+    predictor.quantize_report = report
     if manifest["kind"] == "adapter":  # its own adapter, and any others on the same base
         predictor.adapters = Adapters(module, predictor.labels, adapters or {}, manifests, max_adapters)
     return predictor
@@ -191,3 +198,32 @@ def _quantize(module: torch.nn.Module, manifest: dict[str, Any], kind: str) -> t
     done = quantize_model(module, kind)
     log.info("quantized %d layers to %s (%d left in float)", len(done.quantized), kind, len(done.skipped))
     return module
+
+
+def _eval_data(model_dir: Path):
+    """The run's held-out split (rebuilt from the run's spec.yaml beside model/), or None without one."""
+    from gpuforge.compress.pipeline import CompressError, open_source
+
+    try:
+        return open_source(model_dir).data.eval
+    except (CompressError, GpuforgeError, OSError) as err:
+        log.info("no eval set to measure quantization on (%s)", err)
+        return None
+
+
+def _metric(module, manifest, eval_data, precision, device) -> dict[str, float] | None:
+    if eval_data is None:
+        return None
+    from gpuforge.train.engine import evaluate
+
+    return evaluate(built_from(module, manifest), manifest["task"], eval_data, 32, precision, device)
+
+
+def _metric_change(before, after, eval_data) -> dict[str, Any]:
+    if before is None or after is None:
+        return {"summary": "no eval set beside the model: the accuracy change is not measured"}
+    name = "accuracy" if "accuracy" in before else "perplexity"
+    delta = after[name] - before[name]
+    summary = f"eval {name} {before[name]:.4f} -> {after[name]:.4f} ({delta:+.4f}, {len(eval_data)} examples)"
+    return {"metric": name, "before": before[name], "after": after[name], "delta": delta,
+            "examples": len(eval_data), "summary": summary}  # fmt: skip

@@ -94,6 +94,9 @@ class Info(BaseModel):
     max_wait_ms: float
     max_queue: int
     adapters: list[str]
+    quantize_report: dict[str, Any] | None = Field(
+        None, description="eval metric before and after --quantize"
+    )
 
 
 class _Metrics:
@@ -244,7 +247,7 @@ def create_worker(config: ServeConfig) -> FastAPI:
             model=p.name, task=p.task, labels=p.labels, device=str(p.device), precision=p.precision.name,
             quantized=p.quantized, max_length=p.max_length, max_batch=config.max_batch,
             max_wait_ms=config.max_wait_ms, max_queue=config.max_queue,
-            adapters=p.adapters.names() if p.adapters else [],
+            adapters=p.adapters.names() if p.adapters else [], quantize_report=p.quantize_report,
         )  # fmt: skip
 
     @app.get("/healthz", response_model=Status)
