@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import time
@@ -30,6 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuforge.errors import GpuforgeError
 from gpuforge.serve.batcher import Batcher, BatchStats, QueueFull
 from gpuforge.serve.predict import InputError, Predictor, load_predictor
 
@@ -125,15 +127,37 @@ class _Metrics:
 
 def create_worker(config: ServeConfig) -> FastAPI:
     metrics = _Metrics()
+    generates = _task(config.model_dir) == "causal-lm"  # completions (serve/generate.py), not /predict
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.predictor, app.state.batcher, app.state.load_error = None, None, None
-        loading = asyncio.get_running_loop().create_task(_load(app))
+        app.state.engine, app.state.tokens_counted = None, 0
+        loading = asyncio.get_running_loop().create_task(_load_engine(app) if generates else _load(app))
         yield
         loading.cancel()
         if app.state.batcher is not None:
             await app.state.batcher.stop()  # answers what is queued before the process exits
+        if app.state.engine is not None:
+            await asyncio.to_thread(app.state.engine.stop)  # finishes the generations under way
+
+    async def _load_engine(app: FastAPI) -> None:
+        from gpuforge.serve.generate import load_engine
+
+        try:
+            if config.quantize:
+                raise GpuforgeError("--quantize: this release quantizes classifiers only")
+            engine = await asyncio.to_thread(
+                load_engine, config.model_dir, config.device, config.precision, config.max_batch,
+                config.max_queue,
+            )  # fmt: skip
+            engine.start()
+        except Exception as err:  # the process stays up to say why on /readyz
+            log.exception("loading %s failed", config.model_dir)
+            app.state.load_error = f"{type(err).__name__}: {err}"
+            return
+        app.state.engine = engine
+        log.info("ready: %s", config.model_dir)
 
     async def _load(app: FastAPI) -> None:
         try:
@@ -178,8 +202,17 @@ def create_worker(config: ServeConfig) -> FastAPI:
             raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong API key",
                                 headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
 
+    if generates:
+        from gpuforge.serve.openai_api import create_openai_router
+
+        app.include_router(create_openai_router(lambda: app.state.engine, dependencies=[Depends(check_key)]))
+
     def ready_predictor(request: Request) -> Predictor:
         predictor = request.app.state.predictor
+        if generates and request.app.state.engine is not None:
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND, "a causal-lm: POST /v1/completions or /v1/chat/completions"
+            )
         if predictor is None:
             why = request.app.state.load_error or "the model is still loading"
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, why, headers={"Retry-After": "5"})
@@ -258,7 +291,8 @@ def create_worker(config: ServeConfig) -> FastAPI:
     @app.get("/readyz", response_model=Status)
     def readyz(request: Request) -> Status:
         """The model is loaded and warmed up."""
-        ready_predictor(request)
+        if request.app.state.engine is None:
+            ready_predictor(request)
         return Status(status="ready")
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -266,6 +300,18 @@ def create_worker(config: ServeConfig) -> FastAPI:
         """Prometheus text."""
         if request.app.state.batcher is not None:
             metrics.queued.set(request.app.state.batcher.queued)
+        engine = request.app.state.engine
+        if engine is not None:  # generated tokens, counted by the engine
+            metrics.tokens.inc(engine.tokens - request.app.state.tokens_counted)
+            request.app.state.tokens_counted = engine.tokens
+            metrics.queued.set(engine.queued)
         return generate_latest(metrics.registry).decode()
 
     return app
+
+
+def _task(model_dir: Path) -> str | None:
+    try:
+        return json.loads((Path(model_dir) / "gpuforge.json").read_text()).get("task")
+    except (OSError, ValueError):
+        return None  # the load says what is wrong, on /readyz

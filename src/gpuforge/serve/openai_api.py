@@ -1,0 +1,443 @@
+"""OpenAI-style routes for a causal LM behind a GenerationEngine (serve/generate.py).
+
+    router = create_openai_router(lambda: app.state.engine, max_tokens_limit=1024)
+    app.include_router(router)      # the engine getter returns None while loading: 503 with Retry-After
+
+    POST /v1/completions        {"prompt": "def add(a, b):", "max_tokens": 32, "stop": ["\\n\\n"]}
+    POST /v1/chat/completions   {"messages": [{"role": "user", "content": "hi"}], "stream": true}
+    GET  /v1/models             the one model served
+
+Request fields as OpenAI clients send them: model (echoed; one model is served), prompt (a string, a
+list of one string, or token ids) or messages, max_tokens (chat: also max_completion_tokens), temperature
+(0 = greedy), top_p, stop (a string or up to 4), stream (server-sent events ending with `data: [DONE]`;
+stream_options.include_usage adds a usage chunk), n (1 only), seed. Non-streamed answers carry `usage`.
+Fields asking for what is not implemented (logprobs, echo, best_of > 1, penalties, logit_bias, tools,
+suffix, response_format other than text) are refused with 422 rather than ignored; other unknown fields
+are ignored.
+
+Errors come as {"error": {"message", "type", "param", "code"}, "detail": message}, where OpenAI clients
+look: 422 for bad input (empty prompt, max_tokens < 1 or over `max_tokens_limit`, n != 1, ...), 413 for
+a prompt that leaves no room in the model's context (prompts are never truncated); a prompt that fits
+but whose max_tokens would run past the context ends there with finish_reason "length". 429 with
+Retry-After when the engine's queue is full, 503 while the model loads. A client that disconnects frees
+its place in the batch.
+
+Chat prompts use the tokenizer's chat template when it has one; otherwise one line per message,
+"role: content" (developer counts as system), then "assistant:" for the model to continue, and the
+answer stops before a "\\nuser:" the model starts on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Literal
+
+from fastapi import APIRouter, HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gpuforge.serve.batcher import QueueFull
+from gpuforge.serve.generate import Generation, GenerationEngine, PromptTooLong, SamplingParams
+
+MAX_PROMPT_CHARS = 1_000_000  # refused (413) before tokenizing
+MAX_STOPS = 4
+DISCONNECT_POLL_S = 0.05
+FALLBACK_STOP = "\nuser:"
+# Fields OpenAI clients may send that this server does not implement: refused unless neutral.
+UNSUPPORTED = (
+    "logprobs top_logprobs echo best_of logit_bias suffix tools functions tool_choice function_call"
+    " response_format presence_penalty frequency_penalty"
+).split()
+NEUTRAL = {"best_of": [1], "response_format": [{"type": "text"}], "tool_choice": ["none", "auto"]}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")  # clients send fields this server has no use for (user, ...)
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2, description="0 = greedy; default 1")
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    seed: int | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported (send one request per answer)")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings")
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stop
+
+    @model_validator(mode="after")
+    def _supported(self):
+        for key in UNSUPPORTED:
+            value = (self.model_extra or {}).get(key)
+            if value not in (None, False, 0, "", [], {}) and value not in NEUTRAL.get(key, []):
+                raise ValueError(f"{key}: not supported by this server")
+        return self
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int] | list[str] = Field(description="text, a list of one text, or token ids")
+    max_tokens: int | None = Field(16, ge=1)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        if any(part.type != "text" for part in self.content):
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT, "messages: only text content is supported"
+            )
+        return "".join(part.text or "" for part in self.content)
+
+
+class ChatRequest(_Request):
+    messages: list[Message]
+    max_completion_tokens: int | None = Field(None, ge=1, description="the newer name of max_tokens")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class ChatMessageOut(BaseModel):
+    role: str = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+def create_openai_router(
+    get_engine: Callable[[], GenerationEngine | None],
+    model_name: str | None = None,
+    max_tokens_limit: int = 1024,
+    dependencies: Sequence[Any] = (),
+) -> APIRouter:
+    """Routes under /v1 for the engine `get_engine()` returns (None while loading: 503). `model_name`
+    defaults to the engine's; `dependencies` (e.g. an API-key check) apply to every route."""
+    router = APIRouter(
+        prefix="/v1", tags=["openai"], dependencies=list(dependencies), route_class=_OpenAIErrors
+    )
+
+    def engine_or_503() -> GenerationEngine:
+        engine = get_engine()
+        if engine is None:
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE,
+                "the model is still loading",
+                headers={"Retry-After": "5"},
+            )
+        return engine
+
+    def name(engine: GenerationEngine) -> str:
+        return model_name or engine.name
+
+    def params(body: _Request, max_tokens: int | None, extra_stop: Sequence[str] = ()) -> SamplingParams:
+        if max_tokens is not None and max_tokens > max_tokens_limit:
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                f"max_tokens: {max_tokens} is over the {max_tokens_limit} allowed",
+            )
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        return SamplingParams(
+            max_tokens=max_tokens or max_tokens_limit,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            stop=[*stops, *extra_stop],
+            seed=body.seed,
+        )
+
+    def submit(engine: GenerationEngine, prompt: str | list[int], sampling: SamplingParams) -> Generation:
+        try:
+            return engine.submit(prompt, sampling)
+        except QueueFull as err:
+            raise HTTPException(
+                status.HTTP_429_TOO_MANY_REQUESTS,
+                str(err),
+                headers={"Retry-After": str(math.ceil(err.retry_after_s))},
+            ) from None
+        except PromptTooLong as err:
+            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"prompt: {err}") from None
+        except ValueError as err:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"prompt: {err}") from None
+
+    @router.post("/completions", response_model=CompletionResponse)
+    async def completions(body: CompletionRequest, request: Request) -> CompletionResponse | Any:
+        """Continue a prompt (OpenAI's completions API); `stream: true` for server-sent events."""
+        engine = engine_or_503()
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "prompt: one prompt per request")
+            prompt = prompt[0]
+        if not prompt:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "prompt: empty")
+        if isinstance(prompt, str) and len(prompt) > MAX_PROMPT_CHARS:
+            raise HTTPException(
+                status.HTTP_413_CONTENT_TOO_LARGE,
+                f"prompt: {len(prompt)} characters, over the {MAX_PROMPT_CHARS} allowed",
+            )
+        generation = submit(engine, prompt, params(body, body.max_tokens))
+        answer_id, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), name(engine)
+
+        def chunk(text: str, finish: str | None) -> dict[str, Any]:
+            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            return {
+                "id": answer_id,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
+
+        if body.stream:
+            return _stream(generation, chunk, None, body, answer_id, created, model, "text_completion")
+        result = await _collect(request, generation)
+        if isinstance(result, JSONResponse):
+            return result
+        return CompletionResponse(
+            id=answer_id,
+            created=created,
+            model=model,
+            usage=_usage(result),
+            choices=[CompletionChoice(text=result.text, finish_reason=result.finish_reason)],
+        )
+
+    @router.post("/chat/completions", response_model=ChatCompletionResponse)
+    async def chat(body: ChatRequest, request: Request) -> ChatCompletionResponse | Any:
+        """Answer a conversation (OpenAI's chat completions API); `stream: true` for server-sent events."""
+        engine = engine_or_503()
+        if not body.messages:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "messages: empty")
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in body.messages
+        ]
+        if sum(len(m["content"]) for m in messages) > MAX_PROMPT_CHARS:
+            raise HTTPException(
+                status.HTTP_413_CONTENT_TOO_LARGE, f"messages: over the {MAX_PROMPT_CHARS} characters allowed"
+            )
+        prompt, extra_stop = chat_prompt(engine, messages)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        generation = submit(engine, prompt, params(body, max_tokens, extra_stop))
+        answer_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), name(engine)
+
+        def chunk(text: str | None, finish: str | None) -> dict[str, Any]:
+            delta = (
+                {"role": "assistant", "content": ""} if text is None else {"content": text} if text else {}
+            )
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            return {
+                "id": answer_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
+
+        if body.stream:
+            return _stream(
+                generation, chunk, chunk(None, None), body, answer_id, created, model, "chat.completion.chunk"
+            )
+        result = await _collect(request, generation)
+        if isinstance(result, JSONResponse):
+            return result
+        return ChatCompletionResponse(
+            id=answer_id,
+            created=created,
+            model=model,
+            usage=_usage(result),
+            choices=[
+                ChatChoice(message=ChatMessageOut(content=result.text), finish_reason=result.finish_reason)
+            ],
+        )
+
+    @router.get("/models")
+    def models() -> dict[str, Any]:
+        """The model this server answers with."""
+        engine = engine_or_503()
+        return {
+            "object": "list",
+            "data": [{"id": name(engine), "object": "model", "created": 0, "owned_by": "gpuforge"}],
+        }
+
+    return router
+
+
+def chat_prompt(engine: GenerationEngine, messages: list[dict[str, str]]) -> tuple[list[int], list[str]]:
+    """Token ids of a conversation, and the stop strings its format implies (none with a template)."""
+    tokenizer = engine.tokenizer
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return engine.encode(text, add_special_tokens=False), []
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    return engine.encode(text), [FALLBACK_STOP]
+
+
+def _usage(result) -> Usage:
+    return Usage(
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        total_tokens=result.prompt_tokens + result.completion_tokens,
+    )
+
+
+async def _collect(request: Request, generation: Generation):
+    """The whole answer; a client that disconnects first cancels it (a 499 nobody reads)."""
+    work = asyncio.ensure_future(generation.collect())
+    try:
+        while not work.done():
+            done, _ = await asyncio.wait({work}, timeout=DISCONNECT_POLL_S)
+            if not done and await request.is_disconnected():
+                work.cancel()
+                return JSONResponse({"detail": "client closed the request"}, 499)
+        return work.result()
+    except HTTPException:
+        raise
+    except Exception as err:
+        raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, f"generation failed: {err}") from None
+    finally:
+        generation.cancel()
+
+
+def _stream(generation, chunk, first, body, answer_id, created, model, kind) -> StreamingResponse:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            if first is not None:
+                yield _sse(first)
+            async for event in generation:
+                if event.text:
+                    yield _sse(chunk(event.text, None))
+                if event.finish_reason is not None:
+                    yield _sse(chunk("", event.finish_reason))
+                    if include_usage:
+                        usage = _usage(event).model_dump()
+                        yield _sse(
+                            {
+                                "id": answer_id,
+                                "object": kind,
+                                "created": created,
+                                "model": model,
+                                "choices": [],
+                                "usage": usage,
+                            }
+                        )
+            yield "data: [DONE]\n\n"
+        except Exception as err:  # the status line is sent already: say it in the stream
+            yield _sse({"error": {"message": f"generation failed: {err}", "type": "server_error"}})
+            yield "data: [DONE]\n\n"
+        finally:
+            generation.cancel()  # also when the client went away mid-stream
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+class _OpenAIErrors(APIRoute):
+    """Errors of these routes in the shape OpenAI clients read ({"error": {"message", "type", ...}}), with
+    gpuforge's usual "detail" beside it; the router cannot install app-wide exception handlers."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def route(request: Request):
+            try:
+                return await handler(request)
+            except RequestValidationError as err:
+                return _error(422, _validation_message(err.errors()))
+            except HTTPException as err:
+                return _error(err.status_code, str(err.detail), err.headers)
+
+        return route
+
+
+def _error(code: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    kind = {429: "rate_limit_error", 401: "authentication_error"}.get(code)
+    kind = kind or ("server_error" if code >= 500 else "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}, "detail": message}
+    return JSONResponse(body, code, headers=headers)
+
+
+def _validation_message(errors: Sequence[Any]) -> str:
+    """pydantic's errors as one line: `max_tokens: Input should be greater than or equal to 1; ...`."""
+    parts = []
+    for error in errors:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
