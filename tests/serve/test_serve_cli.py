@@ -93,3 +93,27 @@ def test_serve_refuses_what_it_must_in_one_line(digits_model, tmp_path):
     assert adapter.returncode == 2 and "is a full model; serve an adapter" in adapter.stderr
     shape = run_cli("serve", str(digits_model), "--adapter", "nonsense")
     assert shape.returncode == 2 and "expected NAME=DIR" in shape.stderr
+
+
+def test_a_client_that_goes_away_frees_its_place(digits_model):
+    from sklearn.datasets import load_digits
+
+    image = (load_digits().images[0] / 16.0).tolist()
+    process, url = _serve(digits_model, "--max-batch", "64", "--max-wait-ms", "1500")
+    try:
+        with pytest.raises(httpx.ReadTimeout):  # the batch would wait 1.5 s to fill: the client leaves first
+            httpx.post(f"{url}/predict", json={"inputs": [image]}, timeout=0.3)
+        time.sleep(2.0)  # past the batch's wait
+        figures = _figures(url)
+        assert figures['gpuforge_serve_rejected_total{reason="client gone"}'] == 1
+        assert figures["gpuforge_serve_inputs_total"] == 0  # the model never saw it
+        assert httpx.post(f"{url}/predict", json={"inputs": [image]}, timeout=30).status_code == 200
+    finally:
+        process.kill()
+
+
+def _figures(url) -> dict:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return {
+        k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")
+    }

@@ -92,11 +92,9 @@ class Batcher:
         pending = _Pending(item, asyncio.get_running_loop().create_future())
         self._queue.append(pending)
         self._arrived.set()
-        try:
-            return await asyncio.wait_for(asyncio.shield(pending.future), timeout_s)
-        finally:
-            if not pending.future.done():
-                pending.future.cancel()  # timed out or the caller was cancelled: drop it from its batch
+        # Timed out or cancelled, the await cancels the future itself: the batch forming skips it.
+        async with asyncio.timeout(timeout_s):
+            return await pending.future
 
     async def _loop(self) -> None:
         while True:

@@ -36,11 +36,15 @@ from gpuforge.serve.batcher import Batcher, BatchStats, QueueFull
 from gpuforge.serve.predict import InputError, Predictor, load_predictor
 
 log = logging.getLogger("gpuforge.serve")
-DISCONNECT_POLL_S = 0.05
 
 
 class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @dataclass
@@ -262,15 +266,25 @@ def create_worker(config: ServeConfig) -> FastAPI:
         return PredictResponse(model=predictor.name, outputs=outputs)
 
     async def _answer(request: Request, batcher: Batcher, items: list[Any]) -> list[dict[str, Any]]:
-        """The batcher's results for `items`; a client that disconnects first cancels them."""
-        work = asyncio.ensure_future(asyncio.gather(*(batcher.submit(i, config.timeout_s) for i in items)))
-        while not work.done():
-            done, _ = await asyncio.wait({work}, timeout=DISCONNECT_POLL_S)
-            if not done and await request.is_disconnected():
-                work.cancel()
-                metrics.rejected.labels("client gone").inc()
-                raise ClientGone
-        return work.result()
+        """The batcher's results for `items`; a client that disconnects first cancels them. The body is
+        read, so the next ASGI message is the disconnect: one waiting task per request, no polling."""
+        if len(items) == 1:
+            work = asyncio.ensure_future(batcher.submit(items[0], config.timeout_s))
+        else:
+            work = asyncio.ensure_future(
+                asyncio.gather(*(batcher.submit(i, config.timeout_s) for i in items))
+            )
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not work.done():
+            work.cancel()
+            metrics.rejected.labels("client gone").inc()
+            raise ClientGone
+        result = work.result()
+        return [result] if len(items) == 1 else result
 
     @app.get("/info", response_model=Info, dependencies=[Depends(check_key)])
     def info(request: Request) -> Info:
