@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, status
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -223,7 +223,7 @@ def create_worker(config: ServeConfig) -> FastAPI:
         return predictor
 
     @app.post("/predict", response_model=PredictResponse, dependencies=[Depends(check_key)])
-    async def predict(body: PredictRequest, request: Request) -> PredictResponse | JSONResponse:
+    async def predict(body: PredictRequest, request: Request) -> Response:
         """Labels and scores for one input or many; inputs of one request may share a batch with others'."""
         started = time.perf_counter()
         predictor = ready_predictor(request)
@@ -263,7 +263,10 @@ def create_worker(config: ServeConfig) -> FastAPI:
             metrics.in_flight.dec()
             metrics.queued.set(request.app.state.batcher.queued)
         metrics.latency.observe(time.perf_counter() - started)
-        return PredictResponse(model=predictor.name, outputs=outputs)
+        # the outputs are built by our own code in PredictResponse's shape: sent as they are, not validated
+        # again (that cost ~10% of a request's CPU time under load)
+        body = json.dumps({"model": predictor.name, "outputs": outputs}, separators=(",", ":"))
+        return Response(body, media_type="application/json")
 
     async def _answer(request: Request, batcher: Batcher, items: list[Any]) -> list[dict[str, Any]]:
         """The batcher's results for `items`; a client that disconnects first cancels them. The body is
