@@ -200,7 +200,7 @@ class JobSpec(Section):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     distributed: DistributedSpec = Field(default_factory=DistributedSpec)
     cost: CostSpec = Field(default_factory=CostSpec)
-    priority: int = 0
+    priority: int = Field(0, ge=-1000, le=1000, description="higher runs first (server)")
 
     @model_validator(mode="after")
     def _length_of_training(self) -> JobSpec:

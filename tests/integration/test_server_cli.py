@@ -60,7 +60,9 @@ def test_a_second_key_sees_and_cancels_only_its_own_jobs(live_server, monkeypatc
     assert run_cli("keys", "create", "alice").returncode == 2  # names are unique
 
     monkeypatch.setenv("GPUFORGE_API_KEY", alice["key"])
-    own = json.loads(run_cli("submit", str(ROOT / "examples" / "digits-cnn.yaml"), "--json").stdout)["id"]
+    code = run_cli("submit", str(ROOT / "examples" / "digits-cnn.yaml"))  # a python: model is code
+    assert code.returncode == 2 and "only an admin key may submit them" in code.stderr
+    own = json.loads(run_cli("submit", str(ROOT / "examples" / "minilm-topics.yaml"), "--json").stdout)["id"]
     assert [j["id"] for j in json.loads(run_cli("jobs", "--json").stdout)] == [own]
     hidden = run_cli("cancel", str(admin_job))
     assert hidden.returncode == 2 and f"404: no job {admin_job}" in hidden.stderr

@@ -253,3 +253,13 @@ def test_an_adapter_on_another_base_is_refused_before_serving(three_adapters, te
         check_adapters(three_adapters[0], {"full": text_model})
     with pytest.raises(GpuforgeError, match="is a full model; serve an adapter"):
         check_adapters(text_model, {"b": three_adapters[1]})
+
+
+def test_a_request_is_taken_whole_or_refused_whole(text_model):
+    client = _client(text_model, max_queue=4, max_batch=2, max_wait_ms=1)
+    try:
+        too_big = client.post("/predict", json={"inputs": ["a"] * 5})
+        assert too_big.status_code == 413 and "over the 4 allowed" in too_big.json()["detail"]
+        assert client.post("/predict", json={"inputs": ["a"] * 4}).status_code == 200
+    finally:
+        client.__exit__(None, None, None)

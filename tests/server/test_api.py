@@ -111,3 +111,29 @@ def test_every_route_declares_its_response(server):
         for method, operation in methods.items():
             ok = operation["responses"].get("200") or operation["responses"].get("201")
             assert ok and ok.get("content"), f"{method.upper()} {path} has no response model"
+
+
+def test_yaml_aliases_and_out_of_range_figures_are_refused(server):
+    client, admin, _ = server
+    bomb = "a: &a [x, x]\nb: &b [*a, *a]\nname: tiny\n"
+    refused = client.post("/api/v1/jobs", json={"spec": bomb}, headers=_auth(admin))
+    assert refused.status_code == 422 and "aliases" in refused.json()["detail"]
+    for body in (
+        {"spec": _spec(), "priority": 2**63},
+        {"spec": _spec(priority=2**40)},
+        {"spec": _spec(), "name": "x" * 101},
+    ):
+        assert client.post("/api/v1/jobs", json=body, headers=_auth(admin)).status_code == 422
+
+
+def test_a_chunked_body_over_the_limit_is_refused_too(server):
+    client, admin, _ = server
+
+    def chunks():
+        for _ in range(50):
+            yield b" " * 1000  # 50 kB of whitespace, no Content-Length: the limit is 10 kB
+
+    response = client.post(
+        "/api/v1/jobs", content=chunks(), headers={**_auth(admin), "content-type": "application/json"}
+    )
+    assert response.status_code == 413 and "over the 10000 allowed" in response.json()["detail"]

@@ -84,11 +84,16 @@ class Batcher:
             await self._task
         self._model.shutdown(wait=True)
 
-    async def submit(self, item: Any, timeout_s: float | None = None) -> Any:
+    def room_for(self, n: int) -> None:
+        """QueueFull unless `n` more items fit now: a request of several inputs is taken whole or not at all
+        (nothing runs for a request that is refused). Nothing is awaited between this and their submits."""
         if self._stopping:
             raise QueueFull(1.0)
-        if len(self._queue) >= self.max_queue:
+        if len(self._queue) + n > self.max_queue:
             raise QueueFull(max(1.0, len(self._queue) * self._seconds_per_item))
+
+    async def submit(self, item: Any, timeout_s: float | None = None) -> Any:
+        self.room_for(1)
         pending = _Pending(item, asyncio.get_running_loop().create_future())
         self._queue.append(pending)
         self._arrived.set()

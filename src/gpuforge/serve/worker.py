@@ -240,8 +240,9 @@ def create_worker(config: ServeConfig) -> FastAPI:
         inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         if not inputs:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "inputs: empty; send at least one")
-        if len(inputs) > config.max_inputs:
-            too_many = f"inputs: {len(inputs)} in one request, over the {config.max_inputs} allowed"
+        allowed = min(config.max_inputs, config.max_queue)
+        if len(inputs) > allowed:
+            too_many = f"inputs: {len(inputs)} in one request, over the {allowed} allowed"
             raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, too_many)
         adapter = body.adapter
         if adapter is not None and not (predictor.adapters and predictor.adapters.known(adapter)):
@@ -257,6 +258,7 @@ def create_worker(config: ServeConfig) -> FastAPI:
                 raise HTTPException(err.status, f"inputs[{i}]: {err}") from None
         metrics.in_flight.inc()
         try:
+            request.app.state.batcher.room_for(len(items))  # all of them, or none: a 429 runs nothing
             outputs = await _answer(request, request.app.state.batcher, items)
         except QueueFull as err:
             metrics.rejected.labels("queue full").inc()

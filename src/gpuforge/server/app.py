@@ -12,7 +12,7 @@ import logging
 from contextlib import asynccontextmanager
 
 import httpx
-from fastapi import FastAPI, Request, status
+from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, Gauge, Summary, generate_latest
 from sqlalchemy import func, select, text
@@ -98,20 +98,37 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 class RefuseLargeBodies:
-    """413 for a request whose Content-Length is over the limit, before its body is read. A plain ASGI
-    middleware: @app.middleware("http") would wrap every request and response in extra tasks."""
+    """413 for a request body over the limit: at once by its Content-Length, and, for a body sent in
+    chunks without one, as soon as the bytes read pass the limit (the route stops reading there). A plain
+    ASGI middleware: @app.middleware("http") would wrap every request and response in extra tasks."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            length = dict(scope["headers"]).get(b"content-length", b"")
-            if length.isdigit() and int(length) > self.limit:
-                detail = f"body of {int(length)} bytes is over the {self.limit} allowed"
-                response = JSONResponse({"detail": detail}, status.HTTP_413_CONTENT_TOO_LARGE)
-                return await response(scope, receive, send)
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            return await self._refuse(int(length), scope, receive, send)
+        received = 0
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:  # an HTTPException: FastAPI answers it as it is
+                raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, self._detail(received))
+            return message
+
+        await self.app(scope, counted, send)
+
+    def _detail(self, size: int) -> str:
+        return f"body of {size} bytes or more is over the {self.limit} allowed"
+
+    async def _refuse(self, size: int, scope, receive, send) -> None:
+        response = JSONResponse({"detail": self._detail(size)}, status.HTTP_413_CONTENT_TOO_LARGE)
+        await response(scope, receive, send)
 
 
 def open_store(settings: Settings):

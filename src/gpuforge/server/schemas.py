@@ -12,8 +12,10 @@ class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     spec: str = Field(description="the job spec, YAML text")
-    priority: int | None = Field(None, description="default: the spec's priority")
-    name: str | None = Field(None, description="default: the spec's name")
+    priority: int | None = Field(None, ge=-1000, le=1000, description="default: the spec's priority")
+    name: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100, description="default: the spec's name"
+    )
 
 
 class JobPublic(BaseModel):

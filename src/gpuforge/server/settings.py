@@ -26,6 +26,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = 64 * 2**20  # specs and uploads above this are refused (413)
     schedule: bool = True  # run queued jobs (off: an API-only server, for tests of the API alone)
     admin_key: str | None = None  # the admin key to use on a new store, instead of making admin.key
+    allow_user_code: bool = False  # let any key submit python: models (their code runs as the server's user)
 
     @property
     def loopback_only(self) -> bool:

@@ -18,7 +18,7 @@ from gpuforge.server.follow import follow, log_tail, metrics_page
 from gpuforge.server.schemas import EventPublic, JobCreate, JobPublic, JobResume, LogTail
 from gpuforge.spec import DATA_SCHEMES, JobSpec, parse_spec
 from gpuforge.store.db import session
-from gpuforge.store.models import Event, Job, utcnow
+from gpuforge.store.models import ApiKey, Event, Job, utcnow
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 INT32 = 2**31 - 1  # ids and counts past it fit no store's integer column: refused as bad input (422)
@@ -50,12 +50,28 @@ def _check_roots(spec: JobSpec, roots: list[Path]) -> None:
             raise SpecError(f"{field}: {path} is outside the server's data roots ({allowed})")
 
 
-def _parse(body: JobCreate, request: Request) -> JobSpec:
+class _NoAliases(yaml.SafeLoader):
+    """YAML without aliases: a few hundred bytes of nested aliases expand to gigabytes once the spec is
+    written back out (a 'billion laughs'), and a job spec never needs one."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.YAMLError(f"aliases (*name) are not accepted in a spec (line {mark.line + 1})")
+        return super().compose_node(parent, index)
+
+
+def _parse(body: JobCreate, request: Request, key: ApiKey) -> JobSpec:
     settings = request.app.state.settings
     try:
-        raw = yaml.safe_load(body.spec)
+        raw = yaml.load(body.spec, Loader=_NoAliases)  # noqa: S506 (a SafeLoader)
         base = settings.roots[0] if settings.roots else settings.home
         spec = parse_spec(raw, base, default_name=body.name or "job")
+        if spec.model.source.startswith("python:") and not (key.admin or settings.allow_user_code):
+            raise SpecError(
+                "model.source: python: models run their code as the server's user; only an admin key may "
+                "submit them (or the server sets GPUFORGE_ALLOW_USER_CODE=true)"
+            )
         _check_roots(spec, [*settings.roots, settings.uploads_dir.resolve()])  # uploads: always readable
     except yaml.YAMLError as err:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"spec: not valid YAML: {err}") from err
@@ -74,7 +90,7 @@ def _device_type(spec: JobSpec, request: Request) -> str:
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic)
 def submit(body: JobCreate, request: Request, key: Key) -> Job:
     """Validate a spec and queue it; a spec that fails validation is refused (422), never queued."""
-    spec = _parse(body, request)
+    spec = _parse(body, request, key)
     with session(request.app.state.engine) as s:
         job = Job(
             name=body.name or spec.name,
