@@ -12,15 +12,17 @@ server (routes/deployments.py), which forwards each request to the least loaded 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpuforge.scheduler.allocator import DeviceInfo, job_environment
@@ -29,7 +31,8 @@ from gpuforge.server.local import free_port
 from gpuforge.store.models import Deployment, utcnow
 
 log = logging.getLogger("gpuforge.scheduler")
-LIVE = ("starting", "ready", "stopping")
+LIVE = ("starting", "ready", "stopping", "failing")  # failing: its replicas are being stopped
+STOP_GRACE_S = 30.0
 OPTION_FLAGS = {
     "max_batch": "--max-batch",
     "max_wait_ms": "--max-wait-ms",
@@ -50,40 +53,79 @@ def held_devices(s: Session) -> set[str]:
 
 
 def keep(s: Session, devices: list[DeviceInfo], held: set[str], logs_dir: Path) -> None:
-    """One pass over the live deployments (see the module's docstring). `held`: devices jobs hold."""
-    for deployment in s.scalars(select(Deployment).where(Deployment.state.in_(LIVE))):
-        if deployment.state == "stopping":
-            _stop(deployment)
+    """One pass over the live deployments (see the module's docstring). `held`: devices jobs hold.
+
+    The loop alone writes `workers`; the API writes `state` (undeploy: `stopping`). So workers are
+    written as they are, and a state only where the row still has the state this pass read: an undeploy
+    that lands mid-pass is never overwritten. Each launch is committed at once, so a server that dies
+    next still knows the process it started."""
+    rows = s.execute(select(Deployment.id, Deployment.state).where(Deployment.state.in_(LIVE))).all()
+    for deployment_id, state in rows:
+        deployment = s.get(Deployment, deployment_id, populate_existing=True)
+        if state in ("stopping", "failing"):
+            workers, done = _stop(deployment)
+            _write(
+                s,
+                deployment,
+                state,
+                workers,
+                ("stopped" if state == "stopping" else "failed") if done else None,
+            )
             continue
         workers = [dict(w) for w in deployment.workers or []]
         while len(workers) < deployment.replicas:
             workers.append({"index": len(workers), "pid": None, "restarts": -1, "ready": False})
         taken = held | held_devices(s)
+        new_state, reason = None, None
         for worker in workers:
             if worker.get("pid") and is_alive(worker["pid"], deployment.model_dir):
-                worker["ready"] = worker["ready"] or _ready(worker["port"])
+                ready, error = _ready(worker["port"])
+                worker["ready"] = worker["ready"] or ready
+                if error:  # it answers, and says its model will not load: no restart will help
+                    new_state, reason = "failing", f"replica {worker['index']}: {error}"
                 continue
+            previous = worker.get("device")
             if worker.get("pid"):
                 _reap(worker["pid"])
                 log.info("deployment %s: replica %d ended", deployment.name, worker["index"])
             worker.update(pid=None, ready=False, device=None)
             if worker["restarts"] >= deployment.max_restarts:
-                deployment.state = "failed"
-                deployment.reason = f"replica {worker['index']} ended {worker['restarts'] + 1} times"
+                new_state, reason = (
+                    "failing",
+                    f"replica {worker['index']} ended {worker['restarts'] + 1} times",
+                )
                 break
-            device = next(
-                (d for d in devices if d.kind == deployment.device_type and d.id not in taken), None
-            )
-            if device is None:
+            free = [
+                d
+                for d in devices
+                if d.kind == deployment.device_type and (d.id == previous or d.id not in taken)
+            ]
+            free.sort(
+                key=lambda d: d.id != previous
+            )  # its own device first: not handed to the queue meanwhile
+            if not free:
                 continue  # waits for a device, like a queued job
-            taken.add(device.id)
-            worker.update(_launch(deployment, worker["index"], device, logs_dir), device=device.id)
+            taken.add(free[0].id)
+            worker.update(_launch(deployment, worker["index"], free[0], logs_dir), device=free[0].id)
             worker["restarts"] += 1
-        deployment.workers = workers  # a new list: the JSON column sees the change
-        if deployment.state != "failed":
-            deployment.state = "ready" if all(w["ready"] for w in workers) else "starting"
-        if deployment.state == "failed":
-            _stop(deployment, final="failed")
+            _write(s, deployment, state, workers, None)
+            s.commit()  # the pid is in the store before anything else can fail
+        if new_state is None:
+            new_state = "ready" if all(w["ready"] for w in workers) else "starting"
+        _write(s, deployment, state, workers, new_state, reason)
+
+
+def _write(
+    s: Session, d: Deployment, read_state: str, workers: list, state: str | None, reason: str | None = None
+):
+    s.execute(update(Deployment).where(Deployment.id == d.id).values(workers=workers))
+    if state is not None and state != read_state:
+        values = {"state": state, **({"reason": reason} if reason else {})}
+        if state in ("stopped", "failed"):
+            values["stopped_at"] = utcnow()
+        s.execute(
+            update(Deployment).where(Deployment.id == d.id, Deployment.state == read_state).values(**values)
+        )
 
 
 def _launch(deployment: Deployment, index: int, device: DeviceInfo, logs_dir: Path) -> dict:
@@ -112,28 +154,38 @@ def _launch(deployment: Deployment, index: int, device: DeviceInfo, logs_dir: Pa
     return {"pid": process.pid, "port": port, "ready": False}
 
 
-def _ready(port: int) -> bool:
+def _ready(port: int) -> tuple[bool, str | None]:
+    """(ready, why it never will be): a replica that answers 503 with another reason than loading failed."""
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=0.05).status_code == 200
+        answer = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=0.05)
     except httpx.HTTPError:
-        return False
+        return False, None
+    if answer.status_code == 200:
+        return True, None
+    try:
+        detail = str(answer.json().get("detail"))
+    except ValueError:
+        detail = answer.text[:200]
+    return False, (None if "still loading" in detail else detail)
 
 
-def _stop(deployment: Deployment, final: str = "stopped") -> None:
-    """SIGTERM each replica still running, once (a second one would cut its graceful stop short); the
-    deployment is `final` once none is left."""
+def _stop(deployment: Deployment) -> tuple[list[dict], bool]:
+    """SIGTERM each replica still running, once (a second one would cut its graceful stop short), SIGKILL
+    one still there after STOP_GRACE_S. (the workers, whether none is left)."""
     workers = [dict(w) for w in deployment.workers or []]
+    now = time.time()
     for worker in workers:
         worker["ready"] = False
         if not (worker.get("pid") and is_alive(worker["pid"], deployment.model_dir)):
             _reap(worker.get("pid"))
             worker["pid"] = None
-        elif not worker.get("signalled"):
-            os.kill(worker["pid"], signal.SIGTERM)
-            worker["signalled"] = True
-    deployment.workers = workers
-    if not any(w.get("pid") for w in workers):
-        deployment.state, deployment.stopped_at = final, utcnow()
+            continue
+        signalled = worker.get("signalled_at")
+        if signalled is None or now - signalled > STOP_GRACE_S:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker["pid"], signal.SIGTERM if signalled is None else signal.SIGKILL)
+            worker["signalled_at"] = signalled or now
+    return workers, not any(w.get("pid") for w in workers)
 
 
 def _reap(pid: int | None) -> None:

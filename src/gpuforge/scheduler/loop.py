@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpuforge.scheduler import deployments
@@ -162,13 +162,25 @@ class Scheduler:
             job = s.get(Job, job_id)
             job.state, job.reason, job.finished_at = "failed", why, utcnow()
         for job_id, device_ids in plan.starts:
-            job = s.get(Job, job_id)
+            # Claim it first, only if it is still queued (a cancel may have landed since the read), and
+            # commit: the store says `running` before the process exists, never the other way round. A
+            # server that dies between the two finds a running job with no pid: restarted, as if killed.
+            claimed = s.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.state == "queued")
+                .values(state="running", pid=None, devices=",".join(device_ids))
+            )
+            s.commit()
+            if claimed.rowcount != 1:
+                continue
+            job = s.get(Job, job_id, populate_existing=True)
             run_dir = Path(job.run_dir)
             spec_path = run_dir.with_name(run_dir.name + ".yaml")
             spec_path.parent.mkdir(parents=True, exist_ok=True)
             spec_path.write_text(job.spec_yaml)
             launched = launch(spec_path, run_dir, job_environment([by_id[d] for d in device_ids]))
             self.launched[job.id] = launched
-            job.state, job.pid, job.devices = "running", launched.pid, ",".join(device_ids)
+            job.pid = launched.pid
             job.started_at = job.started_at or utcnow()
+            s.commit()
             log.info("job %d started on %s (pid %d)", job.id, job.devices, launched.pid)

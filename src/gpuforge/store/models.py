@@ -24,7 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 JOB_STATES = ("queued", "running", "paused", "finished", "failed", "cancelled")
-DEPLOYMENT_STATES = ("starting", "ready", "failed", "stopped")
+DEPLOYMENT_STATES = ("starting", "ready", "stopping", "failing", "failed", "stopped")
 ACTIVE_STATES = ("queued", "running", "paused")
 
 

@@ -12,6 +12,7 @@ predictions to a deployment; only its owner (or an admin) sees it in lists and u
 from __future__ import annotations
 
 import itertools
+import json
 import secrets
 from pathlib import Path
 from typing import Annotated
@@ -20,6 +21,8 @@ import httpx
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from fastapi import Path as PathParam
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm.exc import StaleDataError
 
 from gpuforge.server.auth import Key
 from gpuforge.server.schemas import DeploymentCreate, DeploymentPublic
@@ -58,8 +61,17 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
             raise HTTPException(
                 status.HTTP_409_CONFLICT, f"job {job.id} is {job.state}: it has no trained model"
             )
+        if json.loads((model_dir / "gpuforge.json").read_text()).get("task") == "causal-lm":
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                f"job {job.id} trained a causal-lm: the server forwards /predict only; run `gpuforge serve` "
+                "for its /v1/completions",
+            )
         existing = s.scalar(select(Deployment).where(Deployment.name == body.name))
-        if existing is not None and existing.state not in ("stopped", "failed"):
+        reusable = existing is None or (
+            existing.state in ("stopped", "failed") and (key.admin or existing.owner_id == key.id)
+        )
+        if not reusable:
             raise HTTPException(
                 status.HTTP_409_CONFLICT, f"a deployment named {body.name!r} exists ({existing.state})"
             )
@@ -78,7 +90,10 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
             device_type=job.device_type, worker_key="gf_" + secrets.token_urlsafe(24), workers=[],
         )  # fmt: skip
         s.add(deployment)
-        s.flush()
+        try:
+            s.flush()
+        except (IntegrityError, StaleDataError) as err:  # the same name, deployed at the same moment
+            raise HTTPException(status.HTTP_409_CONFLICT, f"a deployment named {body.name!r} exists") from err
         public = _public(deployment)
     request.app.state.scheduler.wake()
     return public
