@@ -7,6 +7,7 @@ server.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from gpuforge.errors import GpuforgeError
 from gpuforge.server.local import LocalServer
 from gpuforge.spec import load_spec
 
@@ -79,19 +81,24 @@ def _deploy_and_ask(client, job: dict, console: Console) -> None:
     name = job["name"]
     console.print(f"deploying job {job['id']} ({name}) ...", highlight=False)
     made = client.deploy(job["id"], name, options={"max_batch": 32, "max_wait_ms": 5})
-    deadline = time.monotonic() + 300
-    while made["state"] == "starting" and time.monotonic() < deadline:
-        time.sleep(0.5)
-        made = client.deployment(name)
-    if made["state"] != "ready":
-        console.print(f"deployment {name} is {made['state']}: {made.get('reason')}", highlight=False)
-        return
-    console.print(f"deployment {name}: ready at {client.url}{made['url']}/predict", highlight=False)
-    answers = client.predict(name, QUESTIONS)["outputs"]
-    for text, output in zip(QUESTIONS, answers, strict=True):
-        console.print(f"  {output['label']:>10} {output['score']:.3f}  {text}", highlight=False, markup=False)
-    console.print(_latency_table(client, name))
-    client.undeploy(name)
+    try:
+        deadline = time.monotonic() + 300
+        while made["state"] == "starting" and time.monotonic() < deadline:
+            time.sleep(0.5)
+            made = client.deployment(name)
+        if made["state"] != "ready":
+            console.print(f"deployment {name} is {made['state']}: {made.get('reason')}", highlight=False)
+            return
+        console.print(f"deployment {name}: ready at {client.url}{made['url']}/predict", highlight=False)
+        answers = client.predict(name, QUESTIONS)["outputs"]
+        for text, output in zip(QUESTIONS, answers, strict=True):
+            console.print(
+                f"  {output['label']:>10} {output['score']:.3f}  {text}", highlight=False, markup=False
+            )
+        console.print(_latency_table(client, name))
+    finally:
+        with contextlib.suppress(GpuforgeError):  # failed already: nothing left to stop
+            client.undeploy(name)  # its replica runs in a session of its own: it must not outlive the demo
 
 
 def _latency_table(client, name: str) -> Table:

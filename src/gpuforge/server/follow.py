@@ -23,16 +23,19 @@ KEEPALIVE_S = 15.0
 STOPPED = ("finished", "failed", "cancelled", "paused")
 
 
-def read_lines(path: Path, offset: int) -> tuple[list[bytes], int]:
-    """Complete lines after byte `offset`, and the offset past the last one. A file shorter than
-    `offset` was rewritten (the runner trims metrics on resume): start it again from the top."""
+READ_CHUNK = 1 << 20  # a stream reads at most this much a poll: a huge log never stalls the server
+
+
+def read_lines(path: Path, offset: int, limit: int | None = None) -> tuple[list[bytes], int]:
+    """Complete lines after byte `offset` (within `limit` bytes), and the offset past the last one. A file
+    shorter than `offset` was rewritten (the runner trims metrics on resume): start it again from the top."""
     try:
         with path.open("rb") as f:
             f.seek(0, 2)
             if f.tell() < offset:
                 offset = 0
             f.seek(offset)
-            chunk = f.read()
+            chunk = f.read() if limit is None else f.read(limit)
     except FileNotFoundError:
         return [], offset
     end = chunk.rfind(b"\n") + 1
@@ -52,8 +55,16 @@ def metrics_page(path: Path, after_step: int, limit: int) -> list[dict[str, Any]
 
 
 def log_tail(path: Path, lines: int) -> tuple[list[str], int]:
-    """The last `lines` complete lines of a log, and the byte offset to follow it from."""
-    found, end = read_lines(path, 0)
+    """The last `lines` complete lines of a log (read from its end, at most ~1 KiB a line), and the byte
+    offset to follow it from."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return [], 0
+    start = max(0, size - max(lines, 1) * 1024)
+    found, end = read_lines(path, start)
+    if start > 0:
+        found = found[1:]  # the first one is likely cut
     return [line.decode(errors="replace").rstrip() for line in found[-lines:]] if lines else [], end
 
 
@@ -84,7 +95,9 @@ async def follow(
         state, reason = await asyncio.to_thread(job_state)  # asked first: what follows covers all it wrote
         sent = False
         if after_step is not None:
-            lines, metrics_offset = read_lines(metrics_path, metrics_offset)
+            lines, metrics_offset = await asyncio.to_thread(
+                read_lines, metrics_path, metrics_offset, READ_CHUNK
+            )
             for line in lines:
                 record = _json(line)
                 if record is not None and record.get("step", 0) > after_step:
@@ -92,7 +105,7 @@ async def follow(
                     sent = True
                     yield sse("metric", record)
         if log_offset is not None:
-            lines, end = read_lines(log_path, log_offset)
+            lines, end = await asyncio.to_thread(read_lines, log_path, log_offset, READ_CHUNK)
             log_offset = end - sum(len(line) + 1 for line in lines)  # where the first line starts
             for line in lines:
                 log_offset += len(line) + 1

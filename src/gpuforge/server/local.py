@@ -34,13 +34,17 @@ class LocalServer:
     def start(self, timeout: float = 60.0) -> LocalServer:
         self.home.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpuforge", "server", "--port", str(self.port)],
-            env={**os.environ, "GPUFORGE_HOME": str(self.home), **self.env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the caller only; it stops the server itself
-        )
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpuforge", "server", "--port", str(self.port)],
+                env={**os.environ, "GPUFORGE_HOME": str(self.home), **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches the caller only; it stops the server itself
+            )
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()  # the child has its own copy
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
