@@ -15,8 +15,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from sqlalchemy import create_engine, make_url, text
-from sqlalchemy.pool import NullPool
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -76,6 +74,9 @@ def store_url(request, tmp_path) -> Iterator[str]:
         if _postgres_required():
             pytest.fail(f"{reason}, and CI or GPUFORGE_REQUIRE_POSTGRES=1 requires PostgreSQL", pytrace=False)
         pytest.skip(reason)
+    from sqlalchemy import create_engine, make_url, text  # here: the GPU machine runs tests without it
+    from sqlalchemy.pool import NullPool
+
     name = f"gpuforge_test_{uuid.uuid4().hex[:16]}"
     admin = create_engine(base, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:

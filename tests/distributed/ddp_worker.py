@@ -5,6 +5,8 @@ python tests/distributed/ddp_worker.py RANK WORLD INIT_METHOD OUT_JSON CONFIG_JS
 CONFIG_JSON is a list of runs, ``{"kind", "model", "steps", "rank", "bucket_cap_mb", "lr", "start_iter"}``,
 trained one after the other in one process group, each from the same seed. Rank 0 writes, per run: the final
 loss on a fixed held-out batch, the bytes counted per step, whether every rank ended with the same parameters.
+A kind ``torch:fp16|bf16|powersgd|batched_powersgd`` registers torch's own hook instead (rank 4, PowerSGD from
+step 2), to reproduce what the module docstring of gpuforge.distributed.compression says of them on gloo.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class TinyTransformer(nn.Module):
 
 
 class OddShapes(nn.Module):
-    """0-D and 1-D parameters, 3-D ones (one big enough to compress), a conv, a 1 x 300 row, a 2 x 2 matrix."""
+    """0-D and 1-D parameters, 3-D ones (one big enough to compress), a conv, a 1 x 300 row, a 2 x 2."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -73,7 +75,7 @@ class OddShapes(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(x * self.scale + self.bias)  # (B, 256)
         img = self.conv(h.view(-1, 1, 16, 16)).mean((2, 3))  # (B, 8)
-        extra = self.cube.sum() + self.row.sum() + self.tiny.trace()
+        extra = 0.01 * (self.cube.sum() + self.row.sum() + self.tiny.trace())
         mixed = torch.einsum("bij,kij->bk", h.view(-1, 8, 32), self.mix)
         return mixed + (img[:, :2] @ self.tiny).repeat(1, OUT // 2) + extra
 
@@ -109,13 +111,30 @@ def batch(model: str, seed: int, size: int = 32) -> tuple[torch.Tensor, torch.Te
     return x, torch.tanh(x @ a) @ b
 
 
+def torch_hook(name: str, rank: int) -> tuple:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name in ("fp16", "bf16"):
+        return None, getattr(default_hooks, f"{name}_compress_hook")
+    state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
+    return state, powerSGD_hook.powerSGD_hook if name == "powersgd" else powerSGD_hook.batched_powerSGD_hook
+
+
 def train(run: dict, rank: int, world: int) -> dict:
     torch.manual_seed(0)
     model = DDP(MODELS[run["model"]](), bucket_cap_mb=run.get("bucket_cap_mb", 25))
-    hook, state = make_hook(
-        run["kind"], None, rank=run.get("rank", 4), start_iter=run.get("start_iter", 0), seed=run.get("seed", 0)
-    )
-    model.register_comm_hook(state, hook)
+    if run["kind"].startswith("torch:"):
+        state = None
+        model.register_comm_hook(*torch_hook(run["kind"].removeprefix("torch:"), run.get("rank", 4)))
+    else:
+        hook, state = make_hook(
+            run["kind"],
+            None,
+            rank=run.get("rank", 4),
+            start_iter=run.get("start_iter", 0),
+            seed=run.get("seed", 0),
+        )
+        model.register_comm_hook(state, hook)
     opt = torch.optim.SGD(model.parameters(), lr=run.get("lr", 0.1), momentum=0.9)
     x_eval, y_eval = batch(run["model"], 999_999, size=512)
     with torch.no_grad():
@@ -128,7 +147,7 @@ def train(run: dict, rank: int, world: int) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        steps.append(state.counter.pop())
+        steps.append(state.counter.pop() if state else {})
     elapsed = time.perf_counter() - t0
     with torch.no_grad():
         eval_loss = nn.functional.mse_loss(model.module(x_eval), y_eval).item()

@@ -17,21 +17,22 @@ Kinds (``KINDS``):
   ``DistributedDataParallel._check_comm_hook``), but gloo itself all-reduces CPU bf16 tensors
   (``c10::BFloat16`` in ProcessGroupGloo's type switch, summed through float and rounded to bf16 after
   each addition, as NCCL does), so on gloo the same cast/all-reduce/cast-back is correct and halves the bytes.
-- ``powersgd``: our own PowerSGD (Vogels et al. 2019) with error feedback and warm start; see ``_powersgd_hook``.
+- ``powersgd``: our own PowerSGD (Vogels et al. 2019), error feedback and warm start; see ``_powersgd_hook``.
 
-Why not torch's ``powerSGD_hook`` on gloo: it issues its second and third all-reduces (P, then Q) from
-``Future.then`` callbacks. On gloo those callbacks run on the process group's worker threads (2 by default)
-when the previous collective finishes, while DDP keeps launching the next buckets' hooks from the
-autograd thread. Gloo pairs collectives across ranks by the order in which they are enqueued (a tag per
-call), so as soon as a model has more than one bucket the enqueue order can differ between ranks: a P of
-one bucket meets the uncompressed batch or the P of another, which aborts ("size mismatch") when the sizes
-differ, and hangs or silently mixes tensors when they do not; the callbacks also block worker threads in
-``.wait()``, which can starve gloo. (On NCCL the futures complete at enqueue time, so the callbacks run
-inline in order and the hook works.) ``batched_powerSGD_hook`` resizes the bucket buffer in place to a
-padded square, which DDP's reducer rejects. Our hook issues every collective from the hook itself, in
-bucket order, on every rank: it waits for P's all-reduce (on NCCL that wait only orders streams), and only
-the decompression, which launches no collective, runs in a callback. The order of collectives is then a
-function of the bucket layout alone, which DDP keeps identical on every rank.
+Why not torch's ``powerSGD_hook`` on gloo (2-rank trials, torch 2.13 CPU and 2.11 CUDA builds): it launches
+its P and Q all-reduces from ``Future.then`` callbacks. On gloo those run on the process group's worker
+threads when the previous collective ends, while DDP launches the next buckets' hooks from the autograd
+thread; gloo pairs collectives across ranks by the order they are enqueued (a tag taken per call), so once
+a model has more than one bucket that order can differ between ranks. Seen: aborts ("Received data size
+doesn't match expected size" when one bucket's P meets another's), receive timeouts (a hang without a
+collective timeout), a segfault. With one bucket the order is fixed and it ran. On a CUDA build it also
+fails at its first compressed step on CPU tensors: ``torch.cuda.synchronize(device)`` with the CPU device.
+(NCCL futures complete at enqueue, so there the callbacks run in order.) ``batched_powerSGD_hook`` fails
+on any backend: it hands a 2-D Q to ``_orthogonalize``, which asserts a 3-D batch since the batched
+rewrite of ``powerSGD_hook``. Our hook launches every collective from the hook itself, in bucket order: it
+waits for P's all-reduce (on NCCL that wait only orders streams) and only the decompression, which
+launches none, runs in a callback. The collectives' order is then a function of the bucket layout alone,
+which DDP keeps identical on every rank.
 
 Counting: ``CommCounter`` adds, per step, the bytes of every tensor this rank hands to an all-reduce
 (``comm_bytes``) and the bytes a plain all-reduce of the same buckets would carry, i.e. the bucket sizes
@@ -239,8 +240,8 @@ def _powersgd_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fu
     group, world = state.group, state.world_size()
     device = buffer.device
     params = bucket.parameters()
-    plain = [g for g, p in zip(grads, plan) if p is None]
-    compressed = [(g, param, p) for g, param, p in zip(grads, params, plan) if p is not None]
+    plain = [g for g, p in zip(grads, plan, strict=True) if p is None]
+    compressed = [(g, param, p) for g, param, p in zip(grads, params, plan, strict=True) if p is not None]
     n_plain = sum(g.numel() for g in plain)
     n_p = sum(n * r for _, _, (n, _, r) in compressed)
     n_q = sum(m * r for _, _, (_, m, r) in compressed)
@@ -270,7 +271,7 @@ def _powersgd_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fu
     for g in plain:
         g.copy_(flat_p[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
-    for mat, p, q in zip(ms, ps, qs):
+    for mat, p, q in zip(ms, ps, qs, strict=True):
         _orthogonalize(p, state.eps)
         torch.matmul(mat.T, p, out=q)
 
@@ -280,7 +281,7 @@ def _powersgd_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fu
     def decompress(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         fut.wait()
         flat_q.div_(world)
-        for (g, _, _), mat, p, q, mem in zip(compressed, ms, ps, qs, mems):
+        for (g, _, _), mat, p, q, mem in zip(compressed, ms, ps, qs, mems, strict=True):
             approx = p @ q.T
             torch.sub(mat, approx, out=mem.error)
             mem.q.copy_(q)
