@@ -35,3 +35,13 @@ def test_the_first_start_writes_one_admin_key_readable_by_its_owner_only(engine,
         assert find_key(s, key).admin
         assert ensure_admin_key(s, home) is None  # a second start makes no other admin key
     assert path.read_text().strip() == key
+
+
+def test_a_configured_admin_key_on_a_store_that_has_one_is_reported_not_silently_dropped(
+    engine, tmp_path, caplog
+):
+    with session(engine) as s:
+        ensure_admin_key(s, tmp_path)
+    with caplog.at_level("WARNING", logger="gpuforge.server"), session(engine) as s:
+        assert ensure_admin_key(s, tmp_path, "gf_" + "x" * 40) is None
+    assert "GPUFORGE_ADMIN_KEY is not used" in caplog.text

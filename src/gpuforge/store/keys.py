@@ -8,6 +8,7 @@ stolen database does not hand out working keys.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -19,6 +20,7 @@ from gpuforge.errors import GpuforgeError
 from gpuforge.store.models import ApiKey
 
 PREFIX = "gf_"
+log = logging.getLogger("gpuforge.server")
 
 
 def digest(key: str) -> str:
@@ -48,6 +50,8 @@ def ensure_admin_key(s: Session, home: Path, configured: str | None = None) -> s
     """On a store with no admin key: take the `configured` one (GPUFORGE_ADMIN_KEY, written nowhere), or
     make one, write it to home/admin.key (mode 0600) and return it (to print once). Otherwise None."""
     if has_admin_key(s):
+        if configured and find_key(s, configured) is None:  # said once at start, not a 401 puzzle later
+            log.warning("GPUFORGE_ADMIN_KEY is not used: this store has an admin key already (admin.key)")
         return None
     if configured:
         if not configured.startswith(PREFIX) or len(configured) < 32:
