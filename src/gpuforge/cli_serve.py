@@ -13,8 +13,7 @@ import typer
 
 from gpuforge.cli import app
 from gpuforge.errors import GpuforgeError
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+from gpuforge.server.access import is_loopback
 
 
 @app.command()
@@ -47,7 +46,7 @@ def serve(
     from gpuforge.serve.worker import ServeConfig, create_worker
 
     api_key = api_key or os.environ.get("GPUFORGE_API_KEY") or None
-    if api_key is None and not (host in LOOPBACK or host.startswith("127.")):
+    if api_key is None and not is_loopback(host):
         raise GpuforgeError(f"--host {host}: refusing to listen beyond loopback without --api-key")
     if not (model_dir / "gpuforge.json").is_file():
         raise GpuforgeError(f"{model_dir}: not a gpuforge model directory (no gpuforge.json)")

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuforge.errors import GpuforgeError
 from gpuforge.serve.batcher import Batcher, BatchStats, QueueFull
 from gpuforge.serve.predict import InputError, Predictor, load_predictor
+from gpuforge.server.access import presented_key
 
 log = logging.getLogger("gpuforge.serve")
 
@@ -207,12 +208,7 @@ def create_worker(config: ServeConfig) -> FastAPI:
     ) -> None:
         if config.api_key is None:
             return
-        given = (
-            authorization[7:].strip()
-            if authorization and authorization.lower().startswith("bearer ")
-            else x_api_key
-        )
-        if given != config.api_key:
+        if presented_key(authorization, x_api_key) != config.api_key:
             raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong API key",
                                 headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
 

@@ -10,6 +10,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request, status
 
+from gpuforge.server.access import presented_key
 from gpuforge.store.db import session
 from gpuforge.store.keys import find_key
 from gpuforge.store.models import ApiKey
@@ -20,9 +21,7 @@ async def current_key(  # async: no thread hop per request (see routes/jobs.py l
     authorization: Annotated[str | None, Header()] = None,
     x_api_key: Annotated[str | None, Header()] = None,
 ) -> ApiKey:
-    key = x_api_key
-    if authorization and authorization.lower().startswith("bearer "):
-        key = authorization[7:].strip()
+    key = presented_key(authorization, x_api_key)
     known = request.app.state.known_keys
     found = known.get(key) if key else None
     if found is None:

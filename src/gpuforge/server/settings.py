@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+from gpuforge.server.access import is_loopback
 
 
 class Settings(BaseSettings):
@@ -30,7 +30,7 @@ class Settings(BaseSettings):
 
     @property
     def loopback_only(self) -> bool:
-        return self.host in LOOPBACK or self.host.startswith("127.")
+        return is_loopback(self.host)
 
     @field_validator("home")
     @classmethod
