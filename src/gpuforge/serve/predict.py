@@ -49,6 +49,7 @@ class Predictor:
     quantized: str | None = None
     adapters: Adapters | None = None  # several LoRA adapters on this base (serve/adapters.py)
     quantize_report: dict[str, Any] | None = None  # the eval metric before and after --quantize
+    tokens_read: int = 0  # real tokens (padding not counted) of every text batch so far, for /metrics
 
     @property
     def task(self) -> str:
@@ -122,6 +123,7 @@ class Predictor:
             return_tensors="pt", return_overflowing_tokens=False, return_length=False,
         )  # fmt: skip
         lengths = encoded["attention_mask"].sum(dim=1)
+        self.tokens_read += int(lengths.sum())
         truncated = [bool(n >= self.max_length) for n in lengths] if self.max_length else [False] * len(items)
         batch = {k: v.to(self.device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
         return batch, truncated

@@ -187,10 +187,10 @@ def create_worker(config: ServeConfig) -> FastAPI:
             return
 
         def run_batch(items):
+            before = predictor.tokens_read
             results = predictor.run_batch(items)
             metrics.inputs.inc(len(items))
-            if predictor.task != "image-classification":
-                metrics.tokens.inc(sum(len(text) for _, text in items) / 4)  # rough: ~4 characters a token
+            metrics.tokens.inc(predictor.tokens_read - before)  # counted by the tokenizer, not guessed
             return results
 
         batcher = Batcher(
