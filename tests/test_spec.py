@@ -91,7 +91,29 @@ def test_set_overrides(tmp_path, override, check):
             yaml.safe_dump({**MINIMAL, "train": {"batch_size": "auto"}}),
             "train: global_batch_size is required",
         ),
-        (yaml.safe_dump({**MINIMAL, "distributed": {"strategy": "ddp"}}), "distributed.strategy"),
+        (
+            yaml.safe_dump({**MINIMAL, "resources": {"devices": 2}}),
+            "resources.devices: 2 needs distributed.strategy ddp or fsdp",
+        ),
+        (
+            yaml.safe_dump({**MINIMAL, "distributed": {"strategy": "fsdp", "gradient_compression": "bf16"}}),
+            "distributed.gradient_compression: bf16 compresses what DDP all-reduces",
+        ),
+        (
+            yaml.safe_dump({**MINIMAL, "distributed": {"powersgd_rank": 0}}),
+            "distributed.powersgd_rank: must be >= 1",
+        ),
+        (
+            yaml.safe_dump(
+                {
+                    **MINIMAL,
+                    "resources": {"devices": 4},
+                    "distributed": {"strategy": "ddp"},
+                    "train": {"batch_size": 2},
+                }
+            ),
+            "4 processes share a global batch of 2 examples",
+        ),
     ],
 )
 def test_errors_name_the_field_and_the_problem(tmp_path, text, message):

@@ -55,6 +55,10 @@ def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: boo
 
     job = load_spec(spec_path, overrides)
     out = out or _default_out(job.name)
+    if job.distributed.strategy != "none":  # this process launches one a device, and waits for them
+        from gpuforge.distributed.launch import launch_local
+
+        return job, out, launch_local(job, out)
     summary = run_training(job, out, Reporter() if quiet else RichReporter(console))
     return job, out, summary
 

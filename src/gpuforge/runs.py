@@ -26,6 +26,7 @@ EVENTS = (
     "cancelled",
     "paused",
     "compressed",
+    "restarted",
 )
 
 
@@ -173,3 +174,23 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(_clean(obj), indent=2) + "\n")
     os.replace(tmp, path)
+
+
+class ReaderRunDir(RunDir):
+    """The run directory as every rank but 0 of a distributed job sees it: read, never written. Rank 0
+    writes the events, metrics, summary and checkpoints for all of them."""
+
+    def create(self) -> None:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)  # for this rank's own log file
+
+    def event(self, event: str, **fields: Any) -> None:
+        pass
+
+    def metric(self, record: dict[str, Any]) -> None:
+        pass
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        pass
+
+    def truncate_metrics_after(self, step: int) -> None:
+        pass

@@ -67,8 +67,12 @@ class DataSpec(Section):
 class TrainSpec(Section):
     max_steps: int | None = Field(None, ge=1)
     epochs: float | None = Field(None, gt=0)
-    batch_size: int | Literal["auto"] = Field(32, description="micro-batch per device")
-    global_batch_size: int | None = Field(None, ge=1, description="reached by gradient accumulation")
+    batch_size: int | Literal["auto"] = Field(
+        32, description="examples a forward; the step's batch too, unless global_batch_size"
+    )
+    global_batch_size: int | None = Field(
+        None, ge=1, description="examples a step, over all processes, reached by gradient accumulation"
+    )
     lr: float = Field(5e-5, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     warmup_steps: int | None = Field(None, ge=0, description="default: warmup_ratio of the steps")
@@ -164,24 +168,29 @@ class ResourcesSpec(Section):
             parse_bytes(v)
         return v
 
-    @field_validator("devices")
-    @classmethod
-    def _one_device(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only 1 device per job is available yet (data parallel comes later)")
-        return v
-
 
 class DistributedSpec(Section):
-    strategy: Literal["none", "ddp", "fsdp"] = "none"
-    gradient_compression: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    """One job over several processes (one a device): torchrun's elastic launcher, gloo or NCCL.
 
-    @field_validator("strategy", "gradient_compression")
-    @classmethod
-    def _not_yet(cls, v: str) -> str:
-        if v != "none":
-            raise ValueError("not available yet (distributed training comes in a later release)")
-        return v
+    The global batch of a step is the same whatever the number of processes (each takes its slice of it),
+    so the loss curve does not depend on it and a checkpoint written by N processes resumes with M."""
+
+    strategy: Literal["none", "ddp", "fsdp"] = Field(
+        "none", description="ddp: a replica a process; fsdp: parameters and optimizer state sharded"
+    )
+    gradient_compression: Literal["none", "fp16", "bf16", "powersgd"] = Field(
+        "none", description="what DDP all-reduces (ddp only)"
+    )
+    powersgd_rank: int = Field(4, ge=1, le=256, description="rank of PowerSGD's low-rank approximation")
+    powersgd_start_step: int = Field(
+        0, ge=0, description="plain all-reduce for the first steps, PowerSGD after"
+    )
+    max_restarts: int = Field(
+        3, ge=0, le=100, description="restarts from the last checkpoint when a process dies"
+    )
+    timeout_s: float = Field(
+        300.0, gt=0, le=86400, description="a collective waiting longer fails the job (then it restarts)"
+    )
 
 
 class CostSpec(Section):
@@ -201,6 +210,28 @@ class JobSpec(Section):
     distributed: DistributedSpec = Field(default_factory=DistributedSpec)
     cost: CostSpec = Field(default_factory=CostSpec)
     priority: int = Field(0, ge=-1000, le=1000, description="higher runs first (server)")
+
+    @model_validator(mode="after")
+    def _processes(self) -> JobSpec:
+        devices, dist = self.resources.devices, self.distributed
+        if devices > 1 and dist.strategy == "none":
+            raise ValueError(
+                f"resources.devices: {devices} needs distributed.strategy ddp or fsdp (one process a device)"
+            )
+        if dist.gradient_compression != "none" and dist.strategy != "ddp":
+            raise ValueError(
+                f"distributed.gradient_compression: {dist.gradient_compression} compresses what DDP "
+                f"all-reduces; it needs distributed.strategy ddp, not {dist.strategy}"
+            )
+        global_batch = self.train.global_batch_size or self.train.batch_size
+        if isinstance(global_batch, int) and global_batch < devices:
+            raise ValueError(
+                f"resources.devices: {devices} processes share a global batch of {global_batch} examples; "
+                "each needs at least one (raise train.global_batch_size)"
+            )
+        if dist.strategy != "none" and self.train.compile:
+            raise ValueError("train.compile: not supported with distributed.strategy yet")
+        return self
 
     @model_validator(mode="after")
     def _length_of_training(self) -> JobSpec:

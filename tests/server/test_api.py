@@ -137,3 +137,12 @@ def test_a_chunked_body_over_the_limit_is_refused_too(server):
         "/api/v1/jobs", content=chunks(), headers={**_auth(admin), "content-type": "application/json"}
     )
     assert response.status_code == 413 and "over the 10000 allowed" in response.json()["detail"]
+
+
+def test_a_job_asking_more_devices_than_the_server_has_is_refused_at_submit(server):
+    client, admin, _ = server
+    spec = _spec(resources={"devices": 2}, distributed={"strategy": "ddp"})
+    refused = client.post("/api/v1/jobs", json={"spec": spec}, headers=_auth(admin))
+    assert refused.status_code == 422
+    assert "resources.devices: 2 cpu devices asked for; this server has 1 (cpu:0" in refused.text
+    assert client.get("/api/v1/jobs", headers=_auth(admin)).json() == []

@@ -51,7 +51,9 @@ def save_checkpoint(
     meta: dict[str, Any],
     keep: int,
     adapter: bool = False,
+    rng_ranks: list[dict[str, Any]] | None = None,
 ) -> Path:
+    """`rng_ranks`: every rank's RNG state, in rank order, for a distributed job (rank 0 writes them)."""
     final = run.checkpoint_path(step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -66,6 +68,7 @@ def save_checkpoint(
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rng_state(),
+            "rng_ranks": rng_ranks,
         },
         tmp / "training_state.pt",
     )
@@ -78,9 +81,20 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: Path, module: torch.nn.Module, optimizer, scheduler, scaler, device: torch.device
+    path: Path,
+    module: torch.nn.Module,
+    optimizer,
+    scheduler,
+    scaler,
+    device: torch.device,
+    rank: int = 0,
+    world: int = 1,
 ) -> dict[str, Any]:
-    """Restore everything saved by save_checkpoint; returns its meta (step, data position, cost so far)."""
+    """Restore everything saved by save_checkpoint; returns its meta (step, data position, cost so far).
+
+    Each rank of a distributed job restores its own RNG state when the checkpoint was written by as many
+    ranks; with another number, ranks past 0 keep the seeds they started with (their data slices differ
+    from the old ones anyway)."""
     if (path / "adapter.safetensors").exists():
         state = load_file(str(path / "adapter.safetensors"), device=str(device))
         unexpected = module.load_state_dict(state, strict=False).unexpected_keys
@@ -93,5 +107,9 @@ def load_checkpoint(
     scheduler.load_state_dict(state["scheduler"])
     if scaler is not None and state["scaler"] is not None:
         scaler.load_state_dict(state["scaler"])
-    set_rng_state(state["rng"])
+    saved_ranks = state.get("rng_ranks")
+    if saved_ranks and len(saved_ranks) == world:
+        set_rng_state(saved_ranks[rank])
+    elif rank == 0:
+        set_rng_state(state["rng"])
     return json.loads((path / "meta.json").read_text())

@@ -15,7 +15,7 @@ import math
 import signal
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,12 @@ import yaml
 
 from gpuforge.artifact import save_artifact
 from gpuforge.data.batches import eval_batches, micro_batches
-from gpuforge.errors import RunDirError, TrainingFailed
+from gpuforge.distributed.parallel import Parallel, wrap
+from gpuforge.distributed.ranks import Ranks
+from gpuforge.errors import RunDirError, SpecError, TrainingFailed
 from gpuforge.hardware.bench import peak_flops
 from gpuforge.hardware.probe import device_name, peak_memory_bytes, reset_peak_memory
-from gpuforge.runs import RunDir
+from gpuforge.runs import ReaderRunDir, RunDir
 from gpuforge.spec import JobSpec
 from gpuforge.train import tasks
 from gpuforge.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -35,18 +37,32 @@ from gpuforge.train.metrics import FlopModel, StepClock, usd
 from gpuforge.train.precision import autocast, make_scaler
 from gpuforge.train.progress import Reporter
 from gpuforge.train.schedule import make_scheduler
-from gpuforge.train.setup import build_job
+from gpuforge.train.setup import build_job, seed_everything
 
 log = logging.getLogger("gpuforge.train")
 
 # Keys that may differ between the spec of a stored run and the spec that resumes it.
-RESUMABLE_CHANGES = {("train", "max_steps"), ("train", "epochs"), ("name",), ("cost", "budget_usd")}
+RESUMABLE_CHANGES = {
+    ("train", "max_steps"),
+    ("train", "epochs"),
+    ("name",),
+    ("cost", "budget_usd"),
+    ("resources", "devices"),  # the global batch of a step does not depend on how many processes share it
+    ("distributed", "max_restarts"),
+    ("distributed", "timeout_s"),
+}
 
 
 def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> dict[str, Any]:
     """Run a job to its end (or a signal, NaN loss, budget) and return its summary."""
     process_start = time.perf_counter()
-    run = RunDir(out)
+    ranks = Ranks.from_env()  # world 1 unless launched as one of several processes (distributed/launch.py)
+    if ranks.world > 1 and spec.distributed.strategy == "none":
+        raise SpecError(
+            f"launched as rank {ranks.rank} of {ranks.world} but distributed.strategy is none: every "
+            "process would train its own copy into one run directory"
+        )
+    run = RunDir(out) if ranks.is_main else ReaderRunDir(out)
     run.check_usable()
     _check_same_job(run, spec)
     reporter = reporter or Reporter()
@@ -54,7 +70,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     resume_meta = json.loads((latest[1] / "meta.json").read_text()) if latest else {}
 
     # --- device, precision, data, model, batch: everything that can fail on bad input, before any write ---
-    job = build_job(spec, resume_meta)
+    job = build_job(spec, resume_meta, ranks)
     device, precision, task, built, module = job.device, job.precision, job.task, job.built, job.module
     data, tokenizer, order, search = job.data, job.tokenizer, job.order, job.search
     micro, total_steps = job.micro, job.total_steps
@@ -69,6 +85,14 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         else round(spec.train.warmup_ratio * total_steps)
     )
 
+    # --- processes: join the others, wrap (DDP) or shard (FSDP) the model before the optimizer sees it ---
+    if ranks.launched and spec.distributed.strategy != "none":  # a single rank too: NCCL/gloo, hooks
+        ranks.start(device, spec.distributed.timeout_s)
+    parallel = wrap(module, spec.distributed, ranks, device, seed=spec.train.seed)
+    module = parallel.model
+    if ranks.rank > 0:
+        seed_everything(spec.train.seed + ranks.rank)  # weights are alike already; dropout masks must differ
+
     # --- optimizer, schedule, loss scaling ---
     optimizer = make_optimizer(module, spec.train.lr, spec.train.weight_decay, device)
     trained = [p for group in optimizer.param_groups for p in group["params"]]  # LoRA: a few of many tensors
@@ -78,7 +102,9 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     # --- resume from the newest checkpoint, if the run directory has one ---
     start_step, cost_before, resumed_from = 0, 0.0, None
     if latest is not None:
-        meta = load_checkpoint(latest[1], module, optimizer, scheduler, scaler, device)
+        meta = load_checkpoint(
+            latest[1], module, optimizer, scheduler, scaler, device, ranks.rank, ranks.world
+        )
         start_step, cost_before, resumed_from = meta["step"], meta.get("cost_usd", 0.0), meta["step"]
         finished = run.summary()
         if start_step >= total_steps and finished and finished.get("status") == "finished":
@@ -88,7 +114,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         run.truncate_metrics_after(start_step)  # steps a killed process logged past its checkpoint run again
 
     stop = StopFlag()
-    with _running(run, spec, stop):
+    with _running(run, spec, stop, ranks):
         log.info("job %s on %s (%s)", spec.name, device_name(device), device.type)
         log.info("precision %s: %s", precision.name, precision.reason)
         log.info(
@@ -125,6 +151,9 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             micro_batch=micro,
             global_batch=order.global_batch,
             batch_search=search.as_dict() if search else None,
+            processes=ranks.world,
+            strategy=parallel.strategy,
+            restart=ranks.restart,
             setup_s=round(
                 time.perf_counter() - process_start, 3
             ),  # device, data, model, batch: before step 1
@@ -135,16 +164,19 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         device_peak = peak_flops(device, precision.name)
         clock = StepClock()
         reset_peak_memory(device)
-        rate = spec.cost.usd_per_hour
+        rate = spec.cost.usd_per_hour * ranks.world  # the price of one device, times the devices held
         status, reason, step, loss_value = "finished", None, start_step, float("nan")
         last_eval: dict[str, float] | None = None
-        samples_done = tokens_done = 0
+        samples_done = tokens_done = comm_bytes_done = 0
         train_seconds = 0.0
 
         def cost_so_far() -> float:
             return cost_before + usd(time.perf_counter() - process_start, rate)
 
         def checkpoint(at_step: int) -> None:
+            rng_ranks = ranks.gather(rng_state()) if ranks.world > 1 else None  # every rank takes part
+            if not ranks.is_main:
+                return
             path = save_checkpoint(
                 run,
                 at_step,
@@ -162,6 +194,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                 },
                 keep=spec.train.keep_checkpoints,
                 adapter=built.adapter,
+                rng_ranks=rng_ranks,
             )
             run.event("checkpoint", step=at_step, path=str(path.relative_to(run.root)))
 
@@ -171,16 +204,17 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                 # --- one optimizer step: forward/backward over the global batch, then clip, step ---
                 step_start = time.perf_counter()
                 lr = scheduler.get_last_lr()[0]
-                indices, rng_at_start = order.batch(step - 1), rng_state()
+                indices, rng_at_start = ranks.share(order.batch(step - 1)), rng_state()
                 result = None
                 while result is None:
                     try:
                         result = forward_backward(
-                            built, task, data.train, indices, micro, precision, device, scaler
-                        )
+                            built, task, data.train, indices, micro, precision, device, scaler,
+                            parallel, order.global_batch,
+                        )  # fmt: skip
                     except Exception as err:
-                        if not is_out_of_memory(err):
-                            raise
+                        if not is_out_of_memory(err) or ranks.world > 1:
+                            raise  # several processes: a retry on one alone would desynchronise them
                         optimizer.zero_grad(set_to_none=True)
                         _release_memory(device)
                         if micro == 1:
@@ -196,6 +230,13 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     status, reason = "failed", f"out of memory at step {step} even with a micro-batch of 1"
                     break
                 loss_value, samples, tokens, data_wait = result
+                stopping = stop.signal_name is not None
+                over_budget = spec.cost.budget_usd is not None and cost_so_far() >= spec.cost.budget_usd
+                if ranks.world > 1:  # one all-reduce: the step's figures, and decisions every rank shares
+                    loss_value, samples, tokens, stops, overs = ranks.sum(
+                        [loss_value, samples, tokens, float(stopping), float(over_budget)], device
+                    )
+                    samples, tokens, stopping, over_budget = int(samples), int(tokens), stops > 0, overs > 0
                 if not math.isfinite(loss_value):
                     status, reason = "failed", f"loss is {loss_value} at step {step}"
                     break
@@ -204,6 +245,8 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                 # the gradient norm (clipped or not) also guards the weights: a finite loss can still
                 # give NaN/inf gradients, and one optimizer step on them would poison every checkpoint after
                 grad_norm = torch.nn.utils.clip_grad_norm_(trained, spec.train.grad_clip or math.inf)
+                if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor, the same on every rank
+                    grad_norm = grad_norm.full_tensor()
                 if not scaler and not math.isfinite(float(grad_norm)):
                     status, reason = "failed", f"gradient norm is {float(grad_norm)} at step {step}"
                     break
@@ -214,6 +257,8 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 scheduler.step()
+                comm = parallel.pop_comm()
+                comm_bytes_done += comm.get("comm_bytes", 0)
 
                 step_time = time.perf_counter() - step_start
                 clock.add(step_time)
@@ -226,8 +271,9 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                 if data.eval is not None and (
                     is_last or (spec.train.eval_every and step % spec.train.eval_every == 0)
                 ):
-                    evaluation = last_eval = evaluate(built, task, data.eval, micro, precision, device)
-                    module.train()
+                    if parallel.evaluates_here:
+                        evaluation = last_eval = evaluate(built, task, data.eval, micro, precision, device)
+                        module.train()
                 if step % spec.train.log_every == 0 or evaluation or is_last:
                     record = {
                         "step": step,
@@ -238,10 +284,11 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                         "step_time_s": step_time,
                         "data_wait_frac": data_wait / step_time,
                         "peak_mem_bytes": peak_memory_bytes(device),
-                        "mfu": flops.step_flops(samples, tokens) / step_time / device_peak,
+                        "mfu": flops.step_flops(samples, tokens) / step_time / (device_peak * ranks.world),
                         "cost_usd": cost_so_far(),
                         "step_cost_usd": usd(step_time, rate),
                         "eta_s": clock.eta(total_steps - step),
+                        **comm,
                     }
                     if evaluation:
                         record.update({f"eval_{k}": v for k, v in evaluation.items()})
@@ -249,10 +296,15 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     reporter.step(record)
                 if spec.train.checkpoint_every and step % spec.train.checkpoint_every == 0 and not is_last:
                     checkpoint(step)
-                if stop.signal_name:
-                    status, reason = "cancelled", f"stopped by {stop.signal_name} at step {step}"
+                if ranks.world == 1:  # one process: a signal that came during the optimizer step counts now
+                    stopping = stop.signal_name is not None
+                if stopping:
+                    by = stop.signal_name or "a signal to another process of the job"
+                    status, reason = "cancelled", f"stopped by {by} at step {step}"
                     break
-                if spec.cost.budget_usd is not None and cost_so_far() >= spec.cost.budget_usd and not is_last:
+                if ranks.world == 1:  # one process: the budget as of now, not as of the step's all-reduce
+                    over_budget = spec.cost.budget_usd is not None and cost_so_far() >= spec.cost.budget_usd
+                if over_budget and not is_last:
                     status = "paused"  # resumable: the same run directory with a higher budget goes on
                     spent = cost_so_far()
                     reason = f"cost.budget_usd {spec.cost.budget_usd:g} spent (${spent:.4f}) at step {step}"
@@ -262,7 +314,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         done_step = step if status != "failed" else step - 1
         if status != "failed" and done_step > start_step:
             checkpoint(done_step)
-        if status == "finished" and done_step == total_steps:
+        if status == "finished" and done_step == total_steps and ranks.is_main:
             save_artifact(
                 run.model_dir,
                 built,
@@ -303,12 +355,18 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             "flops_method": flops.method,
             "device_peak_flops": device_peak,
             "mfu": (
-                flops.step_flops(samples_done, tokens_done) / train_seconds / device_peak
+                flops.step_flops(samples_done, tokens_done) / train_seconds / (device_peak * ranks.world)
                 if train_seconds
                 else None
             ),
             "cost_usd": cost_so_far(),
             "usd_per_hour": rate,
+            "processes": ranks.world,
+            "strategy": parallel.strategy,
+            "gradient_compression": spec.distributed.gradient_compression
+            if parallel.strategy == "ddp"
+            else None,
+            "comm_bytes_per_step": comm_bytes_done / (done_step - start_step) if comm_bytes_done else None,
             "wall_s": time.perf_counter() - process_start,
         }
         run.write_summary(summary)
@@ -325,23 +383,43 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     return summary
 
 
-def forward_backward(built, task: str, data, indices: list[int], micro: int, precision, device, scaler):
-    """Gradients of the mean loss over `indices`, summed over micro-batches of at most `micro` examples.
+def forward_backward(
+    built,
+    task: str,
+    data,
+    indices: list[int],
+    micro: int,
+    precision,
+    device,
+    scaler,
+    parallel: Parallel | None = None,
+    global_size: int | None = None,
+):
+    """Gradients of the mean loss over the step's global batch, of which `indices` is this process's share
+    (all of it with one process), summed over micro-batches of at most `micro` examples.
 
-    Each micro-batch's mean loss is weighted by its share of the global batch, so the gradient is the same
-    whatever the micro-batch size. Returns (loss, samples, tokens, seconds spent fetching data)."""
+    Each micro-batch's mean loss is weighted by its share of the global batch of `global_size`, so the
+    gradient is the same whatever the micro-batch size and the number of processes (DDP and FSDP average
+    over processes: the weight is scaled up by their number to undo it). Gradients are synchronised across
+    processes only after the last micro-batch. Returns (this share's part of the mean loss, samples,
+    tokens, seconds spent fetching data)."""
+    global_size = global_size or len(indices)
+    world = parallel.ranks.world if parallel is not None and parallel.strategy != "none" else 1
+    module = parallel.forward_module if parallel is not None else None
     loss_total = torch.zeros((), device=device)
     samples = tokens = 0
     data_wait = 0.0
-    for chunk in micro_batches(indices, micro):
+    chunks = micro_batches(indices, micro)
+    for i, chunk in enumerate(chunks):
         fetch_start = time.perf_counter()
         batch = _to_device(data.collate(chunk), device)
         data_wait += time.perf_counter() - fetch_start
-        with autocast(precision, device):
-            logits = tasks.forward(built, task, batch)
-        loss_sum, terms = tasks.loss_sum_and_count(task, logits, batch)
-        loss = loss_sum / terms * (len(chunk) / len(indices))
-        (scaler.scale(loss) if scaler else loss).backward()
+        with parallel.accumulating(last=i == len(chunks) - 1) if parallel else nullcontext():
+            with autocast(precision, device):
+                logits = tasks.forward(built, task, batch, module)
+            loss_sum, terms = tasks.loss_sum_and_count(task, logits, batch)
+            loss = loss_sum / terms * (len(chunk) / global_size)
+            (scaler.scale(loss * world) if scaler else loss * world).backward()
         loss_total += loss.detach()
         n_samples, n_tokens = tasks.count(task, batch)
         samples, tokens = samples + n_samples, tokens + n_tokens
@@ -431,13 +509,16 @@ def _stopping(reporter: Reporter):
 
 
 @contextmanager
-def _running(run: RunDir, spec: JobSpec, stop: StopFlag):
-    """From the first write to the last: signals only set the stop flag, the log goes to logs/train.log,
-    and an unexpected error or interrupt becomes a failed/cancelled event."""
+def _running(run: RunDir, spec: JobSpec, stop: StopFlag, ranks: Ranks):
+    """From the first write to the last: signals only set the stop flag, the log goes to logs/train.log
+    (logs/rank<N>.log for the other processes of a distributed job), and an unexpected error or interrupt
+    becomes a failed/cancelled event."""
     with stop.installed():
         run.create()
-        run.spec_path.write_text(spec.to_yaml())
-        with _log_to(run.logs_dir / "train.log", run):
+        if ranks.is_main:
+            run.spec_path.write_text(spec.to_yaml())
+        log_name = "train.log" if ranks.is_main else f"rank{ranks.rank}.log"
+        with _log_to(run.logs_dir / log_name, run):
             yield
 
 

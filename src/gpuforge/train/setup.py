@@ -16,6 +16,7 @@ import torch
 
 from gpuforge.data import PreparedData, prepare_data
 from gpuforge.data.batches import BatchOrder
+from gpuforge.distributed.ranks import Ranks
 from gpuforge.errors import ModelError
 from gpuforge.hardware.probe import select_device
 from gpuforge.models import BuiltModel, ModelRequest, build_model, load_tokenizer
@@ -62,13 +63,18 @@ def check_positions(built: BuiltModel, max_length: int) -> None:
         raise ModelError(f"data.max_length: {max_length} is more than the {limit} positions the model has")
 
 
-def build_job(spec: JobSpec, resume: dict[str, Any] | None = None) -> Job:
+def build_job(spec: JobSpec, resume: dict[str, Any] | None = None, ranks: Ranks | None = None) -> Job:
     """Seed, pick device and precision, read the data, build the model, size the batch.
 
-    `resume` is the meta of the checkpoint a run resumes from: it keeps its precision and micro-batch."""
-    resume = resume or {}
+    `resume` is the meta of the checkpoint a run resumes from: it keeps its precision and micro-batch.
+    `ranks`: this process's place in a distributed job; it takes its local GPU, and its micro-batch is
+    sized for its share of the global batch. Every rank seeds alike, so all build the same weights."""
+    resume, ranks = resume or {}, ranks or Ranks()
     seed_everything(spec.train.seed)
     device = select_device(spec.resources.device_type)
+    if device.type == "cuda" and ranks.local_world > 1:
+        device = torch.device("cuda", ranks.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     if spec.train.precision == "auto" and resume.get("precision"):  # a resumed run keeps its numerics
         precision = Precision(resume["precision"], "auto, kept from the checkpoint this run resumes")
     else:
@@ -115,15 +121,16 @@ def build_job(spec: JobSpec, resume: dict[str, Any] | None = None) -> Job:
     order = BatchOrder(
         len(data.train), spec.train.global_batch_size or spec.train.batch_size, spec.train.seed
     )
+    share = math.ceil(order.global_batch / ranks.world)  # the most examples a process gets a step
     search = None
     if resume.get("micro_batch"):  # a resumed run keeps its micro-batch (searched, or cut by an OOM)
-        micro = min(resume["micro_batch"], order.global_batch)
+        micro = min(resume["micro_batch"], share)
     elif spec.train.batch_size == "auto":
         budget = parse_bytes(spec.resources.max_memory) if spec.resources.max_memory else None
-        search = search_micro_batch(built, task, data.train, order.global_batch, precision, device, budget)
+        search = search_micro_batch(built, task, data.train, share, precision, device, budget)
         micro = search.micro
     else:
-        micro = min(spec.train.batch_size, order.global_batch)
+        micro = min(spec.train.batch_size, share)
     if spec.train.compile:
         built.module.compile()  # in place: parameter names (and so checkpoints) stay the eager model's
     total_steps = spec.train.max_steps or max(1, math.ceil(spec.train.epochs * order.steps_per_epoch))

@@ -11,14 +11,19 @@ import torch.nn.functional as F
 from gpuforge.models.base import BuiltModel
 
 
-def forward(built: BuiltModel, task: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Logits for a batch. Transformers models take keywords; plain modules take the main input first."""
-    module = built.module
+def forward(
+    built: BuiltModel, task: str, batch: dict[str, torch.Tensor], module: torch.nn.Module | None = None
+) -> torch.Tensor:
+    """Logits for a batch. Transformers models take keywords; plain modules take the main input first.
+
+    `module` calls a wrapper of the model instead (DDP), whose forward takes anything: what the model
+    accepts is read from the model itself."""
+    module = module or built.module
     if task == "image-classification":
         out = module(batch["pixel_values"])
     elif built.is_transformers:
         out = module(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")})
-    elif "attention_mask" in batch and _accepts(module, "attention_mask"):
+    elif "attention_mask" in batch and _accepts(built.module, "attention_mask"):
         out = module(batch["input_ids"], attention_mask=batch["attention_mask"])
     else:
         out = module(batch["input_ids"])

@@ -91,12 +91,22 @@ def _device_type(spec: JobSpec, request: Request) -> str:
 def submit(body: JobCreate, request: Request, key: Key) -> Job:
     """Validate a spec and queue it; a spec that fails validation is refused (422), never queued."""
     spec = _parse(body, request, key)
+    device_type = _device_type(spec, request)
+    have = [d.id for d in request.app.state.devices if d.kind == device_type]
+    if spec.resources.devices > len(have):
+        # it could never start: say so now, with what exists, rather than fail it at its turn in the queue
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            f"resources.devices: {spec.resources.devices} {device_type} devices asked for; this server has "
+            f"{len(have)} ({', '.join(have) or 'none'}"
+            + ("; CPU slots are set by GPUFORGE_CPU_SLOTS)" if device_type == "cpu" else ")"),
+        )
     with session(request.app.state.engine) as s:
         job = Job(
             name=body.name or spec.name,
             owner_id=key.id,
             priority=body.priority if body.priority is not None else spec.priority,
-            device_type=_device_type(spec, request),
+            device_type=device_type,
             devices_wanted=spec.resources.devices,
             spec_yaml=spec.to_yaml(),
             run_dir="",

@@ -1,0 +1,91 @@
+"""Where this process stands in a distributed job, and the few collectives the training loop needs.
+
+A job launched by torchrun's elastic agent (distributed/launch.py) or by Ray actors (ray_launch.py) finds
+its rank in the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). A plain
+`gpuforge train` has none of them: world 1, every call here a no-op, so the loop reads the same both ways.
+
+The loop keeps every rank on the same path: each step's decisions (NaN loss, a stop signal, the budget)
+are taken from one all-reduce, so no rank breaks out of the loop while another waits in a collective.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    local_world: int = 1
+    restart: int = 0  # which attempt of the job this is (0: the first; the launcher counts)
+    launched: bool = False  # started by a launcher (even as its only process), not by a plain train
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    @classmethod
+    def from_env(cls) -> Ranks:
+        env = os.environ
+        if "RANK" not in env or "WORLD_SIZE" not in env:
+            return cls()
+        return cls(
+            rank=int(env["RANK"]),
+            world=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_world=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+            restart=int(env.get("GPUFORGE_RESTART", env.get("TORCHELASTIC_RESTART_COUNT", 0))),
+            launched=True,
+        )
+
+    def start(self, device: torch.device, timeout_s: float) -> None:
+        """Join the process group: NCCL between GPUs, gloo otherwise. A collective that waits longer than
+        `timeout_s` raises, so a rank that hangs or vanishes fails the job instead of stalling it."""
+        if self.distributed or not dist.is_available():
+            return
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+
+    def stop(self) -> None:
+        if self.distributed:
+            dist.destroy_process_group()
+
+    def share(self, indices: list[int]) -> list[int]:
+        """This rank's slice of a global batch: strided, so shares differ by one example at most."""
+        return indices[self.rank :: self.world] if self.world > 1 else indices
+
+    def sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Each value summed over the ranks (float64: sample counts and flags stay exact)."""
+        if not self.distributed:
+            return values
+        # NCCL reduces device tensors only; gloo, host ones
+        tensor = torch.tensor(values, dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    def gather(self, obj):
+        """Every rank's `obj`, in rank order, on every rank (pickled: small things only)."""
+        if not self.distributed:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()

@@ -1,0 +1,225 @@
+"""`distributed.strategy: ddp` end to end: `gpuforge train` launches real ranks (torchrun's elastic agent,
+gloo), which must train the same model as one process would, count their bytes, resume with another
+number of processes, and survive a killed or hung rank by restarting from the last checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuforge.runs import RunDir
+
+# no BatchNorm, no dropout: 2 processes must then compute what 1 does (BatchNorm would see half batches)
+MODEL = """
+from torch import nn
+
+def build(num_labels: int, width: int = 64) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(),
+                         nn.Linear(width, num_labels))
+"""
+
+
+def write_spec(tmp_path: Path, name: str = "mlp", **sections) -> Path:
+    (tmp_path / "mlp.py").write_text(MODEL)
+    spec = {
+        "name": name,
+        "model": {"source": "python:mlp.py:build", "task": "image-classification"},
+        "data": {"train": "sklearn:digits", "eval_fraction": 0.1},
+        "train": {"max_steps": 12, "batch_size": 32, "lr": 3e-3, "precision": "fp32", "log_every": 1},
+        "resources": {"devices": 2},
+        "distributed": {"strategy": "ddp"},
+    }
+    for section, values in sections.items():
+        spec[section] = {**spec.get(section, {}), **values} if isinstance(values, dict) else values
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def gpuforge(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    return subprocess.run(
+        [sys.executable, "-m", "gpuforge", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in RunDir(run).metrics()}
+
+
+def test_two_processes_train_what_one_does_and_count_their_bytes(tmp_path):
+    one = gpuforge(
+        "train", str(write_spec(tmp_path, "one", resources={"devices": 1})), "--out", str(tmp_path / "a")
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = gpuforge("train", str(write_spec(tmp_path, "two")), "--out", str(tmp_path / "b"))
+    assert two.returncode == 0, two.stderr[-3000:]
+
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert sorted(b) == list(range(1, 13))
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-4), step
+    summary = RunDir(tmp_path / "b").summary()
+    assert summary["processes"] == 2 and summary["strategy"] == "ddp"
+    assert summary["status"] == "finished"
+    assert (tmp_path / "b" / "logs" / "rank1.log").exists()  # rank 1 logs apart, writes nothing else
+    # plain all-reduce: each step hands the whole gradient (fp32) to the collective
+    params = 64 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10
+    assert {r["comm_bytes"] for r in RunDir(tmp_path / "b").metrics()} == {params * 4}
+
+
+def test_compression_fp16_halves_the_bytes_powersgd_cuts_more(tmp_path):
+    counts = {}
+    for kind in ("fp16", "powersgd"):
+        spec = write_spec(
+            tmp_path,
+            kind,
+            distributed={"gradient_compression": kind, "powersgd_rank": 2},
+            model={"options": {"width": 256}},
+        )
+        done = gpuforge("train", str(spec), "--out", str(tmp_path / kind))
+        assert done.returncode == 0, done.stderr[-3000:]
+        last = RunDir(tmp_path / kind).metrics()[-1]
+        counts[kind] = (last["comm_bytes"], last["comm_bytes_uncompressed"])
+    assert counts["fp16"][0] * 2 == counts["fp16"][1]
+    assert counts["powersgd"][0] * 10 < counts["powersgd"][1]
+
+
+def test_a_checkpoint_of_two_processes_resumes_with_one_and_back(tmp_path):
+    flat = {"warmup_steps": 0, "min_lr_ratio": 1.0}  # a constant rate: max_steps, changed below, is then moot
+    whole = gpuforge(
+        "train",
+        str(write_spec(tmp_path, "whole", resources={"devices": 1}, train=flat)),
+        "--out",
+        str(tmp_path / "w"),
+    )
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    run = tmp_path / "r"
+    for devices, steps in ((2, 6), (1, 9), (2, 12)):
+        spec = write_spec(
+            tmp_path, "part", resources={"devices": devices}, train={**flat, "max_steps": steps}
+        )
+        done = gpuforge("train", str(spec), "--out", str(run))
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    resumed, reference = losses(run), losses(tmp_path / "w")
+    assert sorted(resumed) == list(range(1, 13))
+    for step, value in reference.items():
+        assert resumed[step] == pytest.approx(value, rel=1e-4), step
+    started = [e for e in RunDir(run).events() if e["event"] == "started"]
+    assert [(e["processes"], e["resumed_from"]) for e in started] == [(2, None), (1, 6), (2, 9)]
+
+
+def rank_pids(run: Path) -> dict[int, int]:
+    """The live ranks of the job writing `run`, by rank, from /proc (their command line and environment)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"gpuforge.train.rank" not in argv or os.fsencode(str(run)) not in argv:
+                continue
+            env = dict(
+                item.split(b"=", 1) for item in (entry / "environ").read_bytes().split(b"\0") if b"=" in item
+            )
+            found[int(env[b"RANK"])] = int(entry.name)
+        except (OSError, KeyError, ValueError):
+            continue
+    return found
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def slow_job(tmp_path: Path, **distributed) -> tuple[Path, Path]:
+    spec = write_spec(
+        tmp_path,
+        "slow",
+        train={"max_steps": 60, "checkpoint_every": 10, "batch_size": 64},
+        model={"options": {"width": 1024}},  # a few tens of ms a step: time to act mid-run
+        distributed=distributed,
+    )
+    return spec, tmp_path / "run"
+
+
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_a_rank_that_dies_or_hangs_restarts_the_job_from_its_checkpoint(tmp_path, how):
+    spec, run = slow_job(tmp_path, timeout_s=4, max_restarts=2)
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gpuforge", "train", str(spec), "--out", str(run)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        wait_for(lambda: any(r["step"] >= 15 for r in RunDir(run).metrics()), 120, "step 15")
+        victim = rank_pids(run)[1]
+        if how == "killed":
+            os.kill(victim, signal.SIGKILL)
+        else:
+            os.kill(victim, signal.SIGSTOP)  # alive but silent: only the collective timeout can tell
+            # rank 0 gives up after timeout_s; then the agent's SIGTERM is held until the rank runs again
+            wait_for(lambda: rank_pids(run).get(0) is None, 60, "rank 0 to fail on the timeout")
+            os.kill(victim, signal.SIGCONT)
+        output, _ = launcher.communicate(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, output[-4000:]
+
+    events = RunDir(run).events()
+    restarted = [e for e in events if e["event"] == "restarted"]
+    assert len(restarted) == 1 and restarted[0]["reason"].startswith(
+        "rank 1 was killed by SIGKILL" if how == "killed" else "rank "
+    )
+    started = [e for e in events if e["event"] == "started"]
+    assert [e["restart"] for e in started] == [0, 1]
+    assert started[1]["resumed_from"] in (10, 20, 30)
+    steps = [r["step"] for r in RunDir(run).metrics()]
+    assert steps == list(range(1, 61))  # each step once: the ones past the checkpoint ran again
+    assert RunDir(run).summary()["status"] == "finished"
+    if how == "hung":
+        assert "timed out" in (run / "logs" / "train.log").read_text().lower() or "timeout" in output.lower()
+
+
+def test_devices_more_than_the_machine_has_is_refused_with_what_exists(tmp_path):
+    done = gpuforge(
+        "train", str(write_spec(tmp_path, "big", resources={"devices": 16})), "--out", str(tmp_path / "x")
+    )
+    assert done.returncode == 2
+    assert "resources.devices: 16" in done.stderr and "this machine has" in done.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_spec_errors_name_the_field(tmp_path):
+    done = gpuforge(
+        "train",
+        str(write_spec(tmp_path, "bad", distributed={"strategy": "none"})),
+        "--out",
+        str(tmp_path / "x"),
+    )
+    assert done.returncode == 2 and "needs distributed.strategy ddp or fsdp" in done.stderr
+    done = gpuforge(
+        "train",
+        str(write_spec(tmp_path, "bad2", distributed={"strategy": "fsdp", "gradient_compression": "fp16"})),
+        "--out",
+        str(tmp_path / "x"),
+    )
+    assert done.returncode == 2 and "gradient_compression: fp16" in done.stderr
