@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file, save_model
 
 from gpuforge.models import BuiltModel, ModelRequest, build_model
 from gpuforge.spec import JobSpec
@@ -27,7 +27,9 @@ def save_artifact(
     spec: JobSpec,
     labels: list[str] | None,
     extra: dict[str, Any],
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:
+    """`state_dict`: the weights to write when the module holds only a shard of them (FSDP's rank 0)."""
     tmp = model_dir.with_name(model_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -35,10 +37,13 @@ def save_artifact(
         built.module.save_pretrained(str(tmp))  # PEFT: adapter_config.json + adapter_model.safetensors
         fmt = "peft-adapter"
     elif built.is_transformers:
-        built.module.save_pretrained(str(tmp))
+        built.module.save_pretrained(str(tmp), state_dict=state_dict)
         fmt = "transformers"
     else:
-        save_model(built.module, str(tmp / "model.safetensors"))
+        if state_dict is not None:
+            save_file(state_dict, str(tmp / "model.safetensors"))
+        else:
+            save_model(built.module, str(tmp / "model.safetensors"))
         fmt = "state_dict"
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))

@@ -229,6 +229,8 @@ class JobSpec(Section):
                 f"resources.devices: {devices} processes share a global batch of {global_batch} examples; "
                 "each needs at least one (raise train.global_batch_size)"
             )
+        if dist.strategy == "fsdp" and self.adapt.lora is not None:
+            raise ValueError("distributed.strategy: fsdp with adapt.lora is not supported yet (use ddp)")
         if dist.strategy != "none" and self.train.compile:
             raise ValueError("train.compile: not supported with distributed.strategy yet")
         return self

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpuforge.artifact import load_artifact
 from gpuforge.runs import RunDir
 
 # no BatchNorm, no dropout: 2 processes must then compute what 1 does (BatchNorm would see half batches)
@@ -92,7 +93,8 @@ def test_compression_fp16_halves_the_bytes_powersgd_cuts_more(tmp_path):
     assert counts["powersgd"][0] * 10 < counts["powersgd"][1]
 
 
-def test_a_checkpoint_of_two_processes_resumes_with_one_and_back(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_checkpoint_of_two_processes_resumes_with_one_and_back(tmp_path, strategy):
     flat = {"warmup_steps": 0, "min_lr_ratio": 1.0}  # a constant rate: max_steps, changed below, is then moot
     whole = gpuforge(
         "train",
@@ -104,7 +106,11 @@ def test_a_checkpoint_of_two_processes_resumes_with_one_and_back(tmp_path):
     run = tmp_path / "r"
     for devices, steps in ((2, 6), (1, 9), (2, 12)):
         spec = write_spec(
-            tmp_path, "part", resources={"devices": devices}, train={**flat, "max_steps": steps}
+            tmp_path,
+            "part",
+            resources={"devices": devices},
+            train={**flat, "max_steps": steps},
+            distributed={"strategy": strategy},
         )
         done = gpuforge("train", str(spec), "--out", str(run))
         assert done.returncode == 0, done.stderr[-3000:]
@@ -114,7 +120,20 @@ def test_a_checkpoint_of_two_processes_resumes_with_one_and_back(tmp_path):
     for step, value in reference.items():
         assert resumed[step] == pytest.approx(value, rel=1e-4), step
     started = [e for e in RunDir(run).events() if e["event"] == "started"]
-    assert [(e["processes"], e["resumed_from"]) for e in started] == [(2, None), (1, 6), (2, 9)]
+    assert [(e["processes"], e["resumed_from"], e["strategy"]) for e in started] == [
+        (2, None, strategy),
+        (1, 6, strategy),
+        (2, 9, strategy),
+    ]
+    held = RunDir(run).summary()["process_state_bytes"]
+    alone = RunDir(tmp_path / "w").summary()["process_state_bytes"]
+    for part in ("params", "optimizer"):
+        # FSDP: each of 2 processes holds half (and a step counter a tensor); DDP: the whole, each
+        expected = alone[part] if strategy == "ddp" else alone[part] / 2
+        assert held[part] == pytest.approx(expected, rel=0.02), part
+    model, _, manifest = load_artifact(run / "model")  # the whole model, whichever strategy wrote it
+    assert manifest["step"] == 12
+    assert sum(p.numel() for p in model.parameters()) == 64 * 64 * 2 + 64 * 10 + 64 * 2 + 10
 
 
 def rank_pids(run: Path) -> dict[int, int]:

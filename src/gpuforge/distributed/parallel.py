@@ -50,6 +50,34 @@ class Parallel:
             finally:
                 self.model.set_requires_gradient_sync(True)
 
+    def full_states(self, optimizer) -> tuple[dict, dict] | None:
+        """FSDP: the whole model's and optimizer's state, gathered to rank 0 (every rank must call it; the
+        others get empty ones). None for DDP and one process: their module holds the whole already."""
+        if self.strategy != "fsdp":
+            return None
+        from gpuforge.distributed.fsdp import full_state_dicts
+
+        return full_state_dicts(self.model, optimizer)
+
+    def held_bytes(self, optimizer) -> dict[str, int]:
+        """Bytes this process holds for parameters, gradients and optimizer state: FSDP's shards, or the
+        whole for DDP and one process."""
+        if self.strategy == "fsdp":
+            from gpuforge.distributed.fsdp import local_bytes
+
+            return local_bytes(self.model, optimizer)
+        params = list(self.model.parameters())
+        return {
+            "params": sum(p.numel() * p.element_size() for p in params),
+            "grads": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+            "optimizer": sum(
+                t.numel() * t.element_size()
+                for state in optimizer.state.values()
+                for t in state.values()
+                if isinstance(t, torch.Tensor)
+            ),
+        }
+
     def pop_comm(self) -> dict[str, int]:
         """Bytes this rank handed to all-reduces since the last call (once a step), with compression and
         without; empty when nothing counts them (one process, FSDP)."""

@@ -52,19 +52,24 @@ def save_checkpoint(
     keep: int,
     adapter: bool = False,
     rng_ranks: list[dict[str, Any]] | None = None,
+    full_states: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
 ) -> Path:
-    """`rng_ranks`: every rank's RNG state, in rank order, for a distributed job (rank 0 writes them)."""
+    """`rng_ranks`: every rank's RNG state, in rank order, for a distributed job (rank 0 writes them).
+    `full_states`: the model's and optimizer's state gathered from sharded ranks (FSDP), written in place
+    of the module's and optimizer's own, in the same layout as a one-process run."""
     final = run.checkpoint_path(step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    if adapter:
+    if full_states is not None:
+        save_file(full_states[0], str(tmp / "model.safetensors"))
+    elif adapter:
         save_file(trainable_state(module), str(tmp / "adapter.safetensors"))
     else:
         save_model(module, str(tmp / "model.safetensors"))  # handles tied weights (shared tensors)
     torch.save(
         {
-            "optimizer": optimizer.state_dict(),
+            "optimizer": full_states[1] if full_states is not None else optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rng_state(),
@@ -89,21 +94,29 @@ def load_checkpoint(
     device: torch.device,
     rank: int = 0,
     world: int = 1,
+    sharded: bool = False,
 ) -> dict[str, Any]:
     """Restore everything saved by save_checkpoint; returns its meta (step, data position, cost so far).
 
     Each rank of a distributed job restores its own RNG state when the checkpoint was written by as many
     ranks; with another number, ranks past 0 keep the seeds they started with (their data slices differ
-    from the old ones anyway)."""
-    if (path / "adapter.safetensors").exists():
+    from the old ones anyway). `sharded` (FSDP): rank 0 reads the full states and every rank keeps its
+    shard of them; every rank must call it."""
+    state = torch.load(path / "training_state.pt", map_location="cpu", weights_only=False)
+    if sharded:
+        from gpuforge.distributed.fsdp import load_full_state_dicts
+
+        model_state = load_file(str(path / "model.safetensors")) if rank == 0 else None
+        load_full_state_dicts(module, optimizer, model_state, state["optimizer"] if rank == 0 else None)
+    elif (path / "adapter.safetensors").exists():
         state = load_file(str(path / "adapter.safetensors"), device=str(device))
         unexpected = module.load_state_dict(state, strict=False).unexpected_keys
         if unexpected:
             raise RuntimeError(f"checkpoint {path} holds weights this model lacks: {unexpected[:5]}")
     else:
         load_model(module, str(path / "model.safetensors"), device=str(device))
-    state = torch.load(path / "training_state.pt", map_location="cpu", weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
+    if not sharded:
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     if scaler is not None and state["scaler"] is not None:
         scaler.load_state_dict(state["scaler"])

@@ -103,8 +103,9 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     start_step, cost_before, resumed_from = 0, 0.0, None
     if latest is not None:
         meta = load_checkpoint(
-            latest[1], module, optimizer, scheduler, scaler, device, ranks.rank, ranks.world
-        )
+            latest[1], module, optimizer, scheduler, scaler, device, ranks.rank, ranks.world,
+            sharded=parallel.strategy == "fsdp",
+        )  # fmt: skip
         start_step, cost_before, resumed_from = meta["step"], meta.get("cost_usd", 0.0), meta["step"]
         finished = run.summary()
         if start_step >= total_steps and finished and finished.get("status") == "finished":
@@ -175,6 +176,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
 
         def checkpoint(at_step: int) -> None:
             rng_ranks = ranks.gather(rng_state()) if ranks.world > 1 else None  # every rank takes part
+            full = parallel.full_states(optimizer)  # FSDP: gathered to rank 0, every rank taking part
             if not ranks.is_main:
                 return
             path = save_checkpoint(
@@ -195,6 +197,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                 keep=spec.train.keep_checkpoints,
                 adapter=built.adapter,
                 rng_ranks=rng_ranks,
+                full_states=full,
             )
             run.event("checkpoint", step=at_step, path=str(path.relative_to(run.root)))
 
@@ -314,7 +317,11 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         done_step = step if status != "failed" else step - 1
         if status != "failed" and done_step > start_step:
             checkpoint(done_step)
-        if status == "finished" and done_step == total_steps and ranks.is_main:
+        finished_all = status == "finished" and done_step == total_steps
+        # FSDP: every rank hands rank 0 its shards of the final weights
+        gathered = parallel.full_states(optimizer) if finished_all else None
+        gathered = gathered[0] if gathered else None
+        if finished_all and ranks.is_main:
             save_artifact(
                 run.model_dir,
                 built,
@@ -322,6 +329,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                 spec,
                 data.labels,
                 {"step": done_step, "precision": precision.name, "sample_shape": data.sample_shape},
+                state_dict=gathered,
             )
         summary = {
             "status": status,
@@ -346,6 +354,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             "parameters": built.num_parameters,
             "trainable_parameters": built.num_trainable_parameters,
             "optimizer_state_bytes": optimizer_state_bytes(optimizer),
+            "process_state_bytes": parallel.held_bytes(optimizer),  # what one process holds (FSDP: shards)
             "adapter": (
                 "qlora-" + built.extra["quantize_base"] if built.extra.get("quantize_base") else "lora"
             )
