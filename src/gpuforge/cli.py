@@ -15,6 +15,7 @@ its cost budget exits 3; a run stopped by SIGINT/SIGTERM exits 130/143 after its
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -55,10 +56,11 @@ def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: boo
 
     job = load_spec(spec_path, overrides)
     out = out or _default_out(job.name)
-    if job.distributed.strategy != "none":  # this process launches one a device, and waits for them
-        from gpuforge.distributed.launch import launch_local
+    # several processes, or a server whose jobs run on a Ray cluster: this process launches them and waits
+    if job.distributed.strategy != "none" or os.environ.get("GPUFORGE_EXECUTOR", "local") == "ray":
+        from gpuforge.distributed.launch import launch
 
-        return job, out, launch_local(job, out)
+        return job, out, launch(job, out)
     summary = run_training(job, out, Reporter() if quiet else RichReporter(console))
     return job, out, summary
 

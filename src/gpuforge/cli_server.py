@@ -44,16 +44,30 @@ def server(
     host: Annotated[str | None, typer.Option(help="default 127.0.0.1 ($GPUFORGE_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="default 8600 ($GPUFORGE_PORT)")] = None,
     db: Annotated[str | None, typer.Option(help="store URL (default: SQLite in $GPUFORGE_HOME)")] = None,
+    executor: Annotated[
+        str | None,
+        typer.Option(help="local (default) or ray: jobs' processes on a Ray cluster ($GPUFORGE_EXECUTOR)"),
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="HOST:PORT of the Ray cluster's head ($GPUFORGE_RAY_ADDRESS)")
+    ] = None,
 ) -> None:
-    """Serve the HTTP API: jobs are queued in the store and run on this machine's devices."""
+    """Serve the HTTP API: jobs are queued in the store and run on this machine's devices (or a Ray
+    cluster's)."""
     import uvicorn
+    from pydantic import ValidationError
 
-    from gpuforge.server.app import check_store_and_bind, create_app
+    from gpuforge.server.app import check_executor, check_store_and_bind, create_app
     from gpuforge.server.settings import Settings
+    from gpuforge.spec import format_validation_error
 
-    overrides = {k: v for k, v in {"host": host, "port": port, "db": db}.items() if v is not None}
-    settings = Settings(**overrides)
+    given = {"host": host, "port": port, "db": db, "executor": executor, "ray_address": ray_address}
+    try:
+        settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as err:
+        raise GpuforgeError(format_validation_error(err)) from None
     check_store_and_bind(settings)
+    check_executor(settings)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
 
 

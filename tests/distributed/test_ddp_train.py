@@ -70,7 +70,7 @@ def test_two_processes_train_what_one_does_and_count_their_bytes(tmp_path):
     summary = RunDir(tmp_path / "b").summary()
     assert summary["processes"] == 2 and summary["strategy"] == "ddp"
     assert summary["status"] == "finished"
-    assert (tmp_path / "b" / "logs" / "rank1.log").exists()  # rank 1 logs apart, writes nothing else
+    assert (tmp_path / "b" / "logs" / "train-rank1.log").exists()  # rank 1 logs apart, writes nothing else
     # plain all-reduce: each step hands the whole gradient (fp32) to the collective
     params = 64 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10
     assert {r["comm_bytes"] for r in RunDir(tmp_path / "b").metrics()} == {params * 4}

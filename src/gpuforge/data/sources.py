@@ -11,6 +11,7 @@ import ast
 import csv
 import hashlib
 import json
+import os
 import sys
 import sysconfig
 from dataclasses import dataclass
@@ -185,7 +186,10 @@ def _stdlib_docstrings(max_records: int | None) -> str:
         text = "\n\n".join(pieces)
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(text, encoding="utf-8")
+            # whole or absent: the ranks of a distributed job build it at the same moment
+            partial = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+            partial.write_text(text, encoding="utf-8")
+            os.replace(partial, cache)
         except OSError:
             pass
     if not text:

@@ -1,27 +1,29 @@
-"""Run one job as several processes on this machine, through torchrun's elastic launcher.
+"""Run one job as several processes: on this machine through torchrun's elastic launcher, or on a Ray
+cluster as actors (`gpuforge server --executor ray`).
 
     gpuforge train spec.yaml --out runs/x        # with distributed.strategy ddp|fsdp, resources.devices N
 
 The `gpuforge train` process becomes the launcher: it starts N ranks (`python -m gpuforge.train.rank`),
 one a device, and waits. A rank that dies (killed, a collective that timed out, a lost peer) makes the
-elastic agent stop the others; the launcher then writes a `restarted` event and starts them all again,
-and they resume from the newest checkpoint, up to `distributed.max_restarts` times. We count restarts
-ourselves (the agent's own max_restarts is 0) because an end the job chose (paused by its budget, a NaN
-loss, cancelled) also exits non-zero and must not be retried: rank 0's summary, written in this attempt,
-tells them apart from a crash. A SIGTERM to the launcher reaches every rank (the agent forwards it); they
-checkpoint at the same step and exit.
+others stop; the launcher then writes a `restarted` event and starts them all again, and they resume from
+the newest checkpoint, up to `distributed.max_restarts` times. We count restarts ourselves (the elastic
+agent's own max_restarts is 0) because an end the job chose (paused by its budget, a NaN loss, cancelled)
+also exits non-zero and must not be retried: rank 0's summary, written in this attempt, tells them apart
+from a crash. A SIGTERM to the launcher reaches every rank; they checkpoint at the same step and exit.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,12 @@ from gpuforge.spec import JobSpec
 log = logging.getLogger("gpuforge.launch")
 
 SHUTDOWN_GRACE_S = 30  # a rank told to stop has this long to checkpoint before SIGKILL
+
+
+@dataclass
+class Attempt:
+    failure: str | None = None  # how the attempt ended badly, when a rank did: "rank 1 was killed by SIGKILL"
+    signal: int | None = None  # the launcher was told to stop by this signal
 
 
 def check_devices(spec: JobSpec) -> str:
@@ -53,80 +61,154 @@ def check_devices(spec: JobSpec) -> str:
     return "cpu"
 
 
+def launch(spec: JobSpec, out: str | Path) -> dict[str, Any]:
+    """Train `spec` with `resources.devices` processes into `out`, here or on the Ray cluster the server
+    names (GPUFORGE_EXECUTOR=ray, GPUFORGE_RAY_ADDRESS); returns rank 0's summary, with the signal that
+    stopped the launcher (if any) under `signal`, as `train()` does."""
+    if os.environ.get("GPUFORGE_EXECUTOR", "local") == "ray":
+        return launch_ray(spec, out, os.environ.get("GPUFORGE_RAY_ADDRESS", ""))
+    return launch_local(spec, out)
+
+
 def launch_local(spec: JobSpec, out: str | Path) -> dict[str, Any]:
-    """Train `spec` with `resources.devices` processes into `out`; returns rank 0's summary, with the
-    signal that stopped the launcher (if any) under `signal`, as `train()` does."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     device_type = check_devices(spec)
-    run = RunDir(out)
-    run.check_usable()
     nproc = spec.resources.devices
     if device_type == "cpu":  # the cores this job holds, shared out: N processes must not each take all
         held = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
         os.environ["OMP_NUM_THREADS"] = str(max(1, held // nproc))
-    scratch = Path(tempfile.mkdtemp(prefix="gpuforge-launch-"))
-    spec_file = scratch / "spec.yaml"
-    spec_file.write_text(spec.to_yaml())  # paths in it are absolute already
-    restarts = spec.distributed.max_restarts
-    try:
-        for attempt in range(restarts + 1):
-            os.environ["GPUFORGE_RESTART"] = str(attempt)
-            config = LaunchConfig(
-                min_nodes=1,
-                max_nodes=1,
-                nproc_per_node=nproc,
-                run_id=uuid.uuid4().hex,
-                rdzv_backend="c10d",
-                rdzv_endpoint="127.0.0.1:0",  # a free port, as torchrun --standalone
-                max_restarts=0,  # ours, below: a chosen end must not be retried
-                monitor_interval=0.2,
-                shutdown_timeout=SHUTDOWN_GRACE_S,
+
+    def attempt(number: int, argv: list[str]) -> Attempt:
+        os.environ["GPUFORGE_RESTART"] = str(number)  # the ranks inherit the agent's environment
+        config = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=nproc,
+            run_id=uuid.uuid4().hex,
+            rdzv_backend="c10d",
+            rdzv_endpoint="127.0.0.1:0",  # a free port, as torchrun --standalone
+            max_restarts=0,  # ours, in supervise(): a chosen end must not be retried
+            monitor_interval=0.2,
+            shutdown_timeout=SHUTDOWN_GRACE_S,
+        )
+        try:
+            elastic_launch(config, entrypoint=argv[0])(*argv[1:])
+        except ChildFailedError as err:
+            rank, failure = err.get_first_failure()
+            message = failure.message if isinstance(failure.message, str) else ""
+            return Attempt(failure=_describe(rank, failure.exitcode, message))
+        except SignalException as err:
+            return Attempt(signal=int(err.sigval))
+        return Attempt()
+
+    return supervise(spec, out, attempt)
+
+
+def launch_ray(spec: JobSpec, out: str | Path, address: str) -> dict[str, Any]:
+    """The ranks as actors on a Ray cluster: a GPU or a CPU each, the rendezvous on rank 0's node, their
+    output streamed back into <run>/logs/rank<N>.log. The run directory must be on a filesystem every node
+    sees (rank 0 writes it where it runs)."""
+    from gpuforge.distributed.ray_launch import cluster_devices, connect, run_ranks
+
+    connect(address)
+    gpus = cluster_devices()["gpus"]
+    on_gpu = spec.resources.device_type == "cuda" or (spec.resources.device_type == "auto" and gpus > 0)
+
+    def attempt(number: int, argv: list[str]) -> Attempt:
+        stop, stopped_by = threading.Event(), []
+
+        def handle(signum, frame):
+            stopped_by.append(signum)
+            stop.set()
+
+        with _handlers(handle):
+            result = run_ranks(
+                argv,
+                spec.resources.devices,
+                Path(out),
+                env={"GPUFORGE_RESTART": str(number), "OMP_NUM_THREADS": "1"},
+                gpus_per_rank=1 if on_gpu else 0,
+                cpus_per_rank=1,
+                stop=stop,
+                grace_s=SHUTDOWN_GRACE_S,
+                strategy="SPREAD",
             )
-            attempt_start = time.time()
-            try:
-                elastic_launch(config, entrypoint=sys.executable)(
-                    "-m", "gpuforge.train.rank", str(spec_file), "--out", str(Path(out).resolve())
-                )
-                failure = None
-            except ChildFailedError as err:
-                failure = _describe_failure(err)
-            except SignalException as err:
-                summary = run.summary()
-                if summary is None or run.summary_path.stat().st_mtime < attempt_start:
-                    raise TrainingFailed(
-                        f"stopped by {err.sigval.name} before the ranks wrote a summary"
-                    ) from None
-                return {**summary, "signal": int(err.sigval)}
-            summary = run.summary()
-            chosen = summary is not None and run.summary_path.stat().st_mtime >= attempt_start
-            if failure is None or chosen:
-                if summary is None:
-                    raise TrainingFailed(f"the ranks ended without a summary in {run.root}")
-                if summary.get("status") == "failed":
-                    raise TrainingFailed(f"{summary.get('reason')} (run directory {run.root})")
-                return {**summary, "signal": None}
-            if attempt < restarts:
-                log.warning("%s; restart %d of %d from the last checkpoint", failure, attempt + 1, restarts)
-                run.event("restarted", attempt=attempt + 1, max_restarts=restarts, reason=failure)
-                continue
-            reason = f"{failure}; all {restarts} restarts used"
-            run.event("failed", reason=reason)
-            raise TrainingFailed(f"{reason} (run directory {run.root})")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        nodes = sorted(set(result.node_ids))
+        log.info(
+            "%d ranks ran on %d nodes (%s)", len(result.exit_codes), len(nodes), ", ".join(result.node_ips)
+        )
+        if stopped_by:
+            return Attempt(signal=stopped_by[0])
+        if result.ok:
+            return Attempt()
+        rank = result.failed_rank if result.failed_rank is not None else 0
+        return Attempt(failure=_describe(rank, result.exit_codes[rank], "", result.node_ips[rank : rank + 1]))
+
+    return supervise(spec, out, attempt)
+
+
+def supervise(spec: JobSpec, out: str | Path, attempt: Callable[[int, list[str]], Attempt]) -> dict[str, Any]:
+    """Run attempts until the ranks end as the job chose, restarting after a crash up to max_restarts."""
+    run = RunDir(out)
+    run.check_usable()
+    run.logs_dir.mkdir(parents=True, exist_ok=True)
+    # beside the logs (the one thing a launcher may add to a run directory): every node sees it
+    spec_file = run.logs_dir / "launch-spec.yaml"
+    spec_file.write_text(spec.to_yaml())  # paths in it are absolute already
+    argv = [sys.executable, "-m", "gpuforge.train.rank", str(spec_file), "--out", str(run.root.resolve())]
+    restarts = spec.distributed.max_restarts
+    for number in range(restarts + 1):
+        started = time.time()
+        outcome = attempt(number, argv)
+        summary = run.summary()
+        fresh = summary is not None and run.summary_path.stat().st_mtime >= started
+        if outcome.signal is not None:
+            if not fresh:
+                name = signal.Signals(outcome.signal).name
+                raise TrainingFailed(f"stopped by {name} before the ranks wrote a summary")
+            return {**summary, "signal": outcome.signal}
+        if outcome.failure is None or fresh:
+            if summary is None:
+                raise TrainingFailed(f"the ranks ended without a summary in {run.root}")
+            if summary.get("status") == "failed":
+                raise TrainingFailed(f"{summary.get('reason')} (run directory {run.root})")
+            return {**summary, "signal": None}
+        if number < restarts:
+            log.warning(
+                "%s; restart %d of %d from the last checkpoint", outcome.failure, number + 1, restarts
+            )
+            run.event("restarted", attempt=number + 1, max_restarts=restarts, reason=outcome.failure)
+            continue
+        reason = f"{outcome.failure}; all {restarts} restarts used"
+        run.event("failed", reason=reason)
+        raise TrainingFailed(f"{reason} (run directory {run.root})")
     raise AssertionError("unreachable")
 
 
-def _describe_failure(err) -> str:
-    rank, failure = err.get_first_failure()
-    code = failure.exitcode
-    if code is not None and code < 0:
+def _describe(rank: int, code: int | None, message: str = "", where: list[str] = ()) -> str:
+    if code is None:
+        how = "was lost (its actor or node went away)"
+    elif code < 0:
         how = f"was killed by {signal.Signals(-code).name}"
     else:
         how = f"exited with code {code}"
-    message = failure.message if isinstance(failure.message, str) and failure.message else ""
+    on = f" on {where[0]}" if where else ""
     detail = f": {message.splitlines()[0][:200]}" if message and "<N/A>" not in message else ""
-    return f"rank {rank} {how}{detail}"
+    return f"rank {rank}{on} {how}{detail}"
+
+
+@contextmanager
+def _handlers(handler):
+    """SIGTERM and SIGINT call `handler` while the ranks run (main thread only: signals arrive there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

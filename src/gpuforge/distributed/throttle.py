@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 PREFIX = "gpuforge-link"
 # The namespaces are private to the link, so every link can use the same subnet and interface names.
@@ -173,3 +174,17 @@ class ThrottledLink:
         """
         iface = self.interfaces[side]
         return {"GLOO_SOCKET_IFNAME": iface, "TP_SOCKET_IFNAME": iface, "MASTER_ADDR": self.addresses[0]}
+
+    def start_rank(self, side: int, argv: list[str], port: int, log_path: Path) -> subprocess.Popen:
+        """Rank `side` of a 2-rank job (torchrun's variables, one process a namespace as on two machines,
+        one thread), started in namespace `side` in a session of its own, its output into `log_path`."""
+        env = {**os.environ, **self.env(side), "RANK": str(side), "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+        env |= {"LOCAL_WORLD_SIZE": "1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        with log_path.open("wb") as sink:
+            return subprocess.Popen(
+                self.command(side, argv),
+                env=env,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )

@@ -37,6 +37,18 @@ def inventory(cpu_slots: int | None = None) -> list[DeviceInfo]:
     return devices
 
 
+def cluster_inventory(cluster: dict) -> list[DeviceInfo]:
+    """The devices of a Ray cluster (ray_launch.cluster_devices()): each GPU, and each CPU as a slot of one
+    core (GPUFORGE_CPU_SLOTS, when set, caps them). Ray places the ranks; these ids only count them."""
+    devices = [
+        DeviceInfo(f"cuda:{i}", "cuda", "a GPU of the Ray cluster") for i in range(int(cluster["gpus"]))
+    ]
+    cpus = int(cluster["cpus"])
+    slots = min(cpus, int(os.environ.get("GPUFORGE_CPU_SLOTS") or cpus))
+    devices += [DeviceInfo(f"cpu:{i}", "cpu", "a CPU core of the Ray cluster", None, 1) for i in range(slots)]
+    return devices
+
+
 def job_environment(devices: list[DeviceInfo]) -> dict[str, str]:
     """Environment variables that confine a job's process to its devices."""
     if devices and devices[0].kind == "cuda":

@@ -9,6 +9,7 @@ first start makes the admin key (printed once, written to $GPUFORGE_HOME/admin.k
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import asynccontextmanager
 
 import httpx
@@ -18,7 +19,7 @@ from prometheus_client import CollectorRegistry, Gauge, Summary, generate_latest
 from sqlalchemy import func, select, text
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.scheduler.allocator import inventory
+from gpuforge.scheduler.allocator import cluster_inventory, inventory
 from gpuforge.scheduler.loop import Scheduler
 from gpuforge.server.routes import deployments, jobs, keys, uploads
 from gpuforge.server.schemas import Health
@@ -41,7 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             admin = ensure_admin_key(s, settings.home, settings.admin_key)
         if admin:
             log.warning("admin API key (shown once, also in %s): %s", settings.home / "admin.key", admin)
-        app.state.engine, app.state.devices = engine, inventory()
+        app.state.engine, app.state.devices = engine, devices_of(settings)
         app.state.scheduler = Scheduler(engine, app.state.devices, settings.home / "deployments")
         if settings.schedule:
             app.state.scheduler.start()
@@ -136,6 +137,30 @@ def open_store(settings: Settings):
     engine = connect(settings.db_url)
     migrate(engine)
     return engine
+
+
+def devices_of(settings: Settings) -> list:
+    """What the scheduler hands out: this machine's devices, or a Ray cluster's (GPUs, and CPUs as slots).
+    With Ray, job runners are told where the cluster is through the environment they inherit."""
+    if settings.executor == "local":
+        return inventory()
+    from gpuforge.distributed.ray_launch import cluster_devices
+    from gpuforge.distributed.ray_launch import connect as connect_ray
+
+    connect_ray(settings.ray_address or "")
+    os.environ["GPUFORGE_EXECUTOR"], os.environ["GPUFORGE_RAY_ADDRESS"] = "ray", settings.ray_address or ""
+    return cluster_inventory(cluster_devices())
+
+
+def check_executor(settings: Settings) -> None:
+    """Before listening: a Ray cluster that does not answer is one clear line, not a hang at the first job."""
+    if settings.executor != "ray":
+        return
+    if not settings.ray_address:
+        raise GpuforgeError("--executor ray needs --ray-address HOST:PORT (the head node of the cluster)")
+    from gpuforge.distributed.ray_launch import connect as connect_ray
+
+    connect_ray(settings.ray_address)
 
 
 def check_store_and_bind(settings: Settings) -> None:

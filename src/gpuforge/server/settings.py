@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,6 +28,8 @@ class Settings(BaseSettings):
     schedule: bool = True  # run queued jobs (off: an API-only server, for tests of the API alone)
     admin_key: str | None = None  # the admin key to use on a new store, instead of making admin.key
     allow_user_code: bool = False  # let any key submit python: models (their code runs as the server's user)
+    executor: Literal["local", "ray"] = "local"  # where a job's processes run: here, or on a Ray cluster
+    ray_address: str | None = None  # the Ray cluster's address (host:port of its head), for executor ray
 
     @property
     def loopback_only(self) -> bool:

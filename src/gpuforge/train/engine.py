@@ -520,13 +520,13 @@ def _stopping(reporter: Reporter):
 @contextmanager
 def _running(run: RunDir, spec: JobSpec, stop: StopFlag, ranks: Ranks):
     """From the first write to the last: signals only set the stop flag, the log goes to logs/train.log
-    (logs/rank<N>.log for the other processes of a distributed job), and an unexpected error or interrupt
-    becomes a failed/cancelled event."""
+    (logs/train-rank<N>.log for the other processes of a distributed job), and an unexpected error or
+    interrupt becomes a failed/cancelled event."""
     with stop.installed():
         run.create()
         if ranks.is_main:
             run.spec_path.write_text(spec.to_yaml())
-        log_name = "train.log" if ranks.is_main else f"rank{ranks.rank}.log"
+        log_name = "train.log" if ranks.is_main else f"train-rank{ranks.rank}.log"
         with _log_to(run.logs_dir / log_name, run):
             yield
 
