@@ -114,6 +114,17 @@ def test_set_overrides(tmp_path, override, check):
             ),
             "4 processes share a global batch of 2 examples",
         ),
+        (
+            yaml.safe_dump(
+                {
+                    **MINIMAL,
+                    "resources": {"devices": 2},
+                    "distributed": {"strategy": "fsdp"},
+                    "train": {"batch_size": 3},
+                }
+            ),
+            "FSDP's 2 processes must share each step's 3 examples evenly",
+        ),
     ],
 )
 def test_errors_name_the_field_and_the_problem(tmp_path, text, message):

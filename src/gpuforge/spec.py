@@ -229,6 +229,11 @@ class JobSpec(Section):
                 f"resources.devices: {devices} processes share a global batch of {global_batch} examples; "
                 "each needs at least one (raise train.global_batch_size)"
             )
+        if dist.strategy == "fsdp" and isinstance(global_batch, int) and global_batch % devices:
+            raise ValueError(
+                f"resources.devices: FSDP's {devices} processes must share each step's {global_batch} "
+                "examples evenly (each runs the same forwards): make the global batch a multiple"
+            )
         if dist.strategy == "fsdp" and self.adapt.lora is not None:
             raise ValueError("distributed.strategy: fsdp with adapt.lora is not supported yet (use ddp)")
         if dist.strategy != "none" and self.train.compile:

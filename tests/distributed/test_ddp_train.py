@@ -178,7 +178,7 @@ def slow_job(tmp_path: Path, **distributed) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("how", ["killed", "hung"])
 def test_a_rank_that_dies_or_hangs_restarts_the_job_from_its_checkpoint(tmp_path, how):
-    spec, run = slow_job(tmp_path, timeout_s=4, max_restarts=2)
+    spec, run = slow_job(tmp_path, timeout_s=8, max_restarts=2)
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "gpuforge", "train", str(spec), "--out", str(run)],
@@ -242,3 +242,48 @@ def test_spec_errors_name_the_field(tmp_path):
         str(tmp_path / "x"),
     )
     assert done.returncode == 2 and "gradient_compression: fp16" in done.stderr
+
+
+def test_a_killed_launcher_takes_its_ranks_with_it_and_sigterm_stops_them_at_one_step(tmp_path):
+    spec, run = slow_job(tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    argv = [sys.executable, "-m", "gpuforge", "train", str(spec), "--out", str(run)]
+    launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    wait_for(lambda: any(r["step"] >= 5 for r in RunDir(run).metrics()), 120, "step 5")
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=60) == 128 + signal.SIGTERM
+    summary = RunDir(run).summary()
+    assert summary["status"] == "cancelled" and summary["steps"] < 60
+    assert RunDir(run).latest_checkpoint()[0] == summary["steps"]  # both ranks stopped at that step
+
+    launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    wait_for(lambda: len(rank_pids(run)) == 2, 60, "the ranks of the resumed job")
+    time.sleep(2)
+    launcher.kill()  # SIGKILL: no handler runs in the launcher
+    launcher.wait()
+    wait_for(lambda: not rank_pids(run), 60, "the ranks to stop after their launcher died")
+    assert RunDir(run).events()[-1]["event"] == "cancelled"
+
+
+def test_bad_input_found_by_the_ranks_is_not_retried(tmp_path):
+    spec = write_spec(tmp_path, "missing", distributed={"max_restarts": 3})
+    spec.write_text(spec.read_text().replace("sklearn:digits", str(tmp_path / "absent.csv")))
+    done = gpuforge("train", str(spec), "--out", str(tmp_path / "x"))
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "refused the job (bad input)" in done.stderr and "absent.csv" in done.stderr
+    events = RunDir(tmp_path / "x").events()
+    assert [e["event"] for e in events] == ["failed"]  # no restart: it would only fail again
+
+
+def test_a_run_directory_of_another_job_is_refused_before_anything_is_written(tmp_path):
+    first = gpuforge(
+        "train", str(write_spec(tmp_path, "first", train={"max_steps": 2})), "--out", str(tmp_path / "r")
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = sorted(p.name for p in (tmp_path / "r" / "logs").iterdir())
+    events = RunDir(tmp_path / "r").events()
+    other = write_spec(tmp_path, "other", train={"lr": 0.5})
+    done = gpuforge("train", str(other), "--out", str(tmp_path / "r"))
+    assert done.returncode == 2 and "holds a run of a different spec" in done.stderr
+    assert RunDir(tmp_path / "r").events() == events
+    assert sorted(p.name for p in (tmp_path / "r" / "logs").iterdir()) == before

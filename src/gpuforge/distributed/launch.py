@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -33,13 +32,32 @@ from gpuforge.spec import JobSpec
 
 log = logging.getLogger("gpuforge.launch")
 
-SHUTDOWN_GRACE_S = 30  # a rank told to stop has this long to checkpoint before SIGKILL
+# A rank told to stop has this long to checkpoint before SIGKILL: less than the server's own grace for the
+# launcher (executor.CANCEL_GRACE_S), so that the launcher is never killed before its ranks.
+SHUTDOWN_GRACE_S = 20
+# Rank exit codes that a restart would only repeat: bad input (2), out of memory (rank.EXIT_OUT_OF_MEMORY).
+NOT_RETRIED = {
+    2: "refused the job (bad input)",
+    4: "ran out of memory (lower train.batch_size, or add devices)",
+}
+# What ranks on other machines need of the server's environment (Ray starts them from the raylet's own).
+FORWARDED_ENV = (
+    "GPUFORGE_",
+    "HF_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "NCCL_",
+    "GLOO_",
+    "PYTHONPATH",
+    "CUBLAS_",
+)
 
 
 @dataclass
 class Attempt:
     failure: str | None = None  # how the attempt ended badly, when a rank did: "rank 1 was killed by SIGKILL"
     signal: int | None = None  # the launcher was told to stop by this signal
+    final: bool = False  # the failure would happen again: no restart
 
 
 def check_devices(spec: JobSpec) -> str:
@@ -81,8 +99,8 @@ def launch_local(spec: JobSpec, out: str | Path) -> dict[str, Any]:
         held = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
         os.environ["OMP_NUM_THREADS"] = str(max(1, held // nproc))
 
-    def attempt(number: int, argv: list[str]) -> Attempt:
-        os.environ["GPUFORGE_RESTART"] = str(number)  # the ranks inherit the agent's environment
+    def attempt(number: int, argv: list[str], env: dict[str, str]) -> Attempt:
+        os.environ.update(env)  # the ranks inherit the agent's environment
         config = LaunchConfig(
             min_nodes=1,
             max_nodes=1,
@@ -94,14 +112,18 @@ def launch_local(spec: JobSpec, out: str | Path) -> dict[str, Any]:
             monitor_interval=0.2,
             shutdown_timeout=SHUTDOWN_GRACE_S,
         )
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             elastic_launch(config, entrypoint=argv[0])(*argv[1:])
         except ChildFailedError as err:
             rank, failure = err.get_first_failure()
             message = failure.message if isinstance(failure.message, str) else ""
-            return Attempt(failure=_describe(rank, failure.exitcode, message))
+            return _failed(rank, failure.exitcode, message)
         except SignalException as err:
             return Attempt(signal=int(err.sigval))
+        finally:  # the agent leaves its own handlers behind (they raise SignalException)
+            for s, h in handlers.items():
+                signal.signal(s, h)
         return Attempt()
 
     return supervise(spec, out, attempt)
@@ -115,9 +137,10 @@ def launch_ray(spec: JobSpec, out: str | Path, address: str) -> dict[str, Any]:
 
     connect(address)
     gpus = cluster_devices()["gpus"]
+    forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
     on_gpu = spec.resources.device_type == "cuda" or (spec.resources.device_type == "auto" and gpus > 0)
 
-    def attempt(number: int, argv: list[str]) -> Attempt:
+    def attempt(number: int, argv: list[str], env: dict[str, str]) -> Attempt:
         stop, stopped_by = threading.Event(), []
 
         def handle(signum, frame):
@@ -126,12 +149,12 @@ def launch_ray(spec: JobSpec, out: str | Path, address: str) -> dict[str, Any]:
 
         with _handlers(handle):
             result = run_ranks(
-                argv,
+                ["python", *argv[1:]],  # each node's own Python (the actor's), not this machine's path
                 spec.resources.devices,
                 Path(out),
-                env={"GPUFORGE_RESTART": str(number), "OMP_NUM_THREADS": "1"},
+                env={**forwarded, **env, "OMP_NUM_THREADS": "1"},
                 gpus_per_rank=1 if on_gpu else 0,
-                cpus_per_rank=1,
+                cpus_per_rank=0 if on_gpu else 1,  # a GPU rank takes no CPU slot: CPU jobs hold those
                 stop=stop,
                 grace_s=SHUTDOWN_GRACE_S,
                 strategy="SPREAD",
@@ -145,15 +168,20 @@ def launch_ray(spec: JobSpec, out: str | Path, address: str) -> dict[str, Any]:
         if result.ok:
             return Attempt()
         rank = result.failed_rank if result.failed_rank is not None else 0
-        return Attempt(failure=_describe(rank, result.exit_codes[rank], "", result.node_ips[rank : rank + 1]))
+        return _failed(rank, result.exit_codes[rank], "", result.node_ips[rank : rank + 1])
 
     return supervise(spec, out, attempt)
 
 
-def supervise(spec: JobSpec, out: str | Path, attempt: Callable[[int, list[str]], Attempt]) -> dict[str, Any]:
+def supervise(
+    spec: JobSpec, out: str | Path, attempt: Callable[[int, list[str], dict[str, str]], Attempt]
+) -> dict[str, Any]:
     """Run attempts until the ranks end as the job chose, restarting after a crash up to max_restarts."""
+    from gpuforge.train.engine import check_same_job
+
     run = RunDir(out)
     run.check_usable()
+    check_same_job(run, spec)  # before the launcher writes anything into another job's run directory
     run.logs_dir.mkdir(parents=True, exist_ok=True)
     # beside the logs (the one thing a launcher may add to a run directory): every node sees it
     spec_file = run.logs_dir / "launch-spec.yaml"
@@ -161,10 +189,12 @@ def supervise(spec: JobSpec, out: str | Path, attempt: Callable[[int, list[str]]
     argv = [sys.executable, "-m", "gpuforge.train.rank", str(spec_file), "--out", str(run.root.resolve())]
     restarts = spec.distributed.max_restarts
     for number in range(restarts + 1):
-        started = time.time()
-        outcome = attempt(number, argv)
+        # rank 0 writes this id into summary.json: a summary with it was written by this attempt's ranks
+        # (an mtime would mislead across machines whose clocks differ, on a shared filesystem)
+        attempt_id = uuid.uuid4().hex
+        outcome = attempt(number, argv, {"GPUFORGE_RESTART": str(number), "GPUFORGE_ATTEMPT": attempt_id})
         summary = run.summary()
-        fresh = summary is not None and run.summary_path.stat().st_mtime >= started
+        fresh = summary is not None and summary.get("launch_attempt") == attempt_id
         if outcome.signal is not None:
             if not fresh:
                 name = signal.Signals(outcome.signal).name
@@ -176,28 +206,33 @@ def supervise(spec: JobSpec, out: str | Path, attempt: Callable[[int, list[str]]
             if summary.get("status") == "failed":
                 raise TrainingFailed(f"{summary.get('reason')} (run directory {run.root})")
             return {**summary, "signal": None}
-        if number < restarts:
+        if number < restarts and not outcome.final:
             log.warning(
                 "%s; restart %d of %d from the last checkpoint", outcome.failure, number + 1, restarts
             )
             run.event("restarted", attempt=number + 1, max_restarts=restarts, reason=outcome.failure)
             continue
-        reason = f"{outcome.failure}; all {restarts} restarts used"
+        reason = outcome.failure if outcome.final else f"{outcome.failure}; all {restarts} restarts used"
         run.event("failed", reason=reason)
+        if outcome.final and "bad input" in reason:
+            raise GpuforgeError(reason)
         raise TrainingFailed(f"{reason} (run directory {run.root})")
     raise AssertionError("unreachable")
 
 
-def _describe(rank: int, code: int | None, message: str = "", where: list[str] = ()) -> str:
+def _failed(rank: int, code: int | None, message: str = "", where: list[str] = ()) -> Attempt:
+    """How rank `rank` ended, in words, and whether restarting would help."""
     if code is None:
         how = "was lost (its actor or node went away)"
     elif code < 0:
         how = f"was killed by {signal.Signals(-code).name}"
     else:
-        how = f"exited with code {code}"
+        how = NOT_RETRIED.get(code, f"exited with code {code}")
     on = f" on {where[0]}" if where else ""
-    detail = f": {message.splitlines()[0][:200]}" if message and "<N/A>" not in message else ""
-    return f"rank {rank}{on} {how}{detail}"
+    # torch's placeholders when the rank left no message: not worth repeating
+    useful = message and "<N/A>" not in message and "To enable traceback" not in message
+    detail = f": {message.splitlines()[0][:300]}" if useful else ""
+    return Attempt(failure=f"rank {rank}{on} {how}{detail}", final=code in NOT_RETRIED)
 
 
 @contextmanager

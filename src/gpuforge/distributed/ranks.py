@@ -78,6 +78,14 @@ class Ranks:
         dist.all_reduce(tensor)
         return tensor.tolist()
 
+    def minimum(self, value: float, device: torch.device) -> float:
+        """The smallest of the ranks' values."""
+        if not self.distributed:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+        return tensor.item()
+
     def gather(self, obj):
         """Every rank's `obj`, in rank order, on every rank (pickled: small things only)."""
         if not self.distributed:

@@ -109,8 +109,8 @@ def load_checkpoint(
         model_state = load_file(str(path / "model.safetensors")) if rank == 0 else None
         load_full_state_dicts(module, optimizer, model_state, state["optimizer"] if rank == 0 else None)
     elif (path / "adapter.safetensors").exists():
-        state = load_file(str(path / "adapter.safetensors"), device=str(device))
-        unexpected = module.load_state_dict(state, strict=False).unexpected_keys
+        adapter = load_file(str(path / "adapter.safetensors"), device=str(device))
+        unexpected = module.load_state_dict(adapter, strict=False).unexpected_keys
         if unexpected:
             raise RuntimeError(f"checkpoint {path} holds weights this model lacks: {unexpected[:5]}")
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -23,7 +24,7 @@ import torch
 import yaml
 
 from gpuforge.artifact import save_artifact
-from gpuforge.data.batches import eval_batches, micro_batches
+from gpuforge.data.batches import micro_batches
 from gpuforge.distributed.parallel import Parallel, wrap
 from gpuforge.distributed.ranks import Ranks
 from gpuforge.errors import RunDirError, SpecError, TrainingFailed
@@ -64,7 +65,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         )
     run = RunDir(out) if ranks.is_main else ReaderRunDir(out)
     run.check_usable()
-    _check_same_job(run, spec)
+    check_same_job(run, spec)
     reporter = reporter or Reporter()
     latest = run.latest_checkpoint()
     resume_meta = json.loads((latest[1] / "meta.json").read_text()) if latest else {}
@@ -88,6 +89,15 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     # --- processes: join the others, wrap (DDP) or shard (FSDP) the model before the optimizer sees it ---
     if ranks.launched and spec.distributed.strategy != "none":  # a single rank too: NCCL/gloo, hooks
         ranks.start(device, spec.distributed.timeout_s)
+    if ranks.world > 1:
+        if order.global_batch < ranks.world:  # BatchOrder caps the batch at the data set's size
+            raise SpecError(
+                f"data.train: {len(data.train)} examples, fewer than the {ranks.world} processes "
+                "(resources.devices) that would share each step's batch"
+            )
+        # the same micro-batch everywhere (an automatic search may differ by rank): FSDP's forwards
+        # all-gather, so every rank must run as many of them a step
+        micro = int(ranks.minimum(micro, device))
     parallel = wrap(module, spec.distributed, ranks, device, seed=spec.train.seed)
     module = parallel.model
     if ranks.rank > 0:
@@ -193,6 +203,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     "examples_seen": at_step * order.global_batch,
                     "cost_usd": cost_so_far(),
                     "precision": precision.name,
+                    "processes": ranks.world,  # micro_batch was sized for this many shares
                 },
                 keep=spec.train.keep_checkpoints,
                 adapter=built.adapter,
@@ -274,9 +285,10 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                 if data.eval is not None and (
                     is_last or (spec.train.eval_every and step % spec.train.eval_every == 0)
                 ):
-                    if parallel.evaluates_here:
-                        evaluation = last_eval = evaluate(built, task, data.eval, micro, precision, device)
-                        module.train()
+                    evaluation = last_eval = evaluate(
+                        built, task, data.eval, micro, precision, device, parallel
+                    )
+                    module.train()
                 if step % spec.train.log_every == 0 or evaluation or is_last:
                     record = {
                         "step": step,
@@ -348,7 +360,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             "precision": precision.name,
             "precision_reason": precision.reason,
             "batch_size": micro,
-            "grad_accum": math.ceil(order.global_batch / micro),
+            "grad_accum": math.ceil(math.ceil(order.global_batch / ranks.world) / micro),
             "global_batch_size": order.global_batch,
             "batch_search": search.as_dict() if search else None,
             "parameters": built.num_parameters,
@@ -370,6 +382,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             ),
             "cost_usd": cost_so_far(),
             "usd_per_hour": rate,
+            "launch_attempt": os.environ.get("GPUFORGE_ATTEMPT") if ranks.launched else None,
             "processes": ranks.world,
             "strategy": parallel.strategy,
             "gradient_compression": spec.distributed.gradient_compression
@@ -413,7 +426,8 @@ def forward_backward(
     processes only after the last micro-batch. Returns (this share's part of the mean loss, samples,
     tokens, seconds spent fetching data)."""
     global_size = global_size or len(indices)
-    world = parallel.ranks.world if parallel is not None and parallel.strategy != "none" else 1
+    parallel = parallel if parallel is not None and parallel.strategy != "none" else None
+    world = parallel.ranks.world if parallel is not None else 1
     module = parallel.forward_module if parallel is not None else None
     loss_total = torch.zeros((), device=device)
     samples = tokens = 0
@@ -428,7 +442,8 @@ def forward_backward(
                 logits = tasks.forward(built, task, batch, module)
             loss_sum, terms = tasks.loss_sum_and_count(task, logits, batch)
             loss = loss_sum / terms * (len(chunk) / global_size)
-            (scaler.scale(loss * world) if scaler else loss * world).backward()
+            scaled = loss * world if world > 1 else loss
+            (scaler.scale(scaled) if scaler else scaled).backward()
         loss_total += loss.detach()
         n_samples, n_tokens = tasks.count(task, batch)
         samples, tokens = samples + n_samples, tokens + n_tokens
@@ -446,16 +461,29 @@ def _release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def evaluate(built, task: str, data, batch_size: int, precision, device: torch.device) -> dict[str, float]:
-    """Loss and accuracy (classification) or perplexity (causal-lm) over the whole eval set."""
+def evaluate(
+    built, task: str, data, batch_size: int, precision, device: torch.device, parallel: Parallel | None = None
+) -> dict[str, float]:
+    """Loss and accuracy (classification) or perplexity (causal-lm) over the whole eval set.
+
+    DDP: each rank evaluates its slice of the set and the tallies are summed (so eval time does not count
+    against the other ranks' collective timeout). FSDP: every rank runs every batch (each forward needs
+    all the shards)."""
     built.module.eval()
     tally = tasks.EvalTally(task)
+    sliced = parallel is not None and parallel.strategy == "ddp"
+    everything = list(range(len(data)))
+    mine = parallel.ranks.share(everything) if sliced else everything
     with torch.no_grad():
-        for indices in eval_batches(len(data), batch_size):
-            batch = _to_device(data.collate(indices), device)
+        for chunk in micro_batches(mine, batch_size):
+            batch = _to_device(data.collate(chunk), device)
             with autocast(precision, device):
                 logits = tasks.forward(built, task, batch)
             tally.add(logits, batch)
+    if sliced:
+        tally.loss, tally.terms, tally.correct, tally.samples = parallel.ranks.sum(
+            [tally.loss, tally.terms, tally.correct, tally.samples], device
+        )
     return tally.result()
 
 
@@ -486,7 +514,7 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def _check_same_job(run: RunDir, spec: JobSpec) -> None:
+def check_same_job(run: RunDir, spec: JobSpec) -> None:
     """Resuming is only for the same job: refuse a run directory that holds another spec."""
     if not run.spec_path.exists():
         return
@@ -527,12 +555,12 @@ def _running(run: RunDir, spec: JobSpec, stop: StopFlag, ranks: Ranks):
         if ranks.is_main:
             run.spec_path.write_text(spec.to_yaml())
         log_name = "train.log" if ranks.is_main else f"train-rank{ranks.rank}.log"
-        with _log_to(run.logs_dir / log_name, run):
+        with _log_to(run.logs_dir / log_name, run, event_on_error=not ranks.launched):
             yield
 
 
 @contextmanager
-def _log_to(path: Path, run: RunDir):
+def _log_to(path: Path, run: RunDir, event_on_error: bool = True):
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("gpuforge")
@@ -547,7 +575,8 @@ def _log_to(path: Path, run: RunDir):
         raise
     except Exception as err:
         log.exception("training stopped by an error")
-        run.event("failed", reason=f"{type(err).__name__}: {err}")
+        if event_on_error:  # a launched rank's launcher writes `restarted` or `failed`, with the reason
+            run.event("failed", reason=f"{type(err).__name__}: {err}")
         raise
     finally:
         root.removeHandler(handler)

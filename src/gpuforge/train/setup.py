@@ -123,7 +123,8 @@ def build_job(spec: JobSpec, resume: dict[str, Any] | None = None, ranks: Ranks 
     )
     share = math.ceil(order.global_batch / ranks.world)  # the most examples a process gets a step
     search = None
-    if resume.get("micro_batch"):  # a resumed run keeps its micro-batch (searched, or cut by an OOM)
+    # a resumed run keeps its micro-batch (searched, or cut by an OOM), if sized for as many processes
+    if resume.get("micro_batch") and resume.get("processes", 1) == ranks.world:
         micro = min(resume["micro_batch"], share)
     elif spec.train.batch_size == "auto":
         budget = parse_bytes(spec.resources.max_memory) if spec.resources.max_memory else None
