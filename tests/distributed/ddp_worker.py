@@ -173,11 +173,14 @@ def main(argv: list[str]) -> None:
     )
     try:
         results = [train(run, rank, world) for run in json.loads(config)]
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(results, f)
+        # every rank past its last collective before any tears down: a gloo peer closing its pairs while
+        # the other still uses them aborted that one ("terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(results, f)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         summary = train(load_spec(args.spec), args.out)
+        ranks.barrier()  # all past their last collective before any tears its connections down
     except TrainingFailed as err:
         _tell_launcher(err)
         print(f"[rank {ranks.rank}] training failed: {err}", file=sys.stderr)
