@@ -247,6 +247,8 @@ def create_openai_router(
                 status.HTTP_413_CONTENT_TOO_LARGE,
                 f"prompt: {len(prompt)} characters, over the {MAX_PROMPT_CHARS} allowed",
             )
+        if isinstance(prompt, str):  # off the event loop: a long prompt must not stall other requests
+            prompt = await asyncio.to_thread(engine.encode, prompt)
         generation = submit(engine, prompt, params(body, body.max_tokens))
         answer_id, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), name(engine)
 
@@ -287,7 +289,7 @@ def create_openai_router(
             raise HTTPException(
                 status.HTTP_413_CONTENT_TOO_LARGE, f"messages: over the {MAX_PROMPT_CHARS} characters allowed"
             )
-        prompt, extra_stop = chat_prompt(engine, messages)
+        prompt, extra_stop = await asyncio.to_thread(chat_prompt, engine, messages)  # off the event loop
         max_tokens = body.max_completion_tokens or body.max_tokens
         generation = submit(engine, prompt, params(body, max_tokens, extra_stop))
         answer_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), name(engine)
