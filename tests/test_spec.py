@@ -125,6 +125,16 @@ def test_set_overrides(tmp_path, override, check):
             ),
             "FSDP's 2 processes must share each step's 3 examples evenly",
         ),
+        (
+            yaml.safe_dump(
+                {
+                    **MINIMAL,
+                    "distributed": {"strategy": "fsdp"},
+                    "train": {"batch_size": "auto", "global_batch_size": 8},
+                }
+            ),
+            "train.batch_size: auto is not supported with distributed.strategy fsdp",
+        ),
     ],
 )
 def test_errors_name_the_field_and_the_problem(tmp_path, text, message):

@@ -234,6 +234,11 @@ class JobSpec(Section):
                 f"resources.devices: FSDP's {devices} processes must share each step's {global_batch} "
                 "examples evenly (each runs the same forwards): make the global batch a multiple"
             )
+        if dist.strategy == "fsdp" and self.train.batch_size == "auto":
+            raise ValueError(
+                "train.batch_size: auto is not supported with distributed.strategy fsdp yet (the search "
+                "would measure the unsharded model); give a number"
+            )
         if dist.strategy == "fsdp" and self.adapt.lora is not None:
             raise ValueError("distributed.strategy: fsdp with adapt.lora is not supported yet (use ddp)")
         if dist.strategy != "none" and self.train.compile:

@@ -116,7 +116,12 @@ def build_job(spec: JobSpec, resume: dict[str, Any] | None = None, ranks: Ranks 
                 module.cast_input_dtype_enabled = False
     if device.type == "cpu" and spec.train.fast_dropout and not spec.train.compile:
         use_fast_dropout(built.module)  # compiled graphs draw masks with inductor's own generator
-    built.module.to(device).train()
+    if spec.distributed.strategy == "fsdp" and ranks.launched and device.type == "cuda":
+        # left in host memory: fully_shard moves each block to the GPU as it shards it, so a GPU never
+        # holds more than its shards and one whole block (a model too big for one GPU still starts)
+        built.module.train()
+    else:
+        built.module.to(device).train()
 
     order = BatchOrder(
         len(data.train), spec.train.global_batch_size or spec.train.batch_size, spec.train.seed
