@@ -6,7 +6,7 @@
     gpuforge cancel ID | resume ID --budget USD | wait ID...
     gpuforge deploy JOB_ID --name NAME [--replicas N] [--max-batch 32] [--quantize int8] [--wait]
     gpuforge deployments | undeploy NAME | predict NAME TEXT...
-    gpuforge keys create NAME [--admin] | keys list
+    gpuforge keys create NAME [--admin] | keys list | keys revoke NAME
 
 Client verbs read GPUFORGE_URL and GPUFORGE_API_KEY (or --url / --key).
 """
@@ -314,8 +314,16 @@ def keys_create(
 def keys_list(url: Url = None, key: ApiKeyOption = None) -> None:
     """The keys by name (never the keys themselves)."""
     table = Table(title="API keys")
-    for column in ("id", "name", "admin", "created"):
+    for column in ("id", "name", "admin", "created", "revoked"):
         table.add_column(column)
     for k in _client(url, key).keys():
-        table.add_row(str(k["id"]), k["name"], "yes" if k["admin"] else "", k["created_at"][:19])
+        revoked = (k.get("revoked_at") or "")[:19]
+        table.add_row(str(k["id"]), k["name"], "yes" if k["admin"] else "", k["created_at"][:19], revoked)
     out_console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(name: str, url: Url = None, key: ApiKeyOption = None) -> None:
+    """Revoke a key: it opens nothing from now on; its jobs and deployments stay."""
+    revoked = _client(url, key).revoke_key(name)
+    out_console.print(f"key {revoked['name']}: revoked", highlight=False, markup=False)

@@ -119,6 +119,9 @@ class Client:
     def keys(self) -> list[dict]:
         return self._call("GET", "/api/v1/keys")
 
+    def revoke_key(self, name: str) -> dict:
+        return self._call("DELETE", f"/api/v1/keys/{name}")
+
     # --- uploads ---
     def upload(self, path: Path) -> str:
         """The server's path for this file's content, sending it only if the server lacks it."""

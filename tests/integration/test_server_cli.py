@@ -72,6 +72,12 @@ def test_a_second_key_sees_and_cancels_only_its_own_jobs(live_server, monkeypatc
     monkeypatch.setenv("GPUFORGE_API_KEY", (live_server[2] / "admin.key").read_text().strip())
     assert {j["id"] for j in json.loads(run_cli("jobs", "--json").stdout)} == {admin_job, own}
 
+    assert run_cli("keys", "revoke", "alice").stdout.strip() == "key alice: revoked"
+    assert "revoked" in run_cli("keys", "list").stdout
+    monkeypatch.setenv("GPUFORGE_API_KEY", alice["key"])
+    refused = run_cli("jobs")
+    assert refused.returncode == 2 and "401" in refused.stderr
+
 
 def test_submit_sends_local_data_files_once_by_content(live_server, tmp_path):
     elsewhere = tmp_path / "client-side"  # not under the server's data roots

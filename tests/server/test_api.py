@@ -146,3 +146,34 @@ def test_a_job_asking_more_devices_than_the_server_has_is_refused_at_submit(serv
     assert refused.status_code == 422
     assert "resources.devices: 2 cpu devices asked for; this server has 1 (cpu:0" in refused.text
     assert client.get("/api/v1/jobs", headers=_auth(admin)).json() == []
+
+
+def test_a_revoked_key_opens_nothing_and_its_jobs_stay(server):
+    client, admin, _ = server
+    alice = client.post("/api/v1/keys", json={"name": "alice"}, headers=_auth(admin)).json()["key"]
+    job = client.post(
+        "/api/v1/jobs",
+        json={
+            "spec": _spec(
+                model={"source": "bundled:minilm", "task": "sequence-classification"},
+                data={"train": "stdlib:docstrings"},
+            )
+        },
+        headers=_auth(alice),
+    )
+    assert job.status_code == 201, job.text
+    assert client.get("/api/v1/jobs", headers=_auth(alice)).status_code == 200  # cached from here on
+    assert client.delete("/api/v1/keys/alice", headers=_auth(alice)).status_code == 403  # admins only
+
+    revoked = client.delete("/api/v1/keys/alice", headers=_auth(admin))
+    assert revoked.status_code == 200 and revoked.json()["revoked_at"]
+    assert client.get("/api/v1/jobs", headers=_auth(alice)).status_code == 401  # at once, cache or not
+    assert client.delete("/api/v1/keys/alice", headers=_auth(admin)).status_code == 409  # already
+    assert client.delete("/api/v1/keys/bob", headers=_auth(admin)).status_code == 404
+    # the last admin key cannot go: nobody could make keys again
+    last = client.delete("/api/v1/keys/admin", headers=_auth(admin))
+    assert last.status_code == 409 and "last admin key" in last.text
+    listed = {k["name"]: k["revoked_at"] for k in client.get("/api/v1/keys", headers=_auth(admin)).json()}
+    assert listed["admin"] is None and listed["alice"] is not None
+    # her jobs stay, for the admin to see
+    assert job.json()["id"] in [j["id"] for j in client.get("/api/v1/jobs", headers=_auth(admin)).json()]

@@ -82,6 +82,7 @@ class KeyPublic(BaseModel):
     name: str
     admin: bool
     created_at: datetime
+    revoked_at: datetime | None = None
 
 
 class KeyCreated(KeyPublic):

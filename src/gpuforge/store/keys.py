@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.store.models import ApiKey
+from gpuforge.store.models import ApiKey, utcnow
 
 PREFIX = "gf_"
 log = logging.getLogger("gpuforge.server")
@@ -37,13 +37,33 @@ def create_key(s: Session, name: str, admin: bool = False) -> str:
 
 
 def find_key(s: Session, key: str | None) -> ApiKey | None:
+    """The live (not revoked) key whose digest this is."""
     if not key or not key.startswith(PREFIX):
         return None
-    return s.scalar(select(ApiKey).where(ApiKey.digest == digest(key)))
+    return s.scalar(select(ApiKey).where(ApiKey.digest == digest(key), ApiKey.revoked_at.is_(None)))
 
 
 def has_admin_key(s: Session) -> bool:
-    return s.scalar(select(ApiKey.id).where(ApiKey.admin.is_(True)).limit(1)) is not None
+    live_admin = ApiKey.admin.is_(True) & ApiKey.revoked_at.is_(None)
+    return s.scalar(select(ApiKey.id).where(live_admin).limit(1)) is not None
+
+
+def revoke_key(s: Session, name: str) -> ApiKey:
+    """Revoke the key named `name`: it opens nothing from now on; its jobs and deployments stay. The last
+    live admin key cannot go (nobody could make keys again)."""
+    key = s.scalar(select(ApiKey).where(ApiKey.name == name))
+    if key is None:
+        raise LookupError(f"no API key named {name!r}")
+    if key.revoked_at is not None:
+        raise GpuforgeError(f"the API key {name!r} is revoked already")
+    if key.admin:
+        others = select(ApiKey.id).where(
+            ApiKey.admin.is_(True), ApiKey.revoked_at.is_(None), ApiKey.id != key.id
+        )
+        if s.scalar(others.limit(1)) is None:
+            raise GpuforgeError(f"{name!r} is the last admin key: make another admin key before revoking it")
+    key.revoked_at = utcnow()
+    return key
 
 
 def ensure_admin_key(s: Session, home: Path, configured: str | None = None) -> str | None:

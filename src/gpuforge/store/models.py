@@ -60,6 +60,7 @@ class ApiKey(Base):
     digest: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the key; the key is never stored
     admin: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)  # no longer opens anything
 
 
 class Job(Base):
