@@ -30,11 +30,6 @@ class Parallel:
     forward_module: torch.nn.Module  # what training calls: the DDP wrapper, else the model
     hook_state: CompressionState | None = None
 
-    @property
-    def evaluates_here(self) -> bool:
-        """DDP: rank 0 alone evaluates its replica. FSDP: every rank must join the forward's all-gathers."""
-        return self.strategy == "fsdp" or self.ranks.is_main
-
     @contextmanager
     def accumulating(self, last: bool):
         """Backward of one micro-batch; gradients are synchronised only after the last of the step."""
