@@ -7,9 +7,7 @@ from the same seed), run under a hard timeout: a hang fails the tests instead of
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpuforge.distributed.compression import KINDS, CommCounter, _orthogonalize, _plan, make_hook
+from tests.distributed.workers import run_workers
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 JOB_TIMEOUT_S = 150
@@ -54,35 +53,12 @@ def run_ddp_job(
     """Run ``runs`` on ``world`` gloo ranks on 127.0.0.1; kill them and fail if they outlast ``timeout``."""
     out = out_dir / "results.json"
     init = f"tcp://127.0.0.1:{_free_port()}"
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    logs = [out_dir / f"rank{r}.log" for r in range(world)]
-    procs = []
-    for r in range(world):
-        with open(logs[r], "w") as log:
-            cmd = [sys.executable, str(WORKER), str(r), str(world), init, str(out), json.dumps(runs)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-    try:
-        for p in procs:
-            p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the {world}-rank job hung (over {timeout}s); last log lines:\n{_tails(logs)}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if any(p.returncode for p in procs):
-        text = _tails(logs)
-        if "init_process_group" in text and "train(" not in text:
-            pytest.skip(f"gloo could not start a {world}-process group on 127.0.0.1 here:\n{text}")
-        pytest.fail(f"ranks exited with {[p.returncode for p in procs]}:\n{text}")
+    commands = [
+        [sys.executable, str(WORKER), str(r), str(world), init, str(out), json.dumps(runs)]
+        for r in range(world)
+    ]
+    run_workers(commands, [out_dir / f"rank{r}.log" for r in range(world)], timeout, "train(")
     return json.loads(out.read_text())
-
-
-def _tails(logs: list[Path]) -> str:
-    return "\n".join(
-        f"--- {p.name}\n" + "\n".join(p.read_text().splitlines()[-15:]) for p in logs if p.exists()
-    )
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,7 @@ Models: a plain ``nn.Sequential`` MLP, a ModuleList of ``nn.TransformerEncoderLa
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from gpuforge.distributed.fsdp import (
     local_bytes,
     shard_model,
 )
+from tests.distributed.workers import run_workers
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 JOB_TIMEOUT_S = 120
@@ -78,40 +77,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _tails(logs: list[Path]) -> str:
-    return "\n".join(
-        f"--- {p.name}\n" + "\n".join(p.read_text().splitlines()[-15:]) for p in logs if p.exists()
-    )
-
-
 @pytest.fixture(scope="module")
 def out(tmp_path_factory) -> Path:
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("torch.distributed with gloo is not available in this torch build")
     out = tmp_path_factory.mktemp("fsdp")
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    procs, logs = [], []
+    commands, logs = [], []
     for i, phases in enumerate(_phases()):
         logs.append(out / f"process{i}.log")
         conf = json.dumps({"steps": STEPS, "save_at": SAVE_AT, "phases": phases})
-        with open(logs[-1], "w") as log:
-            cmd = [sys.executable, str(WORKER), str(out), conf]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-    try:
-        for p in procs:
-            p.wait(timeout=JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the FSDP job hung (over {JOB_TIMEOUT_S}s); last log lines:\n{_tails(logs)}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if any(p.returncode for p in procs):
-        text = _tails(logs)
-        if "init_process_group" in text and ", in run" not in text:  # failed before any run
-            pytest.skip(f"gloo could not start a process group on 127.0.0.1 here:\n{text}")
-        pytest.fail(f"processes exited with {[p.returncode for p in procs]}:\n{text}")
+        commands.append([sys.executable, str(WORKER), str(out), conf])
+    run_workers(commands, logs, JOB_TIMEOUT_S, ", in run")  # a failure past that line is the test's
     return out
 
 
