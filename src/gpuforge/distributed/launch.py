@@ -28,6 +28,7 @@ from typing import Any
 
 from gpuforge.errors import GpuforgeError, TrainingFailed
 from gpuforge.runs import RunDir
+from gpuforge.scheduler.allocator import usable_cores
 from gpuforge.spec import JobSpec
 
 log = logging.getLogger("gpuforge.launch")
@@ -70,7 +71,7 @@ def check_devices(spec: JobSpec) -> str:
         if wanted > gpus:
             raise GpuforgeError(f"resources.devices: {wanted} GPUs asked for; this machine has {gpus}")
         return "cuda"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     if wanted > cores:
         raise GpuforgeError(
             f"resources.devices: {wanted} CPU processes asked for; this machine has {cores} cores "
@@ -96,7 +97,7 @@ def launch_local(spec: JobSpec, out: str | Path) -> dict[str, Any]:
     device_type = check_devices(spec)
     nproc = spec.resources.devices
     if device_type == "cpu":  # the cores this job holds, shared out: N processes must not each take all
-        held = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
+        held = int(os.environ.get("OMP_NUM_THREADS") or usable_cores())
         os.environ["OMP_NUM_THREADS"] = str(max(1, held // nproc))
 
     def attempt(number: int, argv: list[str], env: dict[str, str]) -> Attempt:

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gpuforge.distributed.compression import CompressionState, make_hook
 from gpuforge.distributed.ranks import Ranks
+from gpuforge.train.metrics import optimizer_state_bytes
 
 
 @dataclass
@@ -65,12 +66,7 @@ class Parallel:
         return {
             "params": sum(p.numel() * p.element_size() for p in params),
             "grads": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
-            "optimizer": sum(
-                t.numel() * t.element_size()
-                for state in optimizer.state.values()
-                for t in state.values()
-                if isinstance(t, torch.Tensor)
-            ),
+            "optimizer": optimizer_state_bytes(optimizer),
         }
 
     def pop_comm(self) -> dict[str, int]:

@@ -25,6 +25,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from gpuforge.scheduler.executor import is_alive
+
 PREFIX = "gpuforge-link"
 # The namespaces are private to the link, so every link can use the same subnet and interface names.
 ADDRESSES = ("10.213.0.1", "10.213.0.2")
@@ -89,21 +91,11 @@ def remove_stale(name_prefix: str = PREFIX) -> list[str]:
     removed = []
     for name in _namespaces():
         m = re.fullmatch(rf"{re.escape(name_prefix)}-(\d+)-.*", name)
-        if m is None or _alive(int(m.group(1))):
+        if m is None or is_alive(int(m.group(1))):
             continue
         _run(["ip", "netns", "del", name])
         removed.append(name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ThrottledLink:

@@ -30,7 +30,7 @@ def inventory(cpu_slots: int | None = None) -> list[DeviceInfo]:
             props = torch.cuda.get_device_properties(i)
             devices.append(DeviceInfo(f"cuda:{i}", "cuda", props.name, props.total_memory))
     slots = cpu_slots or int(os.environ.get("GPUFORGE_CPU_SLOTS", "1"))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     per_slot = max(1, cores // slots)
     for i in range(slots):
         devices.append(DeviceInfo(f"cpu:{i}", "cpu", f"{per_slot} of {cores} CPU cores", None, per_slot))
@@ -47,6 +47,11 @@ def cluster_inventory(cluster: dict) -> list[DeviceInfo]:
     slots = min(cpus, int(os.environ.get("GPUFORGE_CPU_SLOTS") or cpus))
     devices += [DeviceInfo(f"cpu:{i}", "cpu", "a CPU core of the Ray cluster", None, 1) for i in range(slots)]
     return devices
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, e.g. a container's share), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def job_environment(devices: list[DeviceInfo]) -> dict[str, str]:

@@ -34,7 +34,7 @@ from gpuforge.runs import ReaderRunDir, RunDir
 from gpuforge.spec import JobSpec
 from gpuforge.train import tasks
 from gpuforge.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from gpuforge.train.metrics import FlopModel, StepClock, usd
+from gpuforge.train.metrics import FlopModel, StepClock, optimizer_state_bytes, usd
 from gpuforge.train.precision import autocast, make_scaler
 from gpuforge.train.progress import Reporter
 from gpuforge.train.schedule import make_scheduler
@@ -496,16 +496,6 @@ def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, devi
     ]
     # fused AdamW: one kernel over all tensors; on a CPU it makes the optimizer step ~5x faster
     return torch.optim.AdamW(groups, lr=lr, fused=device.type in ("cuda", "cpu"))
-
-
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes the optimizer keeps (AdamW: two moments per trainable parameter, plus step counters)."""
-    return sum(
-        t.numel() * t.element_size()
-        for state in optimizer.state.values()
-        for t in state.values()
-        if isinstance(t, torch.Tensor)
-    )
 
 
 def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

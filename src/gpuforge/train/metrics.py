@@ -73,3 +73,13 @@ class StepClock:
 
 def usd(seconds: float, usd_per_hour: float) -> float:
     return seconds * usd_per_hour / 3600.0
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes the optimizer keeps (AdamW: two moments per trainable parameter, plus step counters)."""
+    return sum(
+        t.numel() * t.element_size()
+        for state in optimizer.state.values()
+        for t in state.values()
+        if isinstance(t, torch.Tensor)
+    )
