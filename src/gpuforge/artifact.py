@@ -14,7 +14,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_model, save_file, save_model
 
-from gpuforge.models import BuiltModel, ModelRequest, build_model
+from gpuforge.errors import ModelError
+from gpuforge.models import BuiltModel, ModelRequest, build_model, checked_options
+from gpuforge.policy import current
 from gpuforge.spec import JobSpec
 
 MANIFEST = "gpuforge.json"
@@ -96,11 +98,18 @@ def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu", deq
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
         auto = AutoModelForCausalLM if manifest["task"] == "causal-lm" else AutoModelForSequenceClassification
+        # the options it was trained with, checked again under this process's policy (a manifest is a
+        # file: it may have been edited), decide whether its own code may run
+        options = checked_options(manifest["source"], manifest.get("options") or {}, current().user_code)
+        trust = options.get("trust_remote_code") is True
         if _quantized(manifest):  # config only: the weights are quantized.pt
-            module = auto.from_config(AutoConfig.from_pretrained(str(model_dir), local_files_only=True))
+            config = AutoConfig.from_pretrained(
+                str(model_dir), local_files_only=True, trust_remote_code=trust
+            )
+            module = auto.from_config(config, trust_remote_code=trust)
             _load_quantized(module, manifest, model_dir)
         else:
-            module = auto.from_pretrained(str(model_dir), local_files_only=True)
+            module = auto.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=trust)
     else:
         module = build_model(_request(manifest, tokenizer)).module
         resized = manifest.get("compression", {}).get("prune", {}).get("resized")
@@ -129,7 +138,7 @@ def load_saved_tokenizer(model_dir: Path, manifest: dict[str, Any]):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=False)
 
 
 def _quantized(manifest: dict[str, Any]) -> bool:
@@ -141,7 +150,12 @@ def _load_quantized(module: torch.nn.Module, manifest: dict[str, Any], model_dir
     from gpuforge.compress.quantize import load_quantized
 
     done = manifest["compression"]["quantize"]
-    load_quantized(module, done["kind"], model_dir / manifest["weights"], skip=done["skip"])
+    weights = (model_dir / manifest["weights"]).resolve()
+    if model_dir.resolve() not in weights.parents:  # a manifest is a file: it names its own files only
+        raise ModelError(
+            f"{model_dir}: gpuforge.json names weights outside the directory: {manifest['weights']}"
+        )
+    load_quantized(module, done["kind"], weights, skip=done["skip"])
 
 
 def _request(manifest: dict[str, Any], tokenizer) -> ModelRequest:

@@ -50,11 +50,13 @@ def _default_out(name: str) -> Path:
 
 def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: bool = False):
     # imported here so `gpuforge --help` stays fast (torch and transformers take seconds to import)
+    from gpuforge.policy import current
     from gpuforge.spec import load_spec
     from gpuforge.train.engine import train as run_training
     from gpuforge.train.progress import Reporter, RichReporter
 
     job = load_spec(spec_path, overrides)
+    current().check_spec(job)  # a runner the server started holds to its job's policy, whatever the file says
     out = out or _default_out(job.name)
     # several processes, or a server whose jobs run on a Ray cluster: this process launches them and waits
     if job.distributed.strategy != "none" or os.environ.get("GPUFORGE_EXECUTOR", "local") == "ray":

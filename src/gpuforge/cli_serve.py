@@ -1,6 +1,9 @@
 """`gpuforge serve`: one trained model behind HTTP (it joins `gpuforge.cli.app`).
 
 gpuforge serve runs/<id>/model [--port 8700] [--max-batch 32] [--max-wait-ms 5] [--quantize int8]
+GPUFORGE_API_KEY=... gpuforge serve runs/<id>/model --host 0.0.0.0      # or --api-key-file PATH
+
+The key never comes on the command line: every local user can read a process's arguments.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import typer
 
 from gpuforge.cli import app
 from gpuforge.errors import GpuforgeError
+from gpuforge.secret_files import read_secret_file
 from gpuforge.server.access import is_loopback
 
 
@@ -31,9 +35,11 @@ def serve(
     max_length: Annotated[
         int | None, typer.Option(help="tokens per text input (default: as trained)")
     ] = None,
-    api_key: Annotated[
-        str | None, typer.Option("--api-key", help="required from clients ($GPUFORGE_API_KEY)")
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(help="the key clients must present: this file's first line (else $GPUFORGE_API_KEY)"),
     ] = None,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="a request body over it: 413")] = 1 << 20,
     adapter: Annotated[
         list[str] | None, typer.Option("--adapter", help="NAME=DIR: another LoRA adapter on the same base")
     ] = None,
@@ -45,9 +51,13 @@ def serve(
     from gpuforge.serve.adapters import check_adapters
     from gpuforge.serve.worker import ServeConfig, create_worker
 
-    api_key = api_key or os.environ.get("GPUFORGE_API_KEY") or None
+    if api_key_file is not None:
+        api_key = read_secret_file(api_key_file, "--api-key-file", "the API key")
+    else:
+        api_key = os.environ.get("GPUFORGE_API_KEY") or None
     if api_key is None and not is_loopback(host):
-        raise GpuforgeError(f"--host {host}: refusing to listen beyond loopback without --api-key")
+        raise GpuforgeError(f"--host {host}: refusing to listen beyond loopback without a key "
+                            "(GPUFORGE_API_KEY or --api-key-file)")  # fmt: skip
     if not (model_dir / "gpuforge.json").is_file():
         raise GpuforgeError(f"{model_dir}: not a gpuforge model directory (no gpuforge.json)")
     if quantize not in (None, "int8", "int4", "int8-dynamic"):
@@ -60,10 +70,15 @@ def serve(
         adapters[name] = Path(path)
     check_adapters(model_dir, adapters)  # before listening: a bad adapter is one line, not a 503 later
     config = ServeConfig(
-        model_dir, max_batch, max_wait_ms, max_queue, timeout_s, api_key=api_key, quantize=quantize,
-        precision=precision, device=device, max_length=max_length, adapters=adapters,
+        model_dir, max_batch, max_wait_ms, max_queue, timeout_s, api_key=api_key,
+        max_body_bytes=max_body_bytes, public_metrics=_true(os.environ.get("GPUFORGE_PUBLIC_METRICS")),
+        quantize=quantize, precision=precision, device=device, max_length=max_length, adapters=adapters,
         max_adapters=max_adapters,
     )  # fmt: skip
     uvicorn.run(
         create_worker(config), host=host, port=port, log_level="warning", timeout_graceful_shutdown=30
     )
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes")

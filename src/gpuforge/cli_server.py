@@ -1,38 +1,55 @@
 """The server and its client verbs (they join `gpuforge.cli.app`):
 
-    gpuforge server [--host 127.0.0.1] [--port 8600] [--db URL]
+    gpuforge server [--host 127.0.0.1] [--port 8600] [--db URL | --db-file PATH]
     gpuforge submit SPEC.yaml [--priority N] [--name NAME] [--set k=v]... [--json]
     gpuforge jobs [--state S] [--json] | job ID [--json] | logs ID [--follow] [--tail N]
     gpuforge cancel ID | resume ID --budget USD | wait ID...
     gpuforge deploy JOB_ID --name NAME [--replicas N] [--max-batch 32] [--quantize int8] [--wait]
     gpuforge deployments | undeploy NAME | predict NAME TEXT...
-    gpuforge keys create NAME [--admin] | keys list | keys revoke NAME
+    gpuforge keys create NAME [--admin] [--max-queued N] [--max-running N] [--max-upload-bytes B]
+                              [--max-deployments N] [--max-priority P]
+    gpuforge keys set NAME --max-...  | keys list [--json] | keys revoke NAME
 
-Client verbs read GPUFORGE_URL and GPUFORGE_API_KEY (or --url / --key).
+Client verbs read GPUFORGE_URL (or --url) and the API key from GPUFORGE_API_KEY or --api-key-file PATH
+(its first line): never from the command line, which every local user can read (/proc/<pid>/cmdline). For
+the same reason `gpuforge server` takes a store URL holding a password from GPUFORGE_DB or --db-file PATH,
+never from --db.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import time
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from gpuforge.cli import Overrides, SpecPath, app, out_console
 from gpuforge.errors import GpuforgeError
+from gpuforge.secret_files import read_secret_file, url_with_password_masked
+from gpuforge.store.quotas import QUOTAS
 
 Url = Annotated[str | None, typer.Option("--url", help="server URL (default: $GPUFORGE_URL)")]
-ApiKeyOption = Annotated[str | None, typer.Option("--key", help="API key (default: $GPUFORGE_API_KEY)")]
+KeyFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--api-key-file",
+        help="a file whose first line is the API key (default: $GPUFORGE_API_KEY)",
+        show_default=False,
+    ),
+]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 STOPPED = ("finished", "failed", "cancelled", "paused")
 
 
-def _client(url: str | None, key: str | None):
+def _client(url: str | None, key_file: Path | None):
     from gpuforge.client import Client
 
-    return Client(url, key)
+    return Client(url, read_secret_file(key_file, "--api-key-file", "the API key") if key_file else None)
 
 
 def _print_json(value) -> None:
@@ -43,7 +60,16 @@ def _print_json(value) -> None:
 def server(
     host: Annotated[str | None, typer.Option(help="default 127.0.0.1 ($GPUFORGE_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="default 8600 ($GPUFORGE_PORT)")] = None,
-    db: Annotated[str | None, typer.Option(help="store URL (default: SQLite in $GPUFORGE_HOME)")] = None,
+    db: Annotated[
+        str | None,
+        typer.Option(help="store URL, with no password (default: $GPUFORGE_DB, or SQLite in $GPUFORGE_HOME)"),
+    ] = None,
+    db_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="a file whose first line is the store URL (for one with a password)", show_default=False
+        ),
+    ] = None,
     executor: Annotated[
         str | None,
         typer.Option(help="local (default) or ray: jobs' processes on a Ray cluster ($GPUFORGE_EXECUTOR)"),
@@ -61,6 +87,15 @@ def server(
     from gpuforge.server.settings import Settings
     from gpuforge.spec import format_validation_error
 
+    if db is not None and db_file is not None:
+        raise GpuforgeError("--db and --db-file: give one of them")
+    if db is not None and (shown := url_with_password_masked(db)) is not None:
+        raise GpuforgeError(
+            f"--db {shown}: a password on the command line can be read by every local user; put the URL in "
+            "GPUFORGE_DB or in a file named by --db-file PATH"
+        )
+    if db_file is not None:
+        db = read_secret_file(db_file, "--db-file", "the store URL")
     given = {"host": host, "port": port, "db": db, "executor": executor, "ray_address": ray_address}
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
@@ -78,13 +113,13 @@ def submit(
     name: Annotated[str | None, typer.Option(help="default: the spec's name")] = None,
     set_: Overrides = None,
     url: Url = None,
-    key: ApiKeyOption = None,
+    key_file: KeyFile = None,
     as_json: AsJson = False,
 ) -> None:
     """Queue a job on the server (sending the local data files it names); prints its id."""
     from gpuforge.spec import load_spec
 
-    job = _client(url, key).submit(load_spec(spec, list(set_ or [])), priority, name)
+    job = _client(url, key_file).submit(load_spec(spec, list(set_ or [])), priority, name)
     if as_json:
         _print_json({"id": job["id"]})
     else:
@@ -95,11 +130,11 @@ def submit(
 def jobs(
     state: Annotated[str | None, typer.Option(help="only this state")] = None,
     url: Url = None,
-    key: ApiKeyOption = None,
+    key_file: KeyFile = None,
     as_json: AsJson = False,
 ) -> None:
     """List jobs: id, name, state, devices, step, loss, samples/s, cost, age."""
-    rows = _client(url, key).jobs(state)
+    rows = _client(url, key_file).jobs(state)
     if as_json:
         _print_json(rows)
         return
@@ -135,9 +170,9 @@ def _age(seconds: float) -> str:
 
 
 @app.command()
-def job(job_id: int, url: Url = None, key: ApiKeyOption = None, as_json: AsJson = False) -> None:
+def job(job_id: int, url: Url = None, key_file: KeyFile = None, as_json: AsJson = False) -> None:
     """One job, as JSON (indented; --json: on one line)."""
-    found = _client(url, key).job(job_id)
+    found = _client(url, key_file).job(job_id)
     if as_json:
         _print_json(found)
     else:
@@ -145,9 +180,9 @@ def job(job_id: int, url: Url = None, key: ApiKeyOption = None, as_json: AsJson 
 
 
 @app.command()
-def cancel(job_id: int, url: Url = None, key: ApiKeyOption = None) -> None:
+def cancel(job_id: int, url: Url = None, key_file: KeyFile = None) -> None:
     """Cancel a job (a running one checkpoints first)."""
-    j = _client(url, key).cancel(job_id)
+    j = _client(url, key_file).cancel(job_id)
     out_console.print(f"job {j['id']}: {j['state']}", highlight=False)
 
 
@@ -156,10 +191,10 @@ def resume(
     job_id: int,
     budget: Annotated[float, typer.Option("--budget", help="new cost.budget_usd, above what it spent")],
     url: Url = None,
-    key: ApiKeyOption = None,
+    key_file: KeyFile = None,
 ) -> None:
     """Queue a job paused by its cost budget again, with a higher budget."""
-    j = _client(url, key).resume(job_id, budget)
+    j = _client(url, key_file).resume(job_id, budget)
     out_console.print(f"job {j['id']}: {j['state']} ({j['reason']})", highlight=False, markup=False)
 
 
@@ -169,10 +204,10 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="stream log and metrics lines live")] = False,
     tail: Annotated[int, typer.Option(help="log lines to show first")] = 50,
     url: Url = None,
-    key: ApiKeyOption = None,
+    key_file: KeyFile = None,
 ) -> None:
     """A job's log; with --follow, new log and metrics lines as they come, until the job stops."""
-    client = _client(url, key)
+    client = _client(url, key_file)
     start = client.logs(job_id, tail)
     for line in start["lines"]:
         out_console.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -202,11 +237,11 @@ def wait(
     job_ids: Annotated[list[int], typer.Argument(help="job ids")],
     timeout: Annotated[float, typer.Option(help="seconds before giving up")] = 3600.0,
     url: Url = None,
-    key: ApiKeyOption = None,
+    key_file: KeyFile = None,
     as_json: AsJson = False,
 ) -> None:
     """Wait until the jobs stop (finished, failed, cancelled, paused); exit 1 unless all finished."""
-    client = _client(url, key)
+    client = _client(url, key_file)
     deadline = time.monotonic() + timeout
     while True:
         rows = [client.job(i) for i in job_ids]
@@ -233,11 +268,11 @@ def deploy(
     quantize: Annotated[str | None, typer.Option(help="int8 | int4 | int8-dynamic, at load")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="return once every replica is ready")] = False,
     url: Url = None,
-    key: ApiKeyOption = None,
+    key_file: KeyFile = None,
     as_json: AsJson = False,
 ) -> None:
     """Serve a finished job's model through the server (started, watched and restarted by it)."""
-    client = _client(url, key)
+    client = _client(url, key_file)
     options = {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "quantize": quantize}
     made = client.deploy(job_id, name, replicas, {k: v for k, v in options.items() if v is not None})
     while wait and made["state"] == "starting":
@@ -253,9 +288,9 @@ def deploy(
 
 
 @app.command()
-def deployments(url: Url = None, key: ApiKeyOption = None, as_json: AsJson = False) -> None:
+def deployments(url: Url = None, key_file: KeyFile = None, as_json: AsJson = False) -> None:
     """List deployments: name, job, state, replicas ready, address."""
-    client = _client(url, key)
+    client = _client(url, key_file)
     rows = client.deployments()
     if as_json:
         _print_json(rows)
@@ -270,9 +305,9 @@ def deployments(url: Url = None, key: ApiKeyOption = None, as_json: AsJson = Fal
 
 
 @app.command()
-def undeploy(name: str, url: Url = None, key: ApiKeyOption = None) -> None:
+def undeploy(name: str, url: Url = None, key_file: KeyFile = None) -> None:
     """Stop a deployment's replicas (each finishes what it holds)."""
-    d = _client(url, key).undeploy(name)
+    d = _client(url, key_file).undeploy(name)
     out_console.print(f"deployment {d['name']}: {d['state']}", highlight=False)
 
 
@@ -282,48 +317,115 @@ def predict(
     inputs: Annotated[list[str], typer.Argument(help="texts")],
     adapter: Annotated[str | None, typer.Option(help="a LoRA adapter the deployment serves")] = None,
     url: Url = None,
-    key: ApiKeyOption = None,
+    key_file: KeyFile = None,
 ) -> None:
     """Ask a deployment: one line per input, its label and score."""
-    answer = _client(url, key).predict(name, list(inputs), adapter)
+    answer = _client(url, key_file).predict(name, list(inputs), adapter)
     for text, output in zip(inputs, answer["outputs"], strict=True):
         out_console.print(f"{output['label']}\t{output['score']:.3f}\t{text}", highlight=False, markup=False)
 
 
-keys_app = typer.Typer(no_args_is_help=True, help="API keys (an admin key makes them).")
+keys_app = typer.Typer(no_args_is_help=True, help="API keys and their quotas (an admin key makes them).")
 app.add_typer(keys_app, name="keys")
 
 
+def _with_quota_options(command):
+    """Give a keys verb one --max-... option per quota of store/quotas.py QUOTAS (their names, bounds and
+    help come from there alone); `command` receives those given as `quotas`, a dict by quota name."""
+    options = [
+        inspect.Parameter(
+            q.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None,
+            annotation=Annotated[
+                int | None,
+                typer.Option(
+                    q.option,
+                    min=q.low,
+                    max=q.high,
+                    help=f"{q.help} (default for a non-admin key: {q.show(q.default)})",
+                    show_default=False,
+                ),
+            ],
+        )
+        for q in QUOTAS
+    ]
+    signature = inspect.signature(command, eval_str=True)
+    kept = [p for p in signature.parameters.values() if p.name != "quotas"]
+
+    @functools.wraps(command)
+    def with_quotas(**given: Any) -> None:
+        quotas = {q.name: given.pop(q.name) for q in QUOTAS}
+        command(**given, quotas={k: v for k, v in quotas.items() if v is not None})
+
+    at = next((i for i, p in enumerate(kept) if p.name == "url"), len(kept))  # before the common options
+    parameters = [*kept[:at], *options, *kept[at:]]
+    with_quotas.__signature__ = signature.replace(parameters=parameters)  # what typer reads
+    with_quotas.__annotations__ = {p.name: p.annotation for p in parameters}
+    return with_quotas
+
+
+def _quotas_line(k: dict) -> str:
+    return ", ".join(f"{q.name} {q.show(k[q.name])}" for q in QUOTAS)
+
+
 @keys_app.command("create")
+@_with_quota_options
 def keys_create(
     name: str,
-    admin: Annotated[bool, typer.Option(help="an admin key: sees all jobs, makes keys")] = False,
+    quotas: dict[str, int],
+    admin: Annotated[
+        bool, typer.Option(help="an admin key: sees all jobs, makes keys, has no quotas")
+    ] = False,
     url: Url = None,
-    key: ApiKeyOption = None,
+    key_file: KeyFile = None,
     as_json: AsJson = False,
 ) -> None:
-    """Make a key; it is printed this once and stored as a digest only."""
-    made = _client(url, key).create_key(name, admin)
+    """Make a key, with its quotas (those not given: the defaults); it is printed this once and stored as a
+    digest only."""
+    made = _client(url, key_file).create_key(name, admin, quotas)
     if as_json:
         _print_json(made)
     else:
         out_console.print(made["key"], highlight=False, markup=False)
 
 
+@keys_app.command("set")
+@_with_quota_options
+def keys_set(
+    name: str, quotas: dict[str, int], url: Url = None, key_file: KeyFile = None, as_json: AsJson = False
+) -> None:
+    """Change a key's quotas (those given); they hold from its next request on."""
+    if not quotas:
+        raise GpuforgeError(f"keys set {name}: nothing to change; give {', '.join(q.option for q in QUOTAS)}")
+    changed = _client(url, key_file).set_key(name, quotas)
+    if as_json:
+        _print_json(changed)
+    else:
+        out_console.print(f"key {changed['name']}: {_quotas_line(changed)}", highlight=False, markup=False)
+
+
 @keys_app.command("list")
-def keys_list(url: Url = None, key: ApiKeyOption = None) -> None:
-    """The keys by name (never the keys themselves)."""
+def keys_list(url: Url = None, key_file: KeyFile = None, as_json: AsJson = False) -> None:
+    """The keys by name (never the keys themselves), with the quotas in force ("none": no limit)."""
+    rows = _client(url, key_file).keys()
+    if as_json:
+        _print_json(rows)
+        return
     table = Table(title="API keys")
-    for column in ("id", "name", "admin", "created", "revoked"):
+    for column in ("id", "name", "admin", "created", "revoked", *(q.name for q in QUOTAS)):
         table.add_column(column)
-    for k in _client(url, key).keys():
+    for k in rows:
         revoked = (k.get("revoked_at") or "")[:19]
-        table.add_row(str(k["id"]), k["name"], "yes" if k["admin"] else "", k["created_at"][:19], revoked)
+        table.add_row(
+            str(k["id"]), k["name"], "yes" if k["admin"] else "", k["created_at"][:19], revoked,
+            *(q.show(k[q.name]) for q in QUOTAS),
+        )  # fmt: skip
     out_console.print(table)
 
 
 @keys_app.command("revoke")
-def keys_revoke(name: str, url: Url = None, key: ApiKeyOption = None) -> None:
+def keys_revoke(name: str, url: Url = None, key_file: KeyFile = None) -> None:
     """Revoke a key: it opens nothing from now on; its jobs and deployments stay."""
-    revoked = _client(url, key).revoke_key(name)
+    revoked = _client(url, key_file).revoke_key(name)
     out_console.print(f"key {revoked['name']}: revoked", highlight=False, markup=False)

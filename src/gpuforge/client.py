@@ -1,5 +1,6 @@
 """The HTTP client behind `gpuforge submit | jobs | job | cancel | resume | logs | keys`:
-GPUFORGE_URL and GPUFORGE_API_KEY (or --url / --key), errors as one line.
+GPUFORGE_URL (or --url) and GPUFORGE_API_KEY (or the key cli_server.py read from --api-key-file), errors
+as one line.
 
 `submit` sends the local files a spec names (data.train, data.eval, a `python:` model's .py file) to the
 server first, each once by content (the server answers whether it has a SHA-256 already), and submits
@@ -29,7 +30,9 @@ class Client:
         self.url = (url or os.environ.get("GPUFORGE_URL") or DEFAULT_URL).rstrip("/")
         key = key or os.environ.get("GPUFORGE_API_KEY")
         if not key:
-            raise GpuforgeError("no API key: set GPUFORGE_API_KEY or pass --key (the server wrote admin.key)")
+            raise GpuforgeError(
+                "no API key: set GPUFORGE_API_KEY or pass --api-key-file PATH (the server wrote admin.key)"
+            )
         self.http = httpx.Client(
             base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=timeout
         )
@@ -113,8 +116,12 @@ class Client:
         return self._call("POST", f"/api/v1/deployments/{name}/predict", json=body)
 
     # --- keys ---
-    def create_key(self, name: str, admin: bool = False) -> dict:
-        return self._call("POST", "/api/v1/keys", json={"name": name, "admin": admin})
+    def create_key(self, name: str, admin: bool = False, quotas: dict[str, int] | None = None) -> dict:
+        return self._call("POST", "/api/v1/keys", json={"name": name, "admin": admin, **(quotas or {})})
+
+    def set_key(self, name: str, quotas: dict[str, int | None]) -> dict:
+        """Change a key's quotas: those given; None puts one back to the default."""
+        return self._call("PATCH", f"/api/v1/keys/{name}", json=quotas)
 
     def keys(self) -> list[dict]:
         return self._call("GET", "/api/v1/keys")

@@ -256,6 +256,22 @@ class JobSpec(Section):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
+    def file_references(self) -> list[tuple[str, Path]]:
+        """The files and directories this spec reads, by the field that names them (what a server
+        confines to its data roots)."""
+        paths = []
+        for field, value in (("data.train", self.data.train), ("data.eval", self.data.eval)):
+            if value and value.partition(":")[0] not in DATA_SCHEMES:
+                paths.append((field, Path(value)))
+        if self.data.tokenizer and self.data.tokenizer.startswith("hf:"):
+            paths.append(("data.tokenizer", Path(self.data.tokenizer[3:])))
+        scheme, _, rest = self.model.source.partition(":")
+        if scheme == "hf":
+            paths.append(("model.source", Path(rest)))
+        elif scheme == "python" and rest.split(":")[0].endswith(".py"):
+            paths.append(("model.source", Path(rest.split(":")[0])))
+        return paths
+
 
 _UNITS = {
     "": 1,

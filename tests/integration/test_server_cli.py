@@ -132,3 +132,84 @@ def test_logs_follow_prints_log_and_metrics_lines_until_the_job_stops(tmp_path, 
     assert any("finished at step 12/12" in line for line in lines)
     assert lines[-1] == f"job {job_id} finished"
     assert str(TEST_MODELS) not in (tmp_path / "home" / "runs" / f"job-{job_id}.yaml").read_text()  # uploaded
+
+
+def _last_line(result) -> str:
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_keys_quotas_are_set_shown_changed_and_enforced_through_the_cli(live_server, monkeypatch):
+    topics = str(ROOT / "examples" / "minilm-topics.yaml")
+    made = run_cli("keys", "create", "alice", "--max-queued", "1", "--max-priority", "5", "--json")
+    assert made.returncode == 0, made.stderr
+    alice = json.loads(made.stdout)
+    listed = {k["name"]: k for k in json.loads(run_cli("keys", "list", "--json").stdout)}
+    shown = ("max_queued", "max_running", "max_upload_bytes", "max_priority")
+    assert [listed["alice"][q] for q in shown] == [1, 4, 10 * 2**30, 5]
+    assert listed["admin"]["max_queued"] is None  # an admin key has no quotas
+    table = run_cli("keys", "list").stdout
+    assert "max_queued" in table and "10 GiB" in table and "none" in table
+
+    monkeypatch.setenv("GPUFORGE_API_KEY", alice["key"])
+    too_high = run_cli("submit", topics, "--priority", "6")
+    assert too_high.returncode == 2 and _last_line(too_high) == (
+        "gpuforge: error: server answered 422: quota max_priority: key 'alice' may ask for priority 5 at "
+        "most, not 6; the admin can raise it: gpuforge keys set alice --max-priority N"
+    )
+    assert run_cli("submit", topics).returncode == 0
+    full = run_cli("submit", topics)
+    assert (
+        full.returncode == 2
+        and "server answered 429: quota max_queued: key 'alice' has 1 jobs" in full.stderr
+    )
+    assert "403" in run_cli("keys", "set", "alice", "--max-queued", "5").stderr  # the admin's alone
+
+    monkeypatch.setenv("GPUFORGE_API_KEY", live_server[2].joinpath("admin.key").read_text().strip())
+    changed = run_cli("keys", "set", "alice", "--max-queued", "2")
+    assert changed.returncode == 0, changed.stderr
+    assert changed.stdout.strip() == (
+        "key alice: max_queued 2, max_running 4, max_upload_bytes 10 GiB, max_deployments 4, max_priority 5"
+    )
+    nothing = run_cli("keys", "set", "alice")
+    assert nothing.returncode == 2 and "nothing to change" in nothing.stderr
+    monkeypatch.setenv("GPUFORGE_API_KEY", alice["key"])
+    assert run_cli("submit", topics).returncode == 0  # the new limit holds at once
+
+
+def test_the_api_key_comes_from_the_environment_or_a_file_never_the_command_line(
+    live_server, tmp_path, monkeypatch
+):
+    key = live_server[2].joinpath("admin.key").read_text().strip()
+    monkeypatch.delenv("GPUFORGE_API_KEY")
+    key_file = tmp_path / "key"
+    key_file.write_text(f"  {key}  \nanything after the first line\n")
+    listed = run_cli("jobs", "--json", "--api-key-file", str(key_file))
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+    (tmp_path / "empty").write_text("\n")
+    for path, why in ((tmp_path / "missing", "cannot read it (No such file or directory)"),
+                      (tmp_path / "empty", "its first line is empty; it should hold the API key"),
+                      (tmp_path, "cannot read it (Is a directory)")):  # fmt: skip
+        bad = run_cli("jobs", "--api-key-file", str(path))
+        assert bad.returncode == 2 and bad.stderr.strip() == f"gpuforge: error: --api-key-file {path}: {why}"
+    gone = run_cli("jobs", "--key", key)
+    assert gone.returncode == 2 and "No such option: --key" in gone.stderr
+
+
+def test_a_store_url_with_a_password_is_refused_on_the_command_line_and_never_shown(tmp_path):
+    env = {"GPUFORGE_HOME": str(tmp_path / "home"), "GPUFORGE_DB": ""}
+    for url in ("postgresql+psycopg://gf:s3cret@127.0.0.1:1/none",
+                "postgresql+psycopg://gf@127.0.0.1:1/none?password=s3cret"):  # fmt: skip
+        refused = run_cli("server", "--db", url, env=env)
+        assert refused.returncode == 2 and "s3cret" not in refused.stdout + refused.stderr
+        assert refused.stderr.strip().startswith("gpuforge: error: --db postgresql+psycopg://gf")
+        assert "GPUFORGE_DB or in a file named by --db-file PATH" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+    db_file = tmp_path / "db-url"
+    db_file.write_text("postgresql+psycopg://gf:s3cret@127.0.0.1:1/none\n")
+    unreachable = run_cli("server", "--db-file", str(db_file), env=env)  # taken, then cannot open
+    assert unreachable.returncode == 2 and "cannot open the store" in unreachable.stderr
+    assert "s3cret" not in unreachable.stdout + unreachable.stderr and "gf:***@" in unreachable.stderr
+    missing = run_cli("server", "--db-file", str(tmp_path / "nope"), env=env)
+    assert missing.returncode == 2 and f"--db-file {tmp_path / 'nope'}: cannot read it" in missing.stderr
+    both = run_cli("server", "--db", "sqlite:///x.db", "--db-file", str(db_file), env=env)
+    assert both.returncode == 2 and "give one of them" in both.stderr

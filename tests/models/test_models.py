@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from gpuforge.errors import ModelError
+from gpuforge.errors import ModelError, SpecError
 from gpuforge.models import ModelRequest, build_model, load_tokenizer
 from gpuforge.models.tokenizers import byte_tokenizer
 from tests.conftest import TEST_MODELS
@@ -30,7 +30,7 @@ def test_bundled_minilm_is_the_pretrained_model_with_a_new_head():
 def test_bundled_gpt_tiny_takes_options_and_rejects_unknown_ones():
     built = build_model(ModelRequest("bundled:gpt-tiny", "causal-lm", max_length=64, options={"n_layer": 1}))
     assert built.module.config.n_layer == 1 and built.module.config.vocab_size == len(byte_tokenizer())
-    with pytest.raises(ModelError, match="unknown for bundled:gpt-tiny: depth"):
+    with pytest.raises(SpecError, match="model.options.depth: unknown for bundled:gpt-tiny"):
         build_model(ModelRequest("bundled:gpt-tiny", "causal-lm", options={"depth": 2}))
     with pytest.raises(ModelError, match="is a causal-lm"):
         build_model(ModelRequest("bundled:gpt-tiny", "sequence-classification"))

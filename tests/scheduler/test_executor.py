@@ -5,6 +5,7 @@ import os
 import signal
 import time
 
+from gpuforge.child_env import child_environment
 from gpuforge.scheduler.executor import cancel, is_alive, launch
 from tests.conftest import image_spec, write_spec
 
@@ -23,7 +24,7 @@ def _wait_for_step(run_dir, step: int, timeout: float = 120) -> None:
 
 def test_a_cancelled_job_checkpoints_and_its_process_is_gone(tmp_path):
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=400, options={"sleep_s": 0.05}))
-    launched = launch(spec, tmp_path / "run", {"OMP_NUM_THREADS": "1"})
+    launched = launch(spec, tmp_path / "run", child_environment({"OMP_NUM_THREADS": "1"}))
     assert os.getsid(launched.pid) == launched.pid  # a session of its own: outlives the server
     _wait_for_step(tmp_path / "run", 3)
     assert is_alive(launched.pid)

@@ -130,3 +130,31 @@ def test_metrics_pages_logs_and_the_live_stream_of_a_running_job(api, tmp_path):
     metrics_text = api.get("/metrics").text
     assert 'gpuforge_device_busy_seconds{device="cpu:0"}' in metrics_text
     assert "gpuforge_scheduling_tick_seconds_count" in metrics_text
+
+
+def test_a_cancel_signals_no_process_that_is_not_the_jobs_runner(tmp_path):
+    """After a server restart the recorded pid may belong to another program by now: it is left alone."""
+    import subprocess
+
+    from gpuforge.scheduler.allocator import inventory
+    from gpuforge.scheduler.loop import Scheduler
+    from gpuforge.store.db import connect, migrate, session
+    from gpuforge.store.models import Job
+
+    engine = connect(f"sqlite:///{tmp_path / 'store.db'}")
+    migrate(engine)
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        with session(engine) as s:
+            run_dir = str(tmp_path / "run")
+            s.add(Job(name="j", state="running", pid=stranger.pid, run_dir=run_dir, spec_yaml="",
+                      devices="cpu:0", cancel_requested=True, max_restarts=0))  # fmt: skip
+        Scheduler(engine, inventory()).tick()
+        time.sleep(0.2)
+        assert stranger.poll() is None  # not signalled
+        with session(engine) as s:
+            assert s.get(Job, 1).state == "failed"  # its runner is gone: it ends as any lost runner does
+    finally:
+        stranger.kill()
+        stranger.wait()
+        engine.dispose()

@@ -61,3 +61,22 @@ def test_the_cpu_is_cut_into_slots_and_a_cpu_job_sees_no_gpu(slots):
 def test_a_gpu_job_sees_its_own_gpus_only():
     gpus = [DeviceInfo("cuda:2", "cuda", "H200"), DeviceInfo("cuda:5", "cuda", "H200")]
     assert job_environment(gpus) == {"CUDA_VISIBLE_DEVICES": "2,5"}
+
+
+def test_a_job_held_by_its_owners_max_running_is_skipped_not_a_barrier():
+    first = QueuedJob(1, 10, "cuda", devices=4, owner=7)  # highest priority, all the GPUs: its owner is full
+    others = [QueuedJob(2, 0, "cuda", owner=8), QueuedJob(3, 0, "cuda", owner=9)]
+    plan = plan_starts([first, *others], GPUS, TOTAL, running={7: 2}, max_running={7: 2})
+    assert plan.starts == [(2, ["cuda:0"]), (3, ["cuda:1"])]  # not held back behind it
+    assert plan.blocked == {} and plan.held == {1: "waiting for quota max_running: its key runs 2 jobs, its limit"}
+    # once one of its owner's jobs ends, it starts at its turn: first, ahead of the others
+    plan = plan_starts([first, *others], GPUS, TOTAL, running={7: 1}, max_running={7: 2})
+    assert plan.starts == [(1, GPUS["cuda"])] and plan.held == {}
+
+
+def test_max_running_counts_the_jobs_started_in_the_same_plan_and_owners_without_one_are_free():
+    jobs = [QueuedJob(i, 0, "cuda", owner=7) for i in (1, 2, 3)] + [QueuedJob(4, 0, "cuda", owner=8)]
+    plan = plan_starts(jobs, GPUS, TOTAL, running={7: 1}, max_running={7: 2})
+    assert plan.starts == [(1, ["cuda:0"]), (4, ["cuda:1"])]
+    assert set(plan.held) == {2, 3}
+    assert len(plan_starts(jobs, GPUS, TOTAL, running={7: 1}).starts) == 4  # no limits: none held

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from gpuforge.server.local import free_port
+from gpuforge.server.local import free_port, wait_until_ready
 from gpuforge.spec import load_spec
 from gpuforge.train.engine import train
 from tests.conftest import ROOT, run_cli
@@ -36,16 +36,8 @@ def _serve(model_dir, *options, env=None):
         text=True,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
+    if wait_until_ready(url, process, 90):
+        return process, url
     process.kill()
     raise AssertionError(f"serve did not get ready: {process.stdout.read()}")
 
@@ -86,7 +78,9 @@ def _in_flight(url) -> float:
 
 def test_serve_refuses_what_it_must_in_one_line(digits_model, tmp_path):
     wide = run_cli("serve", str(digits_model), "--host", "0.0.0.0", env={"GPUFORGE_API_KEY": ""})
-    assert wide.returncode == 2 and "refusing to listen beyond loopback without --api-key" in wide.stderr
+    assert wide.returncode == 2 and "beyond loopback without a key (GPUFORGE_API_KEY or --api-key-file)" in (
+        wide.stderr
+    )
     missing = run_cli("serve", str(tmp_path))
     assert missing.returncode == 2 and "not a gpuforge model directory" in missing.stderr
     adapter = run_cli("serve", str(digits_model), "--adapter", f"x={digits_model}")

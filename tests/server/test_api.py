@@ -18,7 +18,12 @@ def server(tmp_path, store_url):
     (data / "notes.txt").write_text("hello world\n" * 50)
     roots = os.pathsep.join([str(data), str(TEST_MODELS.parent)])  # data, and the code of python: models
     settings = Settings(
-        home=tmp_path / "home", db=store_url, data_roots=roots, max_body_bytes=10_000, schedule=False
+        home=tmp_path / "home",
+        db=store_url,
+        data_roots=roots,
+        max_body_bytes=10_000,
+        max_request_bytes=10_000,
+        schedule=False,
     )
     with TestClient(create_app(settings)) as client:
         admin = (tmp_path / "home" / "admin.key").read_text().strip()
@@ -59,7 +64,7 @@ def test_submit_queues_a_valid_spec_and_lists_it(server):
     assert [j["id"] for j in client.get("/api/v1/jobs", headers=_auth(admin)).json()] == [job["id"]]
     assert client.get(f"/api/v1/jobs/{job['id']}", headers=_auth(admin)).json()["state"] == "queued"
     assert client.get(f"/api/v1/jobs/{job['id']}/events", headers=_auth(admin)).json() == []
-    assert 'gpuforge_jobs{state="queued"} 1.0' in client.get("/metrics").text
+    assert 'gpuforge_jobs{state="queued"} 1.0' in client.get("/metrics", headers=_auth(admin)).text
 
 
 def test_a_bad_spec_is_refused_with_its_errors_and_not_queued(server):
@@ -105,8 +110,8 @@ def test_cancel_a_queued_job_then_cancel_again_is_a_conflict(server):
 
 
 def test_every_route_declares_its_response(server):
-    client, _, _ = server
-    schema = client.get("/openapi.json").json()
+    client, admin, _ = server
+    schema = client.get("/openapi.json", headers=_auth(admin)).json()
     for path, methods in schema["paths"].items():
         for method, operation in methods.items():
             ok = operation["responses"].get("200") or operation["responses"].get("201")

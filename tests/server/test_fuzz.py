@@ -2,8 +2,9 @@
 
 schemathesis generates requests that fit the schema and requests that break it (wrong types, missing or
 extra fields, odd strings, out-of-range numbers), one test per operation; each request is sent in-process
-with the admin key, with no key and with a wrong key. A 4xx is fine: the server refuses bad input, it
-never fails on it. An exception in the app reaches the test with its traceback and the failing request.
+with the admin key, a quota-limited key, no key and a wrong key. A 4xx is fine: the server refuses bad
+input, it never fails on it. An exception in the app reaches the test with its traceback and the failing
+request.
 """
 
 import pytest
@@ -38,14 +39,18 @@ def api(tmp_path_factory):
     with TestClient(app) as client:  # the lifespan: migrations, admin.key
         admin = (home / "admin.key").read_text().strip()
         auth = {"Authorization": f"Bearer {admin}"}
-        assert client.get("/openapi.json").json() == schema.raw_schema
+        assert client.get("/openapi.json", headers=auth).json() == schema.raw_schema
         spec = (ROOT / "examples" / "digits-cnn.yaml").read_text()
         for _ in range(2):  # jobs 1 (queued) and 2 (cancelled): /jobs/{id} routes get past the lookup
             assert client.post("/api/v1/jobs", json={"spec": spec}, headers=auth).status_code == 201
         assert client.post("/api/v1/jobs/2/cancel", headers=auth).status_code == 200
+        quotas = {"max_queued": 1, "max_running": 1, "max_upload_bytes": 1000, "max_deployments": 0}
+        limited = {"name": "limited", **quotas, "max_priority": 0}
+        made = client.post("/api/v1/keys", json=limited, headers=auth)
+        assert made.status_code == 201, made.text
         # schemathesis's own ASGI client, not entered: it sends to the app without starting its lifespan
         # a second time (the TestClient above runs it).
-        yield get_client(app), {**KEYS, "admin": admin}
+        yield get_client(app), {**KEYS, "admin": admin, "quota-limited": made.json()["key"]}
 
 
 @schema.parametrize()

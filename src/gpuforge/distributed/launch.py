@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuforge.child_env import passed
 from gpuforge.errors import GpuforgeError, TrainingFailed
 from gpuforge.runs import RunDir
 from gpuforge.scheduler.allocator import usable_cores
@@ -41,7 +42,8 @@ NOT_RETRIED = {
     2: "refused the job (bad input)",
     4: "ran out of memory (lower train.batch_size, or add devices)",
 }
-# What ranks on other machines need of the server's environment (Ray starts them from the raylet's own).
+# What ranks on other machines need of the server's environment (Ray starts them from the raylet's own),
+# less anything child_env.py would not pass (a token, a key).
 FORWARDED_ENV = (
     "GPUFORGE_",
     "HF_",
@@ -138,7 +140,7 @@ def launch_ray(spec: JobSpec, out: str | Path, address: str) -> dict[str, Any]:
 
     connect(address)
     gpus = cluster_devices()["gpus"]
-    forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
+    forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV) and passed(k)}
     on_gpu = spec.resources.device_type == "cuda" or (spec.resources.device_type == "auto" and gpus > 0)
 
     def attempt(number: int, argv: list[str], env: dict[str, str]) -> Attempt:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuforge.child_env import child_environment
 from gpuforge.errors import GpuforgeError
 
 log = logging.getLogger(__name__)
@@ -226,8 +227,9 @@ class _RankProcess:
         argv = list(argv)
         if argv and argv[0] in ("python", "python3"):
             argv[0] = sys.executable  # the Python this node's Ray runs, with gpuforge installed
-        full_env = dict(os.environ)
-        full_env.update(env)
+        # the node's own environment cut to the allow-list (a Ray node may hold its operator's secrets),
+        # then what the launcher sent on purpose
+        full_env = child_environment(env)
         threading.Thread(target=self._run, args=(argv, full_env, cwd), daemon=True).start()
         self._started.wait()
         if self._start_error is not None:

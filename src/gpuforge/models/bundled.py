@@ -7,7 +7,18 @@ from pathlib import Path
 from gpuforge.errors import ModelError
 from gpuforge.models.base import BuiltModel, ModelRequest
 from gpuforge.models.hf import load_transformers_model
+from gpuforge.models.options import TRANSFORMERS, Rate, Size
 from gpuforge.models.tokenizers import byte_tokenizer, hf_tokenizer
+
+GPT_TINY_OPTIONS = {
+    "n_layer": Size,
+    "n_head": Size,
+    "n_embd": Size,
+    "n_positions": Size,
+    "resid_pdrop": Rate,
+    "embd_pdrop": Rate,
+    "attn_pdrop": Rate,
+}
 
 
 def _minilm_dir() -> Path:
@@ -41,9 +52,6 @@ def _gpt_tiny(request: ModelRequest) -> BuiltModel:
         "eos_token_id": tok.eos_token_id,
         "pad_token_id": tok.eos_token_id,
     }
-    unknown = set(request.options) - set(settings) - {"resid_pdrop", "embd_pdrop", "attn_pdrop"}
-    if unknown:
-        raise ModelError(f"model.options: unknown for bundled:gpt-tiny: {', '.join(sorted(unknown))}")
     settings.update(request.options)
     module = GPT2LMHeadModel(GPT2Config(**settings))
     return BuiltModel(
@@ -58,9 +66,9 @@ def _minilm(request: ModelRequest) -> BuiltModel:
     return load_transformers_model(_minilm_dir(), request, "bundled:minilm")
 
 
-MODELS = {
-    "minilm": (_minilm, lambda: hf_tokenizer(_minilm_dir(), "model.source")),
-    "gpt-tiny": (_gpt_tiny, byte_tokenizer),
+MODELS = {  # name: (builder, tokenizer, the model.options it takes)
+    "minilm": (_minilm, lambda: hf_tokenizer(_minilm_dir(), "model.source"), TRANSFORMERS),
+    "gpt-tiny": (_gpt_tiny, byte_tokenizer, GPT_TINY_OPTIONS),
 }
 
 
@@ -73,6 +81,10 @@ def _entry(source: str):
 
 def tokenizer(source: str):
     return _entry(source)[1]()
+
+
+def options(source: str) -> dict:
+    return _entry(source)[2]
 
 
 def build(request: ModelRequest) -> BuiltModel:

@@ -6,7 +6,9 @@ from pathlib import Path
 
 from gpuforge.errors import ModelError
 from gpuforge.models.base import BuiltModel, ModelRequest
+from gpuforge.models.options import TRANSFORMERS
 from gpuforge.models.tokenizers import hf_tokenizer
+from gpuforge.policy import current
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -18,11 +20,16 @@ WEIGHT_FILES = (
 
 def _model_dir(source: str) -> Path:
     path = Path(source.partition(":")[2])
+    current().check_path("model.source", path)  # a server's job or replica: inside its roots, every file
     if not path.is_dir():
         raise ModelError(f"model.source: {path}: no such directory (gpuforge never downloads models)")
     if not (path / "config.json").exists():
         raise ModelError(f"model.source: {path}: no config.json, not a saved transformers model")
     return path
+
+
+def options(source: str) -> dict:
+    return TRANSFORMERS
 
 
 def tokenizer(source: str):
@@ -46,7 +53,10 @@ def load_transformers_model(path: Path, request: ModelRequest, name: str) -> Bui
     }.get(request.task)
     if auto is None:
         raise ModelError(f"model.task: {request.task} is not supported by {name} (a transformers text model)")
+    # request.options were checked against TRANSFORMERS by build_model; trust_remote_code only ever
+    # reaches transformers as a plain bool, False unless the policy allowed user code and the spec asked
     kwargs = dict(request.options)
+    kwargs["trust_remote_code"] = kwargs.get("trust_remote_code") is True
     if request.task == "sequence-classification":
         kwargs["num_labels"] = request.num_labels
         kwargs["ignore_mismatched_sizes"] = True  # a saved head of another label count is replaced, not fatal
@@ -65,7 +75,7 @@ def load_transformers_model(path: Path, request: ModelRequest, name: str) -> Bui
         else:
             kwargs.pop("ignore_mismatched_sizes", None)
             config = AutoConfig.from_pretrained(str(path), local_files_only=True, **kwargs)
-            module = auto.from_config(config)
+            module = auto.from_config(config, trust_remote_code=kwargs["trust_remote_code"])
     except (OSError, ValueError, TypeError, RuntimeError) as err:
         raise ModelError(
             f"model.source: {name}: cannot load for {request.task}: {str(err).splitlines()[0]}"

@@ -19,6 +19,10 @@ from gpuforge.errors import ModelError
 from gpuforge.models.base import BuiltModel, ModelRequest
 
 
+def options(source: str) -> None:
+    return None  # user code takes what it declares (python: models need user code: an admin key)
+
+
 def tokenizer(source: str):
     return None  # user modules bring no tokenizer: text tasks name data.tokenizer
 

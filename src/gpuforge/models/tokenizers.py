@@ -32,7 +32,8 @@ def hf_tokenizer(path: str | Path, where: str):
     if not path.is_dir():
         raise ModelError(f"{where}: {path}: no such directory (gpuforge never downloads models)")
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        # never a tokenizer's own Python (auto_map): nothing of gpuforge's asks for one
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise ModelError(f"{where}: {path}: no loadable tokenizer ({str(err).splitlines()[0]})") from None
 
@@ -42,6 +43,9 @@ def load_tokenizer_ref(ref: str, where: str):
         return byte_tokenizer()
     scheme, _, rest = ref.partition(":")
     if scheme == "hf" and rest:
+        from gpuforge.policy import current
+
+        current().check_path(where, rest)  # a server's job or replica: inside its roots, every file
         return hf_tokenizer(rest, where)
     if scheme == "bundled" and rest:
         from gpuforge.models import bundled

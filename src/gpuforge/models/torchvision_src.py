@@ -7,6 +7,16 @@ from torch import nn
 
 from gpuforge.errors import ModelError
 from gpuforge.models.base import BuiltModel, ModelRequest
+from gpuforge.models.options import Rate
+
+OPTIONS = {  # what torchvision's builders take as plain values (the rest are callables or weights)
+    "dropout": Rate,
+    "attention_dropout": Rate,
+    "stochastic_depth_prob": Rate,
+    "aux_logits": bool,
+    "init_weights": bool,
+    "transform_input": bool,
+}
 
 
 class GrayToRGB(nn.Module):
@@ -18,6 +28,10 @@ class GrayToRGB(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x)
+
+
+def options(source: str) -> dict:
+    return OPTIONS
 
 
 def tokenizer(source: str):

@@ -19,19 +19,21 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from gpuforge.scheduler.allocator import DeviceInfo, job_environment
+from gpuforge.scheduler.allocator import DeviceInfo
 from gpuforge.scheduler.executor import is_alive
 from gpuforge.server.local import free_port
+from gpuforge.store.models import LIVE_DEPLOYMENT_STATES as LIVE
 from gpuforge.store.models import Deployment, utcnow
 
 log = logging.getLogger("gpuforge.scheduler")
-LIVE = ("starting", "ready", "stopping", "failing")  # failing: its replicas are being stopped
+ReplicaEnv = Callable[[Session, Deployment, DeviceInfo], dict[str, str]]
 STOP_GRACE_S = 30.0
 OPTION_FLAGS = {
     "max_batch": "--max-batch",
@@ -52,8 +54,11 @@ def held_devices(s: Session) -> set[str]:
     return held
 
 
-def keep(s: Session, devices: list[DeviceInfo], held: set[str], logs_dir: Path) -> None:
-    """One pass over the live deployments (see the module's docstring). `held`: devices jobs hold.
+def keep(
+    s: Session, devices: list[DeviceInfo], held: set[str], logs_dir: Path, replica_env: ReplicaEnv
+) -> None:
+    """One pass over the live deployments (see the module's docstring). `held`: devices jobs hold;
+    `replica_env`: the whole environment of a replica (Scheduler.replica_env: allow-listed, its key).
 
     The loop alone writes `workers`; the API writes `state` (undeploy: `stopping`). So workers are
     written as they are, and a state only where the row still has the state this pass read: an undeploy
@@ -106,7 +111,8 @@ def keep(s: Session, devices: list[DeviceInfo], held: set[str], logs_dir: Path) 
             if not free:
                 continue  # waits for a device, like a queued job
             taken.add(free[0].id)
-            worker.update(_launch(deployment, worker["index"], free[0], logs_dir), device=free[0].id)
+            env = replica_env(s, deployment, free[0])
+            worker.update(_launch(deployment, worker["index"], free[0], logs_dir, env), device=free[0].id)
             worker["restarts"] += 1
             _write(s, deployment, state, workers, None)
             s.commit()  # the pid is in the store before anything else can fail
@@ -128,7 +134,7 @@ def _write(
         )
 
 
-def _launch(deployment: Deployment, index: int, device: DeviceInfo, logs_dir: Path) -> dict:
+def _launch(deployment: Deployment, index: int, device: DeviceInfo, logs_dir: Path, env: dict) -> dict:
     port = free_port()
     command = [sys.executable, "-m", "gpuforge", "serve", deployment.model_dir, "--port", str(port),
                "--host", "127.0.0.1", "--device", device.kind]  # fmt: skip
@@ -137,7 +143,6 @@ def _launch(deployment: Deployment, index: int, device: DeviceInfo, logs_dir: Pa
             command += [flag, str(deployment.options[key])]
     log_path = logs_dir / deployment.name / f"replica-{index}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **job_environment([device]), "GPUFORGE_API_KEY": deployment.worker_key}
     with log_path.open("ab") as out:
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

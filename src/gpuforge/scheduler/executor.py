@@ -23,7 +23,8 @@ class Launched:
 
 
 def launch(spec_path: Path, run_dir: Path, env: dict[str, str]) -> Launched:
-    """Start the runner for one job; its stdout/stderr go to <run>/logs/process.log (appended: restarts)."""
+    """Start the runner for one job with `env` as its whole environment (the scheduler's child_env: never
+    the server's own); its stdout/stderr go to <run>/logs/process.log (appended: restarts)."""
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with (logs / "process.log").open("ab") as log:
@@ -32,7 +33,7 @@ def launch(spec_path: Path, run_dir: Path, env: dict[str, str]) -> Launched:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **env},
+            env=env,
             start_new_session=True,  # outlives the server; signals to the server do not reach it
         )
     return Launched(process.pid, process)

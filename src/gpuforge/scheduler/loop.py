@@ -18,21 +18,28 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import select, update
+from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
+from gpuforge.child_env import child_environment
+from gpuforge.policy import Policy
 from gpuforge.scheduler import deployments
 from gpuforge.scheduler.allocator import DeviceInfo, job_environment
 from gpuforge.scheduler.executor import Launched, is_alive, launch
-from gpuforge.scheduler.queue import QueuedJob, plan_starts
+from gpuforge.scheduler.queue import HELD, QueuedJob, plan_starts
+from gpuforge.scheduler.worker_keys import replicas_key
 from gpuforge.store.db import session
 from gpuforge.store.ingest import ingest
-from gpuforge.store.models import Device, Event, Job, utcnow
+from gpuforge.store.models import ApiKey, Deployment, Device, Event, Job, utcnow
+from gpuforge.store.quotas import running_limits
 
 log = logging.getLogger("gpuforge.scheduler")
 TICK_S = 0.5
@@ -40,8 +47,18 @@ ENDINGS = {"finished": "finished", "failed": "failed", "cancelled": "cancelled"}
 
 
 class Scheduler:
-    def __init__(self, engine, devices: list[DeviceInfo], deployments_dir: Path = Path("deployments")):
+    def __init__(
+        self,
+        engine,
+        devices: list[DeviceInfo],
+        deployments_dir: Path = Path("deployments"),
+        policy_of: Callable[[ApiKey | None], Policy] = lambda key: Policy(user_code=False, roots=()),
+        worker_secret: bytes | None = None,
+    ):
         self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
+        self.policy_of = policy_of  # what a key's jobs and replicas may do (server/settings.job_policy)
+        # replicas' keys derive from it (scheduler/worker_keys.py); the server passes its kept one
+        self.worker_secret = worker_secret or secrets.token_bytes(32)
         self.launched: dict[int, Launched] = {}  # this server's own children (others: re-attached by pid)
         self.signalled: set[int] = set()
         self.tick_seconds: list[float] = []  # recent tick durations, for /metrics (scheduling latency)
@@ -83,7 +100,7 @@ class Scheduler:
             jobs_hold = {
                 d for job in running if job.state == "running" and job.devices for d in job.devices.split(",")
             }
-            deployments.keep(s, self.devices, jobs_hold, self.deployments_dir)
+            deployments.keep(s, self.devices, jobs_hold, self.deployments_dir, self.replica_env)
             self._start_queued(s)
         self.tick_seconds = [*self.tick_seconds[-999:], time.perf_counter() - began]
 
@@ -103,6 +120,18 @@ class Scheduler:
             if device.id in held and elapsed:
                 row.busy_seconds = (row.busy_seconds or 0.0) + elapsed
 
+    def child_env(self, s: Session, owner_id: int | None, device_ids: list[str]) -> dict[str, str]:
+        """The whole environment of a job's runner or a replica: the allow-listed part of the server's
+        (child_env.py), its devices, and its owner's policy (user code, data roots)."""
+        by_id = {d.id: d for d in self.devices}
+        owner = s.get(ApiKey, owner_id) if owner_id is not None else None
+        policy = self.policy_of(owner)
+        return child_environment(job_environment([by_id[d] for d in device_ids]) | policy.environment())
+
+    def replica_env(self, s: Session, deployment: Deployment, device: DeviceInfo) -> dict[str, str]:
+        key = replicas_key(self.worker_secret, deployment)
+        return self.child_env(s, deployment.owner_id, [device.id]) | {"GPUFORGE_API_KEY": key}
+
     def _alive(self, job: Job) -> bool:
         own = self.launched.get(job.id)
         if own is not None and own.process is not None:
@@ -112,7 +141,8 @@ class Scheduler:
     def _watch(self, s: Session, job: Job) -> None:
         alive = self._alive(job)  # asked before reading: an ended process has written all it will
         ingest(s, job)
-        if job.cancel_requested and job.id not in self.signalled and job.pid:
+        # `alive` is False for a pid that no longer runs this job's directory: that pid is not signalled
+        if job.cancel_requested and job.id not in self.signalled and job.pid and alive:
             try:
                 os.kill(job.pid, signal.SIGTERM)
             except ProcessLookupError:
@@ -145,22 +175,26 @@ class Scheduler:
         log.info("job %d: %s (%s)", job.id, job.state, job.reason)
 
     def _start_queued(self, s: Session) -> None:
-        held = {d for (devices,) in s.execute(select(Job.devices).where(Job.state == "running")) if devices
-                for d in devices.split(",")} | deployments.held_devices(s)  # fmt: skip
+        running = s.execute(select(Job.devices, Job.owner_id).where(Job.state == "running")).all()
+        held = {d for devices, _ in running if devices for d in devices.split(",")}
+        held |= deployments.held_devices(s)
         free: dict[str, list[str]] = {}
         total: dict[str, int] = {}
         for d in self.devices:
             total[d.kind] = total.get(d.kind, 0) + 1
             if d.id not in held:
                 free.setdefault(d.kind, []).append(d.id)
-        queued = s.execute(
-            select(Job.id, Job.priority, Job.device_type, Job.devices_wanted).where(Job.state == "queued")
-        )
-        plan = plan_starts([QueuedJob(*row) for row in queued], free, total)
-        by_id = {d.id: d for d in self.devices}
+        columns = (Job.id, Job.priority, Job.device_type, Job.devices_wanted, Job.owner_id)
+        queued = [QueuedJob(*row) for row in s.execute(select(*columns).where(Job.state == "queued"))]
+        owners = Counter(owner for _, owner in running)  # owner -> its jobs running: max_running holds
+        plan = plan_starts(queued, free, total, owners, running_limits(s, {j.owner for j in queued}))
         for job_id, why in plan.impossible.items():
             job = s.get(Job, job_id)
             job.state, job.reason, job.finished_at = "failed", why, utcnow()
+        for job_id, why in plan.held.items():  # says why it waits (written once, not every tick)
+            job = s.get(Job, job_id)
+            if job.reason != why:
+                job.reason = why
         for job_id, device_ids in plan.starts:
             # Claim it first, only if it is still queued (a cancel may have landed since the read), and
             # commit: the store says `running` before the process exists, never the other way round. A
@@ -169,6 +203,7 @@ class Scheduler:
                 update(Job)
                 .where(Job.id == job_id, Job.state == "queued")
                 .values(state="running", pid=None, devices=",".join(device_ids))
+                .values(reason=case((Job.reason.startswith(HELD), None), else_=Job.reason))
             )
             s.commit()
             if claimed.rowcount != 1:
@@ -178,7 +213,7 @@ class Scheduler:
             spec_path = run_dir.with_name(run_dir.name + ".yaml")
             spec_path.parent.mkdir(parents=True, exist_ok=True)
             spec_path.write_text(job.spec_yaml)
-            launched = launch(spec_path, run_dir, job_environment([by_id[d] for d in device_ids]))
+            launched = launch(spec_path, run_dir, self.child_env(s, job.owner_id, device_ids))
             self.launched[job.id] = launched
             job.pid = launched.pid
             job.started_at = job.started_at or utcnow()

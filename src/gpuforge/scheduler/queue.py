@@ -8,12 +8,17 @@ Rules:
   keep a large high-priority job waiting forever. Jobs of other device types go on.
 - A job asking for more devices than exist never starts; it is returned as impossible, for the caller
   to fail with a clear reason instead of queueing it forever.
+- Quotas: a job whose owner runs its max_running jobs already (store/quotas.py) is skipped, not a barrier:
+  it holds no device and nobody back, keeps its place in the order, and starts at its turn once one of its
+  owner's jobs ends (or the admin raises the quota). It is returned as held, with why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+HELD = "waiting for quota max_running"  # the reason a held job shows; cleared when it starts
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,7 @@ class QueuedJob:
     priority: int
     device_type: str  # "cpu" | "cuda"
     devices: int = 1
+    owner: int | None = None  # the key that submitted it: its max_running applies
 
 
 @dataclass
@@ -29,16 +35,26 @@ class Plan:
     starts: list[tuple[int, list[str]]] = field(default_factory=list)  # (job id, device ids)
     blocked: dict[str, int] = field(default_factory=dict)  # device type -> the job holding the others back
     impossible: dict[int, str] = field(default_factory=dict)  # job id -> why it can never start
+    held: dict[int, str] = field(default_factory=dict)  # job id -> the quota that keeps it queued for now
 
 
 def queue_order(jobs: Iterable[QueuedJob]) -> list[QueuedJob]:
     return sorted(jobs, key=lambda j: (-j.priority, j.id))
 
 
-def plan_starts(jobs: Iterable[QueuedJob], free: dict[str, list[str]], total: dict[str, int]) -> Plan:
-    """`free`: device type -> free device ids (in the order to hand them out); `total`: how many exist."""
+def plan_starts(
+    jobs: Iterable[QueuedJob],
+    free: dict[str, list[str]],
+    total: dict[str, int],
+    running: dict[int | None, int] | None = None,
+    max_running: dict[int | None, int] | None = None,
+) -> Plan:
+    """`free`: device type -> free device ids (in the order to hand them out); `total`: how many exist;
+    `running`: owner -> its jobs running now; `max_running`: owner -> how many it may run at once (an owner
+    not in it: no limit)."""
     plan = Plan()
     free = {kind: list(ids) for kind, ids in free.items()}
+    running, max_running = dict(running or {}), max_running or {}
     for job in queue_order(jobs):
         if job.device_type in plan.blocked:
             continue
@@ -48,10 +64,15 @@ def plan_starts(jobs: Iterable[QueuedJob], free: dict[str, list[str]], total: di
                 f"asks for {job.devices} {job.device_type} device(s); this server has {have}"
             )
             continue
+        limit = max_running.get(job.owner)
+        if limit is not None and running.get(job.owner, 0) >= limit:
+            plan.held[job.id] = f"{HELD}: its key runs {running.get(job.owner, 0)} jobs, its limit"
+            continue
         available = free.get(job.device_type, [])
         if len(available) >= job.devices:
             plan.starts.append((job.id, available[: job.devices]))
             free[job.device_type] = available[job.devices :]
+            running[job.owner] = running.get(job.owner, 0) + 1
         else:
             plan.blocked[job.device_type] = job.id
     return plan

@@ -20,7 +20,8 @@ look: 422 for bad input (empty prompt, max_tokens < 1 or over `max_tokens_limit`
 a prompt that leaves no room in the model's context (prompts are never truncated); a prompt that fits
 but whose max_tokens would run past the context ends there with finish_reason "length". 429 with
 Retry-After when the engine's queue is full, 503 while the model loads. A client that disconnects frees
-its place in the batch.
+its place in the batch. In the worker, a missing key (401) and a body over its limit (413) are refused
+before the route runs, in the same shape.
 
 Chat prompts use the tokenizer's chat template when it has one; otherwise one line per message,
 "role: content" (developer counts as system), then "assistant:" for the model to continue, and the
@@ -417,14 +418,15 @@ class _OpenAIErrors(APIRoute):
             try:
                 return await handler(request)
             except RequestValidationError as err:
-                return _error(422, _validation_message(err.errors()))
+                return error_response(422, _validation_message(err.errors()))
             except HTTPException as err:
-                return _error(err.status_code, str(err.detail), err.headers)
+                return error_response(err.status_code, str(err.detail), err.headers)
 
         return route
 
 
-def _error(code: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(code: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error as OpenAI clients read it; also the worker's 401 and 413 on /v1 (serve/worker.py, Gate)."""
     kind = {429: "rate_limit_error", 401: "authentication_error"}.get(code)
     kind = kind or ("server_error" if code >= 500 else "invalid_request_error")
     body = {"error": {"message": message, "type": kind, "param": None, "code": None}, "detail": message}

@@ -1,6 +1,7 @@
 """An endpoint: one trained model behind HTTP, its requests gathered into batches (serve/batcher.py).
 
     gpuforge serve runs/<id>/model --port 8700 --max-batch 32 --max-wait-ms 5 [--quantize int8]
+    GPUFORGE_API_KEY=... gpuforge serve runs/<id>/model --host 0.0.0.0     # or --api-key-file PATH
 
     POST /predict   {"inputs": ["great film", ...]}  ->  {"model", "outputs": [{"label", "score", "scores"}]}
     GET  /info      what is served (task, labels, precision, batching)
@@ -12,6 +13,11 @@ The model loads in the background after the server starts listening, so /healthz
 a request gets 429 with Retry-After, never an unbounded wait. A request past `timeout_s` gets 504, and a
 client that goes away frees its place (its inputs are dropped before they reach the model). On SIGTERM
 the server stops accepting, answers what it holds, then exits.
+
+Who may send what is decided before a byte of a body is read (`Gate`): with a key, every route but
+/healthz and /readyz needs it (`Authorization: Bearer <key>` or `X-API-Key`; 401 otherwise), /metrics and
+the API docs too unless GPUFORGE_PUBLIC_METRICS is true; a body over `max_body_bytes` gets 413, at once
+by its Content-Length or as soon as the bytes of a chunked one pass the limit.
 """
 
 from __future__ import annotations
@@ -19,15 +25,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
 import json
 import logging
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request, status
+from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuforge.errors import GpuforgeError
 from gpuforge.serve.batcher import Batcher, BatchStats, QueueFull
 from gpuforge.serve.predict import InputError, Predictor, load_predictor
-from gpuforge.server.access import presented_key
+from gpuforge.server.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, presented_key
 
 log = logging.getLogger("gpuforge.serve")
 
@@ -64,7 +71,9 @@ class ServeConfig:
     max_queue: int = 256  # inputs waiting; past it 429
     timeout_s: float = 30.0
     max_inputs: int = 256  # per request
-    api_key: str | None = None
+    api_key: str | None = None  # clients must present it (see Gate)
+    max_body_bytes: int = 1 << 20  # a request body over it: 413, before it is read
+    public_metrics: bool = False  # /metrics and the API docs open without the key
     quantize: str | None = None
     precision: str = "auto"
     device: str = "auto"
@@ -201,21 +210,15 @@ def create_worker(config: ServeConfig) -> FastAPI:
         log.info("ready: %s", config.model_dir)
 
     app = FastAPI(title="gpuforge endpoint", version="0.1.0", lifespan=lifespan)
-
-    def check_key(
-        authorization: Annotated[str | None, Header()] = None,
-        x_api_key: Annotated[str | None, Header()] = None,
-    ) -> None:
-        if config.api_key is None:
-            return
-        if presented_key(authorization, x_api_key) != config.api_key:
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong API key",
-                                headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+    app.add_middleware(
+        Gate, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+        open_paths=OPEN_PATHS | (DOCUMENT_PATHS if config.public_metrics else frozenset()),
+    )  # fmt: skip
 
     if generates:
         from gpuforge.serve.openai_api import create_openai_router
 
-        app.include_router(create_openai_router(lambda: app.state.engine, dependencies=[Depends(check_key)]))
+        app.include_router(create_openai_router(lambda: app.state.engine))
 
     def ready_predictor(request: Request) -> Predictor:
         predictor = request.app.state.predictor
@@ -228,7 +231,7 @@ def create_worker(config: ServeConfig) -> FastAPI:
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, why, headers={"Retry-After": "5"})
         return predictor
 
-    @app.post("/predict", response_model=PredictResponse, dependencies=[Depends(check_key)])
+    @app.post("/predict", response_model=PredictResponse)
     async def predict(body: PredictRequest, request: Request) -> Response:
         """Labels and scores for one input or many; inputs of one request may share a batch with others'."""
         started = time.perf_counter()
@@ -297,7 +300,7 @@ def create_worker(config: ServeConfig) -> FastAPI:
         result = work.result()
         return [result] if len(items) == 1 else result
 
-    @app.get("/info", response_model=Info, dependencies=[Depends(check_key)])
+    @app.get("/info", response_model=Info)
     def info(request: Request) -> Info:
         """What this endpoint serves and how it batches."""
         p = ready_predictor(request)
@@ -333,6 +336,80 @@ def create_worker(config: ServeConfig) -> FastAPI:
         return generate_latest(metrics.registry).decode()
 
     return app
+
+
+class Gate:
+    """Before the app reads a byte of a body: 401 for a request without the key (when there is one) to
+    a path not in `open_paths`, then 413 for a body over `max_body_bytes`, at once by its Content-Length,
+    or for a body sent in chunks as soon as the bytes received pass the limit. FastAPI reads a body before
+    it runs a route's dependencies, so a key checked there comes too late; @app.middleware("http") would
+    wrap every request and response in extra tasks. A refusal closes the connection when a body was on its
+    way, so the rest of it is never read."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int, open_paths: frozenset[str]):
+        self.app, self.limit, self.open_paths = app, max_body_bytes, open_paths
+        self.key = None if api_key is None else api_key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])  # names lower-case (ASGI)
+        length = headers.get(b"content-length", b"")
+        has_body = carries_body(headers)
+        if self.key is not None and scope["path"] not in self.open_paths and not self._has_key(headers):
+            return await _refuse(scope, send, 401, "missing or wrong API key", has_body,
+                                 {"WWW-Authenticate": "Bearer"})  # fmt: skip
+        if length.isdigit() and int(length) > self.limit:
+            return await _refuse(scope, send, 413, self._too_large(int(length)), has_body)
+        received, started, refused = 0, False, False
+
+        async def counted():
+            nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:  # the route reads no further: to it, the client has gone
+                refused = True
+                if not started:
+                    await _refuse(scope, send, 413, self._too_large(received), True)
+                return {"type": "http.disconnect"}
+            return message
+
+        async def answering(message):
+            nonlocal started
+            if refused:
+                return  # the 413 is sent; what the route answers to the "disconnect" goes nowhere
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, counted, answering)
+
+    def _has_key(self, headers: dict[bytes, bytes]) -> bool:
+        authorization, x_api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
+        given = presented_key(
+            authorization and authorization.decode("latin-1"), x_api_key and x_api_key.decode("latin-1")
+        )
+        return given is not None and hmac.compare_digest(given.encode("latin-1"), self.key)
+
+    def _too_large(self, size: int) -> str:
+        return f"body of {size} bytes or more is over the {self.limit} allowed (--max-body-bytes)"
+
+
+async def _refuse(scope, send, code: int, message: str, has_body: bool, headers=None) -> None:
+    """Answer `code` without reading the body; with one on its way, the connection closes after."""
+    headers = {**(headers or {}), **({"Connection": "close"} if has_body else {})}
+    if scope["path"].startswith("/v1/"):  # OpenAI clients read the error where they look for it
+        from gpuforge.serve.openai_api import error_response
+
+        response = error_response(code, message, headers)
+    else:
+        response = JSONResponse({"detail": message}, code, headers=headers)
+    await response(scope, _no_body, send)
+
+
+async def _no_body():
+    raise RuntimeError("a refused request's body is not read")
 
 
 def _task(model_dir: Path) -> str | None:

@@ -5,6 +5,9 @@ cli_serve.py); nothing heavy imported, so a worker does not pull in the store.""
 from __future__ import annotations
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # always open: probes carry no key
+# the schema, its pages and Prometheus' text: with a key, unless opened (GPUFORGE_PUBLIC_METRICS=true)
+DOCUMENT_PATHS = frozenset({"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 
 
 def is_loopback(host: str) -> bool:
@@ -16,3 +19,9 @@ def presented_key(authorization: str | None, x_api_key: str | None) -> str | Non
     if authorization and authorization.lower().startswith("bearer "):
         return authorization[7:].strip()
     return x_api_key
+
+
+def carries_body(headers: dict[bytes, bytes]) -> bool:
+    """Whether a request (its ASGI headers) has a body on its way: a refusal then closes the connection,
+    so that the rest of the body is never read."""
+    return b"transfer-encoding" in headers or headers.get(b"content-length", b"") not in (b"", b"0")

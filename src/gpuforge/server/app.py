@@ -3,7 +3,7 @@
     gpuforge server [--host 127.0.0.1] [--port 8600] [--db URL]     (uvicorn serves create_app())
 
 On start it connects to the store, brings its schema up to date, takes stock of the devices, and on a
-first start makes the admin key (printed once, written to $GPUFORGE_HOME/admin.key).
+first start makes the admin key (written to $GPUFORGE_HOME/admin.key, mode 0600, and nowhere else).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import httpx
 from fastapi import FastAPI, HTTPException, Request, status
@@ -21,14 +22,18 @@ from sqlalchemy import func, select, text
 from gpuforge.errors import GpuforgeError
 from gpuforge.scheduler.allocator import cluster_inventory, inventory
 from gpuforge.scheduler.loop import Scheduler
+from gpuforge.scheduler.worker_keys import load_secret
+from gpuforge.secret_files import shown_url
+from gpuforge.server.auth import RequireKey
 from gpuforge.server.routes import deployments, jobs, keys, uploads
 from gpuforge.server.schemas import Health
-from gpuforge.server.settings import Settings
+from gpuforge.server.settings import Settings, job_policy
 from gpuforge.store.db import connect, migrate, session
 from gpuforge.store.keys import ensure_admin_key, has_admin_key
 from gpuforge.store.models import JOB_STATES, Device, Job
 
 log = logging.getLogger("gpuforge.server")
+UPLOADS_PREFIX = uploads.router.prefix + "/"
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -36,14 +41,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        settings.home.mkdir(parents=True, exist_ok=True)
+        settings.make_home()
         engine = open_store(settings)
         with session(engine) as s:
             admin = ensure_admin_key(s, settings.home, settings.admin_key)
-        if admin:
-            log.warning("admin API key (shown once, also in %s): %s", settings.home / "admin.key", admin)
+        if admin:  # the key itself is in that file alone: a log is read by more people than the admin
+            log.warning("admin API key made: it is in %s (mode 0600)", settings.home / "admin.key")
         app.state.engine, app.state.devices = engine, devices_of(settings)
-        app.state.scheduler = Scheduler(engine, app.state.devices, settings.home / "deployments")
+        app.state.worker_secret = load_secret(settings.home)
+        app.state.scheduler = Scheduler(
+            engine,
+            app.state.devices,
+            settings.home / "deployments",
+            policy_of=lambda key: job_policy(settings, key),
+            worker_secret=app.state.worker_secret,
+        )
         if settings.schedule:
             app.state.scheduler.start()
         app.state.replica_load = {}  # (deployment, replica) -> requests forwarded and not yet answered
@@ -53,11 +65,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine.dispose()
 
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
-    app.state.settings, app.state.known_keys = settings, {}
+    app.state.settings, app.state.known_keys, app.state.revoked_keys = settings, {}, set()
+    app.state.open_streams = {}  # key id -> live streams it holds (routes/jobs.py)
     for routes in (jobs, keys, uploads, deployments):
         app.include_router(routes.router)
 
-    app.add_middleware(RefuseLargeBodies, limit=settings.max_body_bytes)
+    app.add_middleware(
+        RefuseLargeBodies, limit=settings.max_request_bytes, upload_limit=settings.max_body_bytes
+    )
+    app.add_middleware(RequireKey, fastapi_app=app, public_documents=settings.public_metrics)  # outermost
 
     @app.get("/healthz", response_model=Health, tags=["system"])
     def healthz() -> Health:
@@ -99,43 +115,52 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 class RefuseLargeBodies:
-    """413 for a request body over the limit: at once by its Content-Length, and, for a body sent in
-    chunks without one, as soon as the bytes read pass the limit (the route stops reading there). A plain
-    ASGI middleware: @app.middleware("http") would wrap every request and response in extra tasks."""
+    """413 for a request body over its limit (`upload_limit` for uploads, `limit` for anything else): at
+    once by its Content-Length, and, for a body sent in chunks without one, as soon as the bytes read pass
+    the limit (the route stops reading there). A plain ASGI middleware: @app.middleware("http") would wrap
+    every request and response in extra tasks."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, upload_limit: int):
+        self.app, self.limit, self.upload_limit = app, limit, upload_limit
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self.upload_limit if scope["path"].startswith(UPLOADS_PREFIX) else self.limit
         length = dict(scope["headers"]).get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.limit:
-            return await self._refuse(int(length), scope, receive, send)
+        if length.isdigit() and int(length) > limit:  # refused unread, and the connection closed
+            response = JSONResponse(
+                {"detail": _too_large(int(length), limit)},
+                status.HTTP_413_CONTENT_TOO_LARGE,
+                headers={"Connection": "close"},
+            )
+            return await response(scope, receive, send)
         received = 0
 
         async def counted():
             nonlocal received
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.limit:  # an HTTPException: FastAPI answers it as it is
-                raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, self._detail(received))
+            if received > limit:  # an HTTPException: FastAPI answers it as it is
+                raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, _too_large(received, limit))
             return message
 
         await self.app(scope, counted, send)
 
-    def _detail(self, size: int) -> str:
-        return f"body of {size} bytes or more is over the {self.limit} allowed"
 
-    async def _refuse(self, size: int, scope, receive, send) -> None:
-        response = JSONResponse({"detail": self._detail(size)}, status.HTTP_413_CONTENT_TOO_LARGE)
-        await response(scope, receive, send)
+def _too_large(size: int, limit: int) -> str:
+    return f"body of {size} bytes or more is over the {limit} allowed"
 
 
 def open_store(settings: Settings):
-    """Connect to the store and bring its schema up to date."""
+    """Connect to the store and bring its schema up to date; a SQLite file is the server's alone (0600)."""
     engine = connect(settings.db_url)
     migrate(engine)
+    database = engine.url.database
+    if engine.url.get_backend_name() == "sqlite" and database and database != ":memory:":
+        for path in (Path(database), Path(database + "-wal"), Path(database + "-shm")):
+            if path.exists():
+                path.chmod(0o600)
     return engine
 
 
@@ -165,16 +190,18 @@ def check_executor(settings: Settings) -> None:
 
 def check_store_and_bind(settings: Settings) -> None:
     """Before listening: the store opens (a bad --db is one line, not a traceback), and the server refuses
-    to listen beyond loopback on a store with no admin key yet, unless GPUFORGE_ADMIN_KEY gives one: the
-    key made on a first start is printed, and a log is no place for the key of an open port."""
-    settings.home.mkdir(parents=True, exist_ok=True)
+    to listen beyond loopback on a store with no admin key yet, unless GPUFORGE_ADMIN_KEY gives one: an
+    open port should have its admin key decided before it opens, not made by its first start."""
+    settings.make_home()
     try:
         engine = open_store(settings)
         with session(engine) as s:
             has_key = has_admin_key(s)
         engine.dispose()
-    except Exception as err:  # any driver's error: say which store and why
-        raise GpuforgeError(f"--db {settings.db_url}: cannot open the store: {err}".splitlines()[0]) from err
+    except Exception as err:  # any driver's error: say which store and why, never its password
+        url = shown_url(settings.db_url)
+        reason = str(err).splitlines()[0].replace(settings.db_url, url) if str(err) else type(err).__name__
+        raise GpuforgeError(f"--db {url}: cannot open the store: {reason}") from None
     if not (settings.loopback_only or settings.admin_key or has_key):
         raise GpuforgeError(
             f"--host {settings.host}: refusing to listen beyond loopback with no API key configured; set "

@@ -1,52 +1,97 @@
 """Every route but health needs an API key: `Authorization: Bearer <key>` or `X-API-Key: <key>`.
 
+The key is checked in the ASGI layer (RequireKey), before any route reads a byte of the body: a client
+without a valid key is refused having sent nothing the server reads (FastAPI reads a body before it runs a
+route's dependencies). The route's `Key` dependency then finds the key the gate looked up.
+
 Keys found are remembered by key in this process for KEY_RECHECK_S, so a request costs no store round
 trip for its key. A key revoked through this process is forgotten at once; one revoked through another
 server process on the same store stops working here within KEY_RECHECK_S. An unknown key is looked up
-each time (it may have been made since, by another server process)."""
+each time (it may have been made since, by another server process).
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from gpuforge.server.access import presented_key
+from gpuforge.server.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, presented_key
 from gpuforge.store.db import session
 from gpuforge.store.keys import find_key
 from gpuforge.store.models import ApiKey
 
 KEY_RECHECK_S = 30.0
+UNAUTHORIZED = "missing, unknown or revoked API key: send Authorization: Bearer <key>"
 
 
-async def current_key(  # async: no thread hop per request (see routes/jobs.py list_jobs)
-    request: Request,
-    authorization: Annotated[str | None, Header()] = None,
-    x_api_key: Annotated[str | None, Header()] = None,
-) -> ApiKey:
-    key = presented_key(authorization, x_api_key)
-    known = request.app.state.known_keys
+def lookup_key(app, key: str | None) -> ApiKey | None:
+    """The live key `key` is, through this process's cache (see the module's docstring)."""
+    known = app.state.known_keys
     cached = known.get(key) if key else None
     found = cached[0] if cached and time.monotonic() - cached[1] < KEY_RECHECK_S else None
     if found is None:
-        with session(request.app.state.engine) as s:
+        with session(app.state.engine) as s:
             found = find_key(s, key)
+        if found is not None and found.digest in app.state.revoked_keys:
+            found = None  # read before a revoke here committed: it must not come back into the cache
         if found is not None:
             known[key] = (found, time.monotonic())
         elif key:
             known.pop(key, None)
+    return found
+
+
+class RequireKey:
+    """401 for a request without a live key, before the app reads anything of it. A plain ASGI
+    middleware, like RefuseLargeBodies (server/app.py)."""
+
+    def __init__(self, app, fastapi_app, public_documents: bool):
+        self.app, self.fastapi_app = app, fastapi_app
+        self.open = OPEN_PATHS | (DOCUMENT_PATHS if public_documents else frozenset())
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in self.open:
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        given = presented_key(
+            headers.get(b"authorization", b"").decode("latin-1") or None,
+            headers.get(b"x-api-key", b"").decode("latin-1") or None,
+        )
+        found = lookup_key(self.fastapi_app, given)
+        if found is None:
+            closing = {"Connection": "close"} if carries_body(headers) else {}  # the body is never read
+            response = JSONResponse(
+                {"detail": UNAUTHORIZED}, 401, headers={"WWW-Authenticate": "Bearer", **closing}
+            )
+            return await response(scope, receive, send)
+        scope.setdefault("state", {})["api_key"] = found
+        await self.app(scope, receive, send)
+
+
+_bearer = HTTPBearer(auto_error=False, description="an API key: gpuforge keys create NAME")
+
+
+async def current_key(  # async: no thread hop per request
+    request: Request,
+    _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],  # names the scheme in OpenAPI
+) -> ApiKey:
+    found = getattr(request.state, "api_key", None)  # RequireKey looked it up
     if found is None:
         raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            "missing, unknown or revoked API key: send Authorization: Bearer <key>",
-            headers={"WWW-Authenticate": "Bearer"},
+            status.HTTP_401_UNAUTHORIZED, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"}
         )
     return found
 
 
-def forget_key(request: Request, digest: str) -> None:
-    """Drop a revoked key from this process's cache (it is cached by the key itself, found by digest)."""
+def forget_key(request: Request, digest: str, revoked: bool = False) -> None:
+    """Drop a key from this process's cache (it is cached by the key itself, found by digest): a revoked
+    one for good, a changed one to be read afresh."""
+    if revoked:
+        request.app.state.revoked_keys.add(digest)
     known = request.app.state.known_keys
     for key in [k for k, (found, _) in known.items() if found.digest == digest]:
         known.pop(key, None)

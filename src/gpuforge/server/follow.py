@@ -6,7 +6,8 @@ the file holds is each step once. A line without its newline yet is left for the
 
 Streams are server-sent events (text/event-stream): `event: metric` (one metrics.jsonl record),
 `event: log` ({"line", "offset"}), and a last `event: end` ({"state", "reason"}) once the job has
-stopped (finished, failed, cancelled, paused) and everything it wrote was sent.
+stopped (finished, failed, cancelled, paused) and everything it wrote was sent, or at once with state
+`revoked` when the key that opened the stream is revoked.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 POLL_S = 0.25
 KEEPALIVE_S = 15.0
 STOPPED = ("finished", "failed", "cancelled", "paused")
+REVOKED = "revoked"  # the stream's key was revoked: it ends now, whatever its job does
 
 
 READ_CHUNK = 1 << 20  # a stream reads at most this much a poll: a huge log never stalls the server
@@ -43,15 +45,20 @@ def read_lines(path: Path, offset: int, limit: int | None = None) -> tuple[list[
 
 
 def metrics_page(path: Path, after_step: int, limit: int) -> list[dict[str, Any]]:
-    """Up to `limit` metrics records whose step is past `after_step`, in step order."""
-    records = []
-    for line in read_lines(path, 0)[0]:
-        record = _json(line)
-        if record is not None and record.get("step", 0) > after_step:
-            records.append(record)
-            if len(records) == limit:
-                break
-    return records
+    """Up to `limit` metrics records whose step is past `after_step`, in step order; the file is read a
+    chunk at a time, and no further than the page needs."""
+    records, offset = [], 0
+    while True:
+        lines, end = read_lines(path, offset, READ_CHUNK)
+        for line in lines:
+            record = _json(line)
+            if record is not None and record.get("step", 0) > after_step:
+                records.append(record)
+                if len(records) == limit:
+                    return records
+        if end == offset or not lines:  # the end of the file, or a line longer than a chunk: stop there
+            return records
+        offset = end
 
 
 def log_tail(path: Path, lines: int) -> tuple[list[str], int]:
@@ -93,6 +100,9 @@ async def follow(
     metrics_offset, quiet_since = 0, time.monotonic()
     while True:
         state, reason = await asyncio.to_thread(job_state)  # asked first: what follows covers all it wrote
+        if state == REVOKED:
+            yield sse("end", {"state": state, "reason": reason})
+            return
         sent = False
         if after_step is not None:
             lines, metrics_offset = await asyncio.to_thread(

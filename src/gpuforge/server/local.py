@@ -24,6 +24,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_ready(url: str, process: subprocess.Popen, timeout: float) -> bool:
+    """Whether the gpuforge process at `url` answers /readyz with 200 within `timeout` (False as soon as
+    the process has ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return False
+
+
 class LocalServer:
     def __init__(self, home: Path, port: int | None = None, log: Path | None = None, **env: str):
         self.home, self.port = Path(home), port or free_port()
@@ -45,16 +61,8 @@ class LocalServer:
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()  # the child has its own copy
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.1)
+        if wait_until_ready(self.url, self.process, timeout):
+            return self
         self.stop()
         where = f"; see {self.log_path}" if self.log_path else ""
         raise GpuforgeError(f"the local server on port {self.port} did not start{where}")

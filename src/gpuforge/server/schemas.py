@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from gpuforge.store.quotas import QUOTAS, Quota, limits
 
 
 class JobCreate(BaseModel):
@@ -68,21 +71,58 @@ class LogTail(BaseModel):
     offset: int = Field(description="byte offset past the last line: follow the log from there")
 
 
-class KeyCreate(BaseModel):
+def _quota_fields(describe: Callable[[Quota], str], bounded: bool = True) -> dict[str, Any]:
+    """One optional field per quota of store/quotas.py QUOTAS (its name, bounds and text come from there)."""
+    return {
+        q.name: (
+            int | None,
+            Field(None, description=describe(q), **({"ge": q.low, "le": q.high} if bounded else {})),
+        )
+        for q in QUOTAS
+    }
+
+
+class _KeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", max_length=100)
     admin: bool = False
 
 
-class KeyPublic(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+KeyCreate = create_model(
+    "KeyCreate",
+    __base__=_KeyCreate,
+    **_quota_fields(lambda q: f"{q.help}; default {q.show(q.default)} (an admin key has no quotas)"),
+)
+KeyUpdate = create_model(
+    "KeyUpdate",
+    __config__=ConfigDict(extra="forbid"),
+    **_quota_fields(lambda q: f"{q.help}; null: back to the default ({q.show(q.default)})"),
+)
 
+
+class _KeyPublic(BaseModel):
     id: int
     name: str
     admin: bool
     created_at: datetime
     revoked_at: datetime | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _quotas_in_force(cls, key: Any) -> Any:
+        """A stored key (an ApiKey row): its quotas as they hold, the defaults where it stores NULL."""
+        if isinstance(key, dict):
+            return key
+        fields = ("id", "name", "admin", "created_at", "revoked_at")
+        return {**{f: getattr(key, f) for f in fields}, **limits(key)}
+
+
+KeyPublic = create_model(
+    "KeyPublic",
+    __base__=_KeyPublic,
+    **_quota_fields(lambda q: f"{q.help}: its own or the default; null: no limit (an admin key)", False),
+)
 
 
 class KeyCreated(KeyPublic):

@@ -1,7 +1,7 @@
 """Server settings: GPUFORGE_* environment variables, or `gpuforge server` options.
 
-GPUFORGE_HOME (default ~/.gpuforge) holds the SQLite file, runs/ and admin.key. GPUFORGE_DATA_ROOTS
-(os.pathsep-separated) are the only places on the server a spec may read data from.
+GPUFORGE_HOME (default ~/.gpuforge) holds the SQLite file, runs/ and admin.key, made mode 0700.
+GPUFORGE_DATA_ROOTS (os.pathsep-separated) are the only places on the server a spec may read data from.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuforge.policy import Policy
 from gpuforge.server.access import is_loopback
 
 
@@ -24,7 +25,10 @@ class Settings(BaseSettings):
     port: int = 8600
     db: str | None = None  # default: sqlite:///<home>/gpuforge.db
     data_roots: str = ""  # os.pathsep-separated directories
-    max_body_bytes: int = 64 * 2**20  # specs and uploads above this are refused (413)
+    max_body_bytes: int = 64 * 2**20  # uploads above this are refused (413)
+    max_request_bytes: int = 2**20  # any other body: a spec (256 KiB at most), predictions forwarded
+    max_streams_per_key: int = 8  # live log/metrics streams one key holds open at once (429 past it)
+    public_metrics: bool = False  # /metrics, /docs and /openapi.json without a key
     schedule: bool = True  # run queued jobs (off: an API-only server, for tests of the API alone)
     admin_key: str | None = None  # the admin key to use on a new store, instead of making admin.key
     allow_user_code: bool = False  # let any key submit python: models (their code runs as the server's user)
@@ -55,3 +59,20 @@ class Settings(BaseSettings):
     @property
     def roots(self) -> list[Path]:
         return [Path(p).expanduser().resolve() for p in self.data_roots.split(os.pathsep) if p]
+
+    def make_home(self) -> None:
+        """GPUFORGE_HOME and runs/, mode 0700: the store, the keys and every run are the server's alone
+        (a home made earlier with wider modes is narrowed)."""
+        for path in (self.home, self.runs_dir):
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.chmod(0o700)
+
+
+def job_policy(settings: Settings, key) -> Policy:
+    """What a key's jobs and deployments may do: user code for admins (or when the server allows it for
+    everyone), and files only under the data roots and the uploads directory."""
+    return Policy(
+        user_code=bool((key is not None and key.admin) or settings.allow_user_code),
+        roots=(*settings.roots, settings.uploads_dir.resolve()),
+        excluded=(settings.home,),  # a data root above the home must not open other users' runs
+    )

@@ -1,8 +1,9 @@
 """API keys: made once, shown once, stored as a SHA-256 digest only.
 
 On its first start the server makes an admin key and writes it to $GPUFORGE_HOME/admin.key, readable by
-its owner alone; `gpuforge keys create NAME` makes the others. A key is looked up by its digest, so a
-stolen database does not hand out working keys.
+its owner alone; `gpuforge keys create NAME` makes the others, with their quotas (store/quotas.py;
+`gpuforge keys set NAME` changes them). A key is looked up by its digest, so a stolen database does not
+hand out working keys.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.store.models import ApiKey, utcnow
+from gpuforge.store.quotas import BY_NAME, check_settable
 
 PREFIX = "gf_"
 log = logging.getLogger("gpuforge.server")
@@ -27,12 +29,32 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_key(s: Session, name: str, admin: bool = False) -> str:
-    """A new key named `name` (unique); returns the key itself, which is not kept anywhere."""
+def create_key(
+    s: Session, name: str, admin: bool = False, quotas: dict[str, int | None] | None = None
+) -> str:
+    """A new key named `name` (unique), with the quotas given (the others: the defaults; an admin key has
+    none, store/quotas.py); returns the key itself, which is not kept anywhere. ValueError for quotas it
+    cannot have."""
+    check_settable(name, admin, quotas or {})
     if s.scalar(select(ApiKey.id).where(ApiKey.name == name)) is not None:
         raise GpuforgeError(f"an API key named {name!r} exists already")
     key = PREFIX + secrets.token_urlsafe(32)
-    s.add(ApiKey(name=name, digest=digest(key), admin=admin))
+    s.add(ApiKey(name=name, digest=digest(key), admin=admin, **(quotas or {})))
+    return key
+
+
+def set_quotas(s: Session, name: str, quotas: dict[str, int | None]) -> ApiKey:
+    """Change the quotas of the key named `name`: each given one to its value, None back to the default.
+    They hold from the next request or scheduling pass on (the checks read them from the store).
+    LookupError: no such key; ValueError: quotas it cannot have."""
+    key = s.scalar(select(ApiKey).where(ApiKey.name == name))
+    if key is None:
+        raise LookupError(f"no API key named {name!r}")
+    if not quotas:
+        raise ValueError(f"nothing to change: give one of {', '.join(BY_NAME)}")
+    check_settable(name, key.admin, quotas)
+    for quota, value in quotas.items():
+        setattr(key, quota, value)
     return key
 
 

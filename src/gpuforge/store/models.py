@@ -1,4 +1,4 @@
-"""The server's tables: jobs, their events, devices, API keys, deployments (SQLAlchemy 2, typed mappings).
+"""The server's tables: jobs, their events, devices, API keys, deployments, uploads (SQLAlchemy 2).
 
 The run directory stays the truth of a run (DESIGN: the runner never talks to the database); the
 store holds what the server needs to answer and schedule fast: each job's state and latest figures, the
@@ -25,6 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 JOB_STATES = ("queued", "running", "paused", "finished", "failed", "cancelled")
 DEPLOYMENT_STATES = ("starting", "ready", "stopping", "failing", "failed", "stopped")
+LIVE_DEPLOYMENT_STATES = ("starting", "ready", "stopping", "failing")  # failing: replicas being stopped
 ACTIVE_STATES = ("queued", "running", "paused")
 
 
@@ -61,6 +62,12 @@ class ApiKey(Base):
     admin: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)  # no longer opens anything
+    # its quotas (store/quotas.py QUOTAS), as the admin set them: NULL is the default (none for an admin)
+    max_queued: Mapped[int | None] = mapped_column(default=None)
+    max_running: Mapped[int | None] = mapped_column(default=None)
+    max_upload_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    max_deployments: Mapped[int | None] = mapped_column(default=None)
+    max_priority: Mapped[int | None] = mapped_column(default=None)
 
 
 class Job(Base):
@@ -142,9 +149,26 @@ class Deployment(Base):
     device_type: Mapped[str] = mapped_column(String(8), default="cpu")
     state: Mapped[str] = mapped_column(String(16), default="starting")
     reason: Mapped[str | None] = mapped_column(Text)
-    worker_key: Mapped[str] = mapped_column(String(64))  # what the server sends its loopback workers
+    # the sha256 of the key its loopback replicas want (derived, never stored: scheduler/worker_keys.py)
+    worker_key: Mapped[str] = mapped_column(String(64))
     # one entry a replica: {"index", "pid", "port", "device", "restarts", "ready"}
     workers: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     max_restarts: Mapped[int] = mapped_column(default=5)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     stopped_at: Mapped[datetime | None] = mapped_column()
+
+
+class Upload(Base):
+    """A file under <home>/uploads (routes/uploads.py), charged to the key that made the server store it:
+    its size counts against that key's max_upload_bytes (store/quotas.py). One row a stored file: the same
+    content under another suffix is another file."""
+
+    __tablename__ = "uploads"
+    __table_args__ = (UniqueConstraint("sha256", "suffix"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    suffix: Mapped[str] = mapped_column(String(24), default="")  # kept: readers pick the format by it
+    key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import secrets
 from pathlib import Path
 from typing import Annotated
 
@@ -24,10 +23,14 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
+from gpuforge.scheduler.worker_keys import replicas_key, worker_key
 from gpuforge.server.auth import Key
+from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.schemas import DeploymentCreate, DeploymentPublic
 from gpuforge.store.db import session
-from gpuforge.store.models import ApiKey, Deployment, Job
+from gpuforge.store.keys import digest
+from gpuforge.store.models import ApiKey, Deployment, Job, utcnow
+from gpuforge.store.quotas import check_deployment
 
 router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"])
 Name = Annotated[str, PathParam(max_length=100, description="the deployment's name")]
@@ -50,7 +53,8 @@ def _owned(s, key: ApiKey, name: str) -> Deployment:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=DeploymentPublic)
 def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPublic:
-    """Serve a finished job's model; the replicas start on free devices (state starting, then ready)."""
+    """Serve a finished job's model; the replicas start on free devices (state starting, then ready). Past
+    its key's max_deployments: 429."""
     devices = request.app.state.devices
     with session(request.app.state.engine) as s:
         job = s.get(Job, body.job_id)
@@ -81,19 +85,22 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
                 status.HTTP_422_UNPROCESSABLE_CONTENT,
                 f"replicas: {body.replicas} asked, this server has {have} {job.device_type} device(s)",
             )
+        with quota_refusal():  # 429 past max_deployments, counted in this transaction
+            check_deployment(s, key)
         if existing is not None:
             s.delete(existing)  # a stopped or failed one gives its name back
             s.flush()
         deployment = Deployment(
             name=body.name, owner_id=key.id, job_id=job.id, model_dir=str(model_dir),
             options=body.options.model_dump(exclude_none=True), replicas=body.replicas,
-            device_type=job.device_type, worker_key="gf_" + secrets.token_urlsafe(24), workers=[],
+            device_type=job.device_type, worker_key="", workers=[], created_at=utcnow(),
         )  # fmt: skip
         s.add(deployment)
         try:
             s.flush()
         except (IntegrityError, StaleDataError) as err:  # the same name, deployed at the same moment
             raise HTTPException(status.HTTP_409_CONFLICT, f"a deployment named {body.name!r} exists") from err
+        deployment.worker_key = digest(worker_key(request.app.state.worker_secret, deployment))
         public = _public(deployment)
     request.app.state.scheduler.wake()
     return public
@@ -139,7 +146,7 @@ async def predict(name: Name, request: Request, key: Key) -> Response:
         if deployment is None or deployment.state in ("stopped", "failed"):
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no deployment {name!r} serving")
         ready = [w for w in deployment.workers or [] if w.get("ready") and w.get("port")]
-        worker_key = deployment.worker_key
+        key_of_replicas = replicas_key(request.app.state.worker_secret, deployment)
     if not ready:
         raise HTTPException(
             status.HTTP_503_SERVICE_UNAVAILABLE, f"deployment {name!r} has no ready replica yet",
@@ -155,7 +162,7 @@ async def predict(name: Name, request: Request, key: Key) -> Response:
             f"http://127.0.0.1:{worker['port']}/predict",
             content=await request.body(),
             headers={"content-type": request.headers.get("content-type", "application/json"),
-                     "authorization": f"Bearer {worker_key}"},
+                     "authorization": f"Bearer {key_of_replicas}"},
         )  # fmt: skip
     except httpx.HTTPError as err:
         raise HTTPException(

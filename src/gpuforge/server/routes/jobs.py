@@ -11,43 +11,24 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
+from starlette.background import BackgroundTask
 
-from gpuforge.errors import SpecError
+from gpuforge.errors import GpuforgeError
 from gpuforge.server.auth import Key
-from gpuforge.server.follow import follow, log_tail, metrics_page
+from gpuforge.server.follow import REVOKED, follow, log_tail, metrics_page
+from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.schemas import EventPublic, JobCreate, JobPublic, JobResume, LogTail
-from gpuforge.spec import DATA_SCHEMES, JobSpec, parse_spec
+from gpuforge.server.settings import job_policy
+from gpuforge.spec import JobSpec, parse_spec
 from gpuforge.store.db import session
 from gpuforge.store.models import ApiKey, Event, Job, utcnow
+from gpuforge.store.quotas import check_job
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 INT32 = 2**31 - 1  # ids and counts past it fit no store's integer column: refused as bad input (422)
 JobId = Annotated[int, PathParam(ge=1, le=INT32, description="the job's id")]
 FINAL_STATES = ("finished", "failed", "cancelled")
-
-
-def _server_paths(spec: JobSpec) -> list[tuple[str, Path]]:
-    """The files and directories on the server a spec would read, by the field that names them."""
-    paths = []
-    for field, value in (("data.train", spec.data.train), ("data.eval", spec.data.eval)):
-        if value and value.partition(":")[0] not in DATA_SCHEMES:
-            paths.append((field, Path(value)))
-    if spec.data.tokenizer and spec.data.tokenizer.startswith("hf:"):
-        paths.append(("data.tokenizer", Path(spec.data.tokenizer[3:])))
-    scheme, _, rest = spec.model.source.partition(":")
-    if scheme == "hf":
-        paths.append(("model.source", Path(rest)))
-    elif scheme == "python" and rest.split(":")[0].endswith(".py"):
-        paths.append(("model.source", Path(rest.split(":")[0])))
-    return paths
-
-
-def _check_roots(spec: JobSpec, roots: list[Path]) -> None:
-    for field, path in _server_paths(spec):
-        real = path.resolve()  # follows symlinks and `..`: the place that would really be read
-        if not any(real == root or root in real.parents for root in roots):
-            allowed = ", ".join(map(str, roots)) or "none configured (GPUFORGE_DATA_ROOTS)"
-            raise SpecError(f"{field}: {path} is outside the server's data roots ({allowed})")
+MAX_SPEC_BYTES = 256 * 2**10  # a spec is a page of YAML; its data travel as uploads
 
 
 class _NoAliases(yaml.SafeLoader):
@@ -63,19 +44,18 @@ class _NoAliases(yaml.SafeLoader):
 
 def _parse(body: JobCreate, request: Request, key: ApiKey) -> JobSpec:
     settings = request.app.state.settings
+    if len(body.spec.encode()) > MAX_SPEC_BYTES:
+        raise HTTPException(
+            status.HTTP_413_CONTENT_TOO_LARGE, f"spec: {len(body.spec.encode())} bytes, over {MAX_SPEC_BYTES}"
+        )
     try:
         raw = yaml.load(body.spec, Loader=_NoAliases)  # noqa: S506 (a SafeLoader)
         base = settings.roots[0] if settings.roots else settings.home
         spec = parse_spec(raw, base, default_name=body.name or "job")
-        if spec.model.source.startswith("python:") and not (key.admin or settings.allow_user_code):
-            raise SpecError(
-                "model.source: python: models run their code as the server's user; only an admin key may "
-                "submit them (or the server sets GPUFORGE_ALLOW_USER_CODE=true)"
-            )
-        _check_roots(spec, [*settings.roots, settings.uploads_dir.resolve()])  # uploads: always readable
+        job_policy(settings, key).check_spec(spec)
     except yaml.YAMLError as err:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"spec: not valid YAML: {err}") from err
-    except SpecError as err:
+    except GpuforgeError as err:  # SpecError, or a ModelError of the source (an unknown bundled model)
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from err
     return spec
 
@@ -89,7 +69,8 @@ def _device_type(spec: JobSpec, request: Request) -> str:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic)
 def submit(body: JobCreate, request: Request, key: Key) -> Job:
-    """Validate a spec and queue it; a spec that fails validation is refused (422), never queued."""
+    """Validate a spec and queue it; a spec that fails validation is refused (422), never queued, and so
+    is one past its key's quotas (max_priority: 422; max_queued: 429)."""
     spec = _parse(body, request, key)
     device_type = _device_type(spec, request)
     have = [d.id for d in request.app.state.devices if d.kind == device_type]
@@ -101,11 +82,14 @@ def submit(body: JobCreate, request: Request, key: Key) -> Job:
             f"{len(have)} ({', '.join(have) or 'none'}"
             + ("; CPU slots are set by GPUFORGE_CPU_SLOTS)" if device_type == "cpu" else ")"),
         )
+    priority = body.priority if body.priority is not None else spec.priority
     with session(request.app.state.engine) as s:
+        with quota_refusal():  # max_priority (422) and max_queued (429), counted in this transaction
+            check_job(s, key, priority)
         job = Job(
             name=body.name or spec.name,
             owner_id=key.id,
-            priority=body.priority if body.priority is not None else spec.priority,
+            priority=priority,
             device_type=device_type,
             devices_wanted=spec.resources.devices,
             spec_yaml=spec.to_yaml(),
@@ -204,13 +188,13 @@ def job_events(
     request: Request,
     key: Key,
     after: Annotated[int, Query(ge=-1, le=INT32, description="only events after this seq")] = -1,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="at most this many (next page: after)")] = 1000,
 ) -> list[Event]:
-    """The job's events, in order."""
+    """The job's events, in order, a page at a time."""
     with session(request.app.state.engine) as s:
         _visible(s, key, job_id)
-        return list(
-            s.scalars(select(Event).where(Event.job_id == job_id, Event.seq > after).order_by(Event.seq))
-        )
+        page = select(Event).where(Event.job_id == job_id, Event.seq > after)
+        return list(s.scalars(page.order_by(Event.seq).limit(limit)))
 
 
 @router.get("/{job_id}/metrics", response_model=list[dict[str, Any]])
@@ -256,19 +240,46 @@ SSE = {200: {"content": {"text/event-stream": {}}, "description": "server-sent e
 
 
 def _stream(request: Request, key: Key, job_id: int, **what) -> StreamingResponse:
-    engine = request.app.state.engine
+    """A job's live stream: at most max_streams_per_key open at once for a key (429 past it); it ends with
+    its job, or as soon as its key is revoked."""
+    engine, settings = request.app.state.engine, request.app.state.settings
     with session(engine) as s:
         run_dir = Path(_visible(s, key, job_id).run_dir)
+    streams = request.app.state.open_streams
+    if streams.get(key.id, 0) >= settings.max_streams_per_key:
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            f"key {key.name!r} holds {settings.max_streams_per_key} open streams already (the most a key "
+            "may): close one first",
+        )
+    streams[key.id] = streams.get(key.id, 0) + 1  # taken now: requests at the same moment count at once
+    released = False
+
+    def release() -> None:  # once, whether the stream ran to its end or never started
+        nonlocal released
+        if not released:
+            released = True
+            streams[key.id] -= 1
 
     def state() -> tuple[str, str | None]:
         with session(engine) as s:
+            if s.scalar(select(ApiKey.revoked_at).where(ApiKey.id == key.id)) is not None:
+                return REVOKED, f"the key {key.name!r} was revoked"
             job = s.get(Job, job_id)
             return job.state, job.reason
 
+    async def counted():
+        try:
+            async for chunk in follow(run_dir, state, **what):
+                yield chunk
+        finally:
+            release()
+
     return StreamingResponse(
-        follow(run_dir, state, **what),
+        counted(),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        background=BackgroundTask(release),
     )
 
 

@@ -16,9 +16,14 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
+from sqlalchemy.exc import IntegrityError
+from starlette.concurrency import run_in_threadpool
 
 from gpuforge.server.auth import Key
+from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.schemas import UploadPublic
+from gpuforge.store.db import session
+from gpuforge.store.quotas import charge_upload, upload_allowance
 
 router = APIRouter(prefix="/api/v1/uploads", tags=["uploads"])
 SHA256 = r"^[0-9a-f]{64}$"
@@ -49,22 +54,45 @@ def find_upload(sha256: str, request: Request, key: Key, name: Name = "") -> Upl
 
 @router.put("/{sha256}", response_model=UploadPublic)
 async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> UploadPublic:
-    """Store the request body (raw bytes) under its SHA-256."""
+    """Store the request body (raw bytes) under its SHA-256, charged to its key's max_upload_bytes: past
+    it, 429 before the body is read (by its Content-Length) or as soon as it passes, and nothing is kept.
+    Content the server has already costs nothing."""
     path = _target(request, sha256, name)
     if path.exists():
         return _public(path, sha256)
+    engine = request.app.state.engine
+
+    def allowance():
+        with session(engine) as s:
+            return upload_allowance(s, key)
+
+    def keep(tmp: str, size: int) -> None:
+        # charged first, then kept: a server that dies between the two has a row and no file, which the
+        # next upload of that content puts right (a file with no row would be nobody's)
+        try:
+            with session(engine) as s:
+                charge_upload(s, key, sha256, path.name[len(sha256) :], size)
+        except IntegrityError:
+            pass  # another key stored the same content at the same moment: charged to it, as if first
+        os.replace(tmp, path)  # whole or absent: a reader never sees half a file
+
+    allowed = await run_in_threadpool(allowance)  # the store off the event loop: it may wait for a lock
+    length = request.headers.get("content-length", "")
+    with quota_refusal():
+        allowed.check(int(length) if length.isdigit() else 0)
     limit = request.app.state.settings.max_body_bytes
     path.parent.mkdir(parents=True, exist_ok=True)
     digest, size = hashlib.sha256(), 0
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".upload-")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with quota_refusal(), os.fdopen(fd, "wb") as f:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
                     raise HTTPException(
                         status.HTTP_413_CONTENT_TOO_LARGE, f"upload is over the {limit} bytes allowed"
                     )
+                allowed.check(size, partial=True)  # a body sent without a Content-Length
                 digest.update(chunk)
                 f.write(chunk)
         if digest.hexdigest() != sha256:
@@ -72,7 +100,8 @@ async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> Up
                 status.HTTP_422_UNPROCESSABLE_CONTENT,
                 f"the body's sha256 is {digest.hexdigest()}, not the {sha256} named in the URL",
             )
-        os.replace(tmp, path)  # whole or absent: a reader never sees half a file
+        with quota_refusal():
+            await run_in_threadpool(keep, tmp, size)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
