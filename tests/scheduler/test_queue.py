@@ -68,7 +68,8 @@ def test_a_job_held_by_its_owners_max_running_is_skipped_not_a_barrier():
     others = [QueuedJob(2, 0, "cuda", owner=8), QueuedJob(3, 0, "cuda", owner=9)]
     plan = plan_starts([first, *others], GPUS, TOTAL, running={7: 2}, max_running={7: 2})
     assert plan.starts == [(2, ["cuda:0"]), (3, ["cuda:1"])]  # not held back behind it
-    assert plan.blocked == {} and plan.held == {1: "waiting for quota max_running: its key runs 2 jobs, its limit"}
+    assert plan.blocked == {}
+    assert plan.held == {1: "waiting for quota max_running: its key runs 2 jobs, its limit"}
     # once one of its owner's jobs ends, it starts at its turn: first, ahead of the others
     plan = plan_starts([first, *others], GPUS, TOTAL, running={7: 1}, max_running={7: 2})
     assert plan.starts == [(1, GPUS["cuda"])] and plan.held == {}
