@@ -1,6 +1,7 @@
 """The CLI as a user meets it: real subprocesses, one-line errors, nothing written over."""
 
 import json
+import re
 
 import pytest
 import yaml
@@ -171,3 +172,45 @@ def test_demo_local_trains_every_spec_in_the_folder_and_says_where(tmp_path):
         assert str(run.resolve()) in result.stdout
     assert not (runs[0] / "compressed").exists() and (runs[1] / "compressed" / "report.json").exists()
     _one_line_error(run_cli("demo", "--examples", str(tmp_path / "none")), "no *.yaml example specs")
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        (
+            "train.lerning_rate=1e-3",
+            "gpuforge: error: --set train.lerning_rate=1e-3: unknown key (did you mean train.lr?)",
+        ),
+        ("train.lr=abc", "gpuforge: error: --set train.lr=abc: must be a number, got 'abc'"),
+        (
+            "train.batch_size=x",
+            "gpuforge: error: --set train.batch_size=x: must be an integer or 'auto', got 'x'",
+        ),
+        ("trian.lr=1", "gpuforge: error: --set trian.lr=1: unknown key (did you mean train?)"),
+    ],
+)
+def test_a_bad_set_is_blamed_on_the_set_once_with_a_suggestion(tmp_path, override, line):
+    spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path))
+    result = run_cli("train", str(spec), "--out", str(tmp_path / "run"), "--set", override)
+    _one_line_error(result)
+    assert result.stderr.strip() == line
+
+
+def test_a_typo_in_the_file_is_blamed_on_the_file_with_a_suggestion(tmp_path):
+    raw = image_spec(tmp_path)
+    raw["train"]["num_epochs"] = raw["train"].pop("max_steps")
+    spec = write_spec(tmp_path / "job.yaml", raw)
+    result = run_cli("train", str(spec), "--out", str(tmp_path / "run"), "--set", "train.seed=-1")
+    _one_line_error(result)
+    assert result.stderr.strip() == (
+        f"gpuforge: error: {spec}: train.num_epochs: unknown key (did you mean train.epochs?); "
+        "--set train.seed=-1: must be >= 0"
+    )
+
+
+def test_the_progress_bar_shows_the_latest_eval(tmp_path):
+    spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=4, eval_every=2))
+    result = run_cli("train", str(spec), "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    bar = [line for line in result.stderr.splitlines() if line.startswith("step     4/4")]
+    assert len(bar) == 1 and re.search(r" loss \d\.\d{4} eval acc \d\.\d{3} ", bar[0]), result.stderr

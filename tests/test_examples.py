@@ -1,11 +1,14 @@
-"""Every shipped example spec loads, and runs for a few steps."""
+"""Every shipped example spec loads, runs for a few steps, and says nothing but its own lines."""
 
+import json
+import re
 from pathlib import Path
 
 import pytest
 
 from gpuforge.spec import load_spec
 from gpuforge.train.engine import train
+from tests.conftest import run_cli
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
 
@@ -21,3 +24,46 @@ def test_example_runs_a_few_steps(tmp_path, path):
     summary = train(spec, tmp_path / "run")
     assert summary["status"] == "finished" and summary["steps"] == 2
     assert (tmp_path / "run" / "model" / "gpuforge.json").exists()
+
+
+# The lines gpuforge itself prints while training (stdout and stderr): its log lines (rich's level column,
+# then indented continuations), the progress bar, the closing summary, and the compression table.
+OWN_LINE = re.compile(
+    r"(DEBUG|INFO|WARNING|ERROR) +\S.*"  # gpuforge's logger
+    r"| {9}\S.*"  # a log line's continuation
+    r"|step +\d+/\d+ .*"  # the progress bar
+    r"|(finished|paused|failed|cancelled) at step \d+/\d+.*"
+    r"|(run directory|compressed): \S.*"
+    r"| +compressed variants .*|[┏┃┡│└].*"  # the compression table's title and rows
+)
+# a quick run of each example: one step, a few records, one recovery step after pruning
+QUICK = ["--max-steps", "1", "--set", "data.max_records=200"]
+QUICKER = {"digits-cnn": ["--set", "compress.prune.recover_steps=1"]}
+
+
+def _not_own(result) -> list[str]:
+    lines = (result.stdout + result.stderr).splitlines()
+    return [line for line in lines if line.strip() and not OWN_LINE.fullmatch(line.rstrip())]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_a_plain_train_of_each_example_prints_nothing_but_gpuforges_own_lines(tmp_path, path):
+    run = tmp_path / "run"
+    result = run_cli("train", str(path), "--out", str(run), *QUICK, *QUICKER.get(path.stem, []))
+    assert result.returncode == 0, result.stderr
+    assert _not_own(result) == []
+    assert "finished at step 1/1" in result.stdout
+    manifest = json.loads((run / "model" / "gpuforge.json").read_text())
+    if manifest["kind"] == "adapter" and manifest["task"] == "sequence-classification":
+        assert manifest["modules_to_save"] == ["classifier"]  # the head once, not PEFT's guesses too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["--verbose", "GPUFORGE_VERBOSE=1"])
+def test_verbose_shows_the_third_party_output_again(tmp_path, how):
+    spec = EXAMPLES[0].parent / "minilm-topics.yaml"
+    flag, env = ([how], None) if how.startswith("--") else ([], dict([how.split("=")]))
+    result = run_cli(*flag, "train", str(spec), "--out", str(tmp_path / "run"), *QUICK, env=env)
+    assert result.returncode == 0, result.stderr
+    assert _not_own(result) != []  # transformers, at least, says the new classification head is untrained

@@ -1,10 +1,13 @@
 """The pre-flight plan, checked against the real run of the same job (both in their own processes)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from gpuforge.plan import dollars, duration
+from gpuforge.train.batch import size
 from tests.conftest import run_cli
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -42,12 +45,72 @@ def test_plan_is_within_30_percent_of_the_measured_run(tmp_path, example, steps)
     pytest.fail(f"planned vs measured step time (s) never within 30% in {len(pairs)} tries: {pairs}")
 
 
-def test_a_job_that_cannot_fit_is_refused_with_what_would_fit():
-    result, plan = _plan(str(EXAMPLES / "minilm-topics.yaml"), "--set", "resources.max_memory=700MiB")
+def _mib(text: str) -> float:
+    """The first size in a line of plan output, in MiB."""
+    figure, unit = re.search(r"([\d.]+) (GiB|MiB|KiB)", text).groups()
+    return float(figure) * {"GiB": 1024, "MiB": 1, "KiB": 1 / 1024}[unit]
+
+
+def test_a_job_that_cannot_fit_is_refused_with_only_what_would_fit():
+    spec = str(EXAMPLES / "minilm-topics.yaml")
+    _, roomy = _plan(spec)
+    # 85% of its need: LoRA (no gradients or AdamW state for the base) fits, checkpointing (activations) not
+    budget_mib = int(roomy["memory"]["total"] * 0.85 / 2**20)
+    result, plan = _plan(spec, "--set", f"resources.max_memory={budget_mib}MiB")
     assert result.returncode == 2 and plan is not None and not plan["fits"]
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("gpuforge: error: does not fit: needs") and "GiB more than the 0.68 GiB" in line
-    assert "adapt.lora" in line and "gradient_checkpointing" in line
+    assert line == f"gpuforge: error: {plan['verdict']}"
+    assert line.startswith("gpuforge: error: does not fit: needs")
+    assert f"more than the {budget_mib} MiB of resources.max_memory; would fit with adapt.lora" in line
+    assert plan["suggestions"] and all(_mib(s.split(": ", 1)[1]) <= budget_mib for s in plan["suggestions"])
+    assert not any("gradient_checkpointing" in s for s in plan["suggestions"])
+
+
+def test_a_budget_the_runtime_alone_exceeds_is_refused_by_plan_and_train_alike(tmp_path):
+    spec = str(EXAMPLES / "minilm-topics.yaml")
+    result, plan = _plan(spec, "--set", "resources.max_memory=100MB")
+    assert result.returncode == 2 and plan["suggestions"] == []
+    assert plan["memory"]["runtime"] > plan["capacity_bytes"]
+    assert "the runtime alone" in plan["verdict"] and plan["verdict"].endswith("nothing can fit")
+    trained = run_cli(
+        "train", spec, "--set", "resources.max_memory=100MB", "--max-steps", "2", "--out", str(tmp_path / "r")
+    )
+    assert trained.returncode == 2 and not (tmp_path / "r" / "summary.json").exists()
+    line = trained.stderr.strip().splitlines()[-1]
+    assert line.startswith("gpuforge: error: does not fit: needs") and line.endswith("nothing can fit")
+    assert "more than the 95.4 MiB of resources.max_memory" in line  # 100 MB, as plan reads it
+
+
+def test_a_budget_that_fits_trains(tmp_path):
+    trained = run_cli(
+        "train", str(EXAMPLES / "digits-cnn.yaml"), "--set", "resources.max_memory=8GiB",
+        "--max-steps", "2", "--out", str(tmp_path / "r"),
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps"] == 2
+
+
+def test_small_figures_are_shown_in_small_units():
+    result = run_cli("plan", str(EXAMPLES / "digits-cnn.yaml"))
+    assert result.returncode == 0, result.stderr
+    rows = dict(
+        (cells[1].strip(), cells[2].strip())
+        for line in result.stdout.splitlines()
+        if len(cells := line.split("│")) == 4
+    )
+    assert re.fullmatch(r"[\d.]+ ms \(FLOPs.*", rows["step time"])
+    assert re.fullmatch(r"\d+ steps, [\d.]+ (ms|s), ([\d.]+|under 0.0001) cents at \$0.1/h", rows["total"])
+    assert rows["memory: weights"].endswith("KiB")  # 29,258 fp32 parameters
+
+
+def test_figures_read_in_units_that_fit_them():
+    assert [size(n) for n in (500, 117_032, 100_000_000, 3 * 2**30)] == [
+        "0.488 KiB", "114 KiB", "95.4 MiB", "3.00 GiB",
+    ]  # fmt: skip
+    assert [duration(s) for s in (0.00143, 3.7, 500, 10_000)] == ["1.43 ms", "3.7 s", "8 min", "2.8 h"]
+    assert [dollars(u) for u in (7e-6, 1e-8, 0.0123, 0.5, 123.456)] == [
+        "0.0007 cents", "under 0.0001 cents", "1.2 cents", "50 cents", "$123.46",
+    ]  # fmt: skip
 
 
 def test_plan_without_measuring_gives_a_lower_bound_from_flops():

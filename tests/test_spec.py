@@ -169,3 +169,46 @@ def test_parse_bytes():
     assert parse_bytes("1024") == 1024
     with pytest.raises(ValueError):
         parse_bytes("8 parsecs")
+
+
+@pytest.mark.parametrize(
+    "typo, suggestion",
+    [
+        ({"train": {"learning_rate": 1e-3}}, "train.learning_rate: unknown key (did you mean train.lr?)"),
+        ({"train": {"lerning_rate": 1e-3}}, "(did you mean train.lr?)"),
+        ({"train": {"num_epochs": 2}}, "(did you mean train.epochs?)"),
+        ({"train": {"batch": 8}}, "(did you mean train.batch_size?)"),
+        ({"train": {"warmup_step": 8}}, "(did you mean train.warmup_steps?)"),
+        ({"adapt": {"lora": {"rank": 8}}}, "adapt.lora.rank: unknown key (did you mean adapt.lora.r?)"),
+        ({"trian": {}}, "trian: unknown key (did you mean train?)"),
+    ],
+)
+def test_an_unknown_key_suggests_the_field_it_probably_meant(tmp_path, typo, suggestion):
+    with pytest.raises(SpecError) as err:
+        load_spec(_spec(tmp_path, yaml.safe_dump({**MINIMAL, **typo})))
+    assert suggestion in str(err.value)
+
+
+def test_an_unknown_key_like_no_field_gets_no_suggestion(tmp_path):
+    with pytest.raises(SpecError) as err:
+        load_spec(_spec(tmp_path, yaml.safe_dump({**MINIMAL, "train": {"zebra": 1}})))
+    assert str(err.value).endswith("train.zebra: unknown key")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lr=abc", "--set train.lr=abc: must be a number, got 'abc'"),
+        ("train.batch_size=x", "--set train.batch_size=x: must be an integer or 'auto', got 'x'"),
+        ("train.max_steps=1.5", "--set train.max_steps=1.5: must be a whole number, got 1.5"),
+        (
+            "train.precision=fp8",
+            "--set train.precision=fp8: must be 'auto', 'bf16', 'fp16' or 'fp32', got 'fp8'",
+        ),
+        ("train.lerning_rate=1", "--set train.lerning_rate=1: unknown key (did you mean train.lr?)"),
+    ],
+)
+def test_a_problem_made_by_set_names_the_set_not_the_file(tmp_path, override, message):
+    with pytest.raises(SpecError) as err:
+        load_spec(_spec(tmp_path, yaml.safe_dump(MINIMAL)), [override])
+    assert str(err.value) == message

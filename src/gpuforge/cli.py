@@ -44,6 +44,26 @@ MaxSteps = Annotated[int | None, typer.Option("--max-steps", min=1, help="overri
 Overrides = Annotated[list[str] | None, typer.Option("--set", help="override a field: --set train.lr=1e-3")]
 
 
+@app.callback()
+def _everywhere(
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            envvar="GPUFORGE_VERBOSE",
+            help="also show third-party warnings, log lines and progress bars",
+        ),
+    ] = False,
+) -> None:
+    """Runs before every verb, so before torch, transformers and the rest are imported."""
+    from gpuforge.quiet import VERBOSE_ENV, quiet_third_party
+
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"  # the processes this one starts (ranks, a server's runners) too
+    else:
+        quiet_third_party()
+
+
 def _default_out(name: str) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -182,7 +202,7 @@ def plan(
     """Say before anything runs: parameters, memory, batch, time and cost; refuse a job that cannot fit."""
     import json
 
-    from gpuforge.plan import make_plan
+    from gpuforge.plan import make_plan, table
     from gpuforge.spec import load_spec
 
     overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
@@ -190,50 +210,9 @@ def plan(
     if as_json:
         out_console.print_json(json.dumps(result.as_dict()))
     else:
-        out_console.print(_plan_table(result))
+        out_console.print(table(result))
     if not result.fits:
-        raise GpuforgeError(
-            "does not fit: "
-            + "; would fit with ".join(
-                result.suggestions[:1]
-                + [" / ".join(result.suggestions[1:]) or "nothing gpuforge can offer here"]
-            )
-        )
-
-
-def _plan_table(p) -> Table:
-    gib = 2**30
-    table = Table(title=f"plan: {p.job} on {p.device} ({p.device_type}, {p.precision})", show_header=False)
-    table.add_column("what", no_wrap=True)
-    table.add_column("figure")
-    m = p.memory
-    rows = [
-        ("parameters", f"{p.parameters:,} ({p.trainable_parameters:,} trainable)"),
-        ("batch", f"micro-batch {p.micro_batch} x {p.grad_accum} accumulation = {p.global_batch} per step"),
-        ("memory: weights", f"{m['weights'] / gib:.3f} GiB"),
-        ("memory: gradients", f"{m['gradients'] / gib:.3f} GiB"),
-        ("memory: optimizer state", f"{m['optimizer_state'] / gib:.3f} GiB"),
-        (
-            "memory: activations",
-            f"{m['activations'] / gib:.3f} GiB ({m['activations_per_sample'] / 2**20:.2f} MiB "
-            "per sample, measured)",
-        ),
-        ("memory: runtime + step overhead", f"{(m['runtime'] + m['step_overhead']) / gib:.3f} GiB"),
-        (
-            "memory: predicted peak",
-            f"{m['total'] / gib:.3f} GiB of {p.capacity_bytes / gib:.2f} GiB "
-            f"({p.capacity_source}): {'fits' if p.fits else 'DOES NOT FIT'}",
-        ),
-        ("step time", f"{p.step_time_s:.4f} s ({p.step_time_method})"),
-        ("total", f"{p.total_steps} steps, {p.total_time_s:.0f} s, ${p.cost_usd:.4f} at ${p.usd_per_hour}/h"),
-    ]
-    if p.measured_peak_bytes:
-        rows.insert(
-            8, ("memory: measured peak", f"{p.measured_peak_bytes / gib:.3f} GiB (in the measured steps)")
-        )
-    for row in rows:
-        table.add_row(*row)
-    return table
+        raise GpuforgeError(result.verdict)
 
 
 @app.command()

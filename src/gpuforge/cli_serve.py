@@ -3,7 +3,9 @@
 gpuforge serve runs/<id>/model [--port 8700] [--max-batch 32] [--max-wait-ms 5] [--quantize int8]
 GPUFORGE_API_KEY=... gpuforge serve runs/<id>/model --host 0.0.0.0      # or --api-key-file PATH
 
-The key never comes on the command line: every local user can read a process's arguments.
+The key never comes on the command line: every local user can read a process's arguments. Once the
+socket is bound it prints `gpuforge serve: listening on http://127.0.0.1:8700 (model runs/<id>/model)`,
+and `gpuforge serve: stopped` once it has answered what it held.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from gpuforge.cli import app
+from gpuforge.cli import app, out_console
 from gpuforge.errors import GpuforgeError
 from gpuforge.secret_files import read_secret_file
 from gpuforge.server.access import is_loopback
@@ -45,9 +47,7 @@ def serve(
     ] = None,
     max_adapters: Annotated[int, typer.Option(min=1, help="adapters loaded at once (LRU past it)")] = 8,
 ) -> None:
-    """Serve a trained model: POST /predict, dynamic batching, Prometheus /metrics."""
-    import uvicorn
-
+    """Serve a trained model: POST /predict (a causal LM: /v1/completions), batching, Prometheus /metrics."""
     from gpuforge.serve.adapters import check_adapters
     from gpuforge.serve.worker import ServeConfig, create_worker
 
@@ -58,8 +58,7 @@ def serve(
     if api_key is None and not is_loopback(host):
         raise GpuforgeError(f"--host {host}: refusing to listen beyond loopback without a key "
                             "(GPUFORGE_API_KEY or --api-key-file)")  # fmt: skip
-    if not (model_dir / "gpuforge.json").is_file():
-        raise GpuforgeError(f"{model_dir}: not a gpuforge model directory (no gpuforge.json)")
+    check_model_dir(model_dir)
     if quantize not in (None, "int8", "int4", "int8-dynamic"):
         raise GpuforgeError(f"--quantize {quantize}: expected int8, int4 or int8-dynamic")
     adapters = {}
@@ -75,9 +74,55 @@ def serve(
         quantize=quantize, precision=precision, device=device, max_length=max_length, adapters=adapters,
         max_adapters=max_adapters,
     )  # fmt: skip
-    uvicorn.run(
-        create_worker(config), host=host, port=port, log_level="warning", timeout_graceful_shutdown=30
+    run_announced(
+        create_worker(config), "serve", host, port, f"model {model_dir}", timeout_graceful_shutdown=30
     )
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """A GpuforgeError that says what `model_dir` is instead, and where the model may be."""
+    if not model_dir.is_dir():
+        raise GpuforgeError(f"{model_dir}: no such directory")
+    if (model_dir / "gpuforge.json").is_file():
+        return
+    hint = ""
+    if (model_dir / "model" / "gpuforge.json").is_file():  # a run's directory: its model is inside
+        hint = f"; did you mean {model_dir / 'model'}?"
+    raise GpuforgeError(f"{model_dir}: not a gpuforge model directory (no gpuforge.json){hint}")
+
+
+def run_announced(asgi_app, name: str, host: str, port: int, what: str, **options) -> None:
+    """uvicorn.run, saying in one line where it listens once the socket is bound (a bind that fails is
+    uvicorn's own error line) and in one line that it stopped, before uvicorn re-raises the signal."""
+    import sys
+
+    import uvicorn
+
+    class Announced(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                out_console.print(
+                    f"gpuforge {name}: listening on {_url(self.servers[0].sockets[0])} ({what})",
+                    highlight=False, markup=False, soft_wrap=True,
+                )  # fmt: skip
+
+        async def shutdown(self, sockets=None) -> None:
+            await super().shutdown(sockets)
+            out_console.print(f"gpuforge {name}: stopped", highlight=False, markup=False)
+
+    server = Announced(uvicorn.Config(asgi_app, host=host, port=port, log_level="warning", **options))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # Ctrl-C: stopped as asked, as with SIGTERM
+        pass
+    if not server.started:
+        sys.exit(3)  # what uvicorn.run exits with when it could not start
+
+
+def _url(sock) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _true(value: str | None) -> bool:

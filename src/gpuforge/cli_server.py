@@ -5,7 +5,7 @@
     gpuforge jobs [--state S] [--json] | job ID [--json] | logs ID [--follow] [--tail N]
     gpuforge cancel ID | resume ID --budget USD | wait ID...
     gpuforge deploy JOB_ID --name NAME [--replicas N] [--max-batch 32] [--quantize int8] [--wait]
-    gpuforge deployments | undeploy NAME | predict NAME TEXT...
+    gpuforge deployments [--all] | undeploy NAME | predict NAME TEXT... [--json]
     gpuforge keys create NAME [--admin] [--max-queued N] [--max-running N] [--max-upload-bytes B]
                               [--max-deployments N] [--max-priority P]
     gpuforge keys set NAME --max-...  | keys list [--json] | keys revoke NAME
@@ -80,9 +80,9 @@ def server(
 ) -> None:
     """Serve the HTTP API: jobs are queued in the store and run on this machine's devices (or a Ray
     cluster's)."""
-    import uvicorn
     from pydantic import ValidationError
 
+    from gpuforge.cli_serve import run_announced
     from gpuforge.server.app import check_executor, check_store_and_bind, create_app
     from gpuforge.server.settings import Settings
     from gpuforge.spec import format_validation_error
@@ -103,7 +103,7 @@ def server(
         raise GpuforgeError(format_validation_error(err)) from None
     check_store_and_bind(settings)
     check_executor(settings)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    run_announced(create_app(settings), "server", settings.host, settings.port, f"home {settings.home}")
 
 
 @app.command()
@@ -116,10 +116,15 @@ def submit(
     key_file: KeyFile = None,
     as_json: AsJson = False,
 ) -> None:
-    """Queue a job on the server (sending the local data files it names); prints its id."""
+    """Queue a job on the server (sending the local data files it names); prints its id. A lost answer
+    or a server restarting is tried again a few times, and still queues one job."""
+    from gpuforge.client import spec_as_written
     from gpuforge.spec import load_spec
 
-    job = _client(url, key_file).submit(load_spec(spec, list(set_ or [])), priority, name)
+    overrides = list(set_ or [])
+    job_spec = load_spec(spec, overrides)
+    written = spec_as_written(spec, overrides)  # a missing file is named as the user wrote it
+    job = _client(url, key_file).submit(job_spec, priority, name, as_written=written)
     if as_json:
         _print_json({"id": job["id"]})
     else:
@@ -288,10 +293,15 @@ def deploy(
 
 
 @app.command()
-def deployments(url: Url = None, key_file: KeyFile = None, as_json: AsJson = False) -> None:
-    """List deployments: name, job, state, replicas ready, address."""
+def deployments(
+    url: Url = None,
+    key_file: KeyFile = None,
+    as_json: AsJson = False,
+    every: Annotated[bool, typer.Option("--all", help="stopped and failed ones too")] = False,
+) -> None:
+    """List the live deployments (--all: the stopped and failed too): name, job, state, ready, address."""
     client = _client(url, key_file)
-    rows = client.deployments()
+    rows = client.deployments(every)
     if as_json:
         _print_json(rows)
         return
@@ -318,9 +328,13 @@ def predict(
     adapter: Annotated[str | None, typer.Option(help="a LoRA adapter the deployment serves")] = None,
     url: Url = None,
     key_file: KeyFile = None,
+    as_json: AsJson = False,
 ) -> None:
-    """Ask a deployment: one line per input, its label and score."""
+    """Ask a deployment: one line per input, its label and score (--json: the server's answer)."""
     answer = _client(url, key_file).predict(name, list(inputs), adapter)
+    if as_json:
+        _print_json(answer)
+        return
     for text, output in zip(inputs, answer["outputs"], strict=True):
         out_console.print(f"{output['label']}\t{output['score']:.3f}\t{text}", highlight=False, markup=False)
 

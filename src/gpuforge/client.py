@@ -4,25 +4,35 @@ as one line.
 
 `submit` sends the local files a spec names (data.train, data.eval, a `python:` model's .py file) to the
 server first, each once by content (the server answers whether it has a SHA-256 already), and submits
-the spec with the server's paths in their place, so a client on another machine works. A path that does
-not exist here is left as it is: it names a file on the server, under its data roots.
+the spec with the server's paths in their place, so a client on another machine works, and the names
+it knows them by (`files`), so that the job's errors say `reviews.csv`, not the server's copy. A file it
+should send that does not exist here is an error here, before anything is sent. Each submit carries an
+Idempotency-Key of its own and is sent again (with that key) after a lost connection, a timeout or a
+502/503/504: the server queues one job however many times it arrives (routes/jobs.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.spec import DATA_SCHEMES, JobSpec
+from gpuforge.spec import JobSpec, apply_override
 
 DEFAULT_URL = "http://127.0.0.1:8600"
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # a server restarting takes seconds: 15 s of tries in all
+TRANSIENT_STATUS = (502, 503, 504)  # a proxy or the server saying "not now"; the same request may pass
+log = logging.getLogger("gpuforge.client")
 
 
 class Client:
@@ -45,12 +55,41 @@ class Client:
         _raise_for(response)
         return response.json()
 
+    def _retried(self, send: Callable[[], httpx.Response]) -> httpx.Response:
+        """send(), and again after a lost connection, a timeout or a 502/503/504, waiting longer each
+        time; only for a request the server may receive twice (a content-addressed upload, a submit
+        with its idempotency key)."""
+        for delay in (*RETRY_DELAYS_S, None):
+            try:
+                response = send()
+                if response.status_code not in TRANSIENT_STATUS or delay is None:
+                    return response
+                why = f"answered {response.status_code}"
+            except httpx.TransportError as err:
+                if delay is None:
+                    raise _unreachable(self.url, err) from err
+                why = f"unreachable ({type(err).__name__})"
+            log.warning("%s: server %s; trying again in %g s", self.url, why, delay)
+            time.sleep(delay)
+        raise AssertionError("unreachable: the last try returns or raises")
+
     # --- jobs ---
-    def submit(self, spec: JobSpec, priority: int | None = None, name: str | None = None) -> dict:
-        spec_yaml = self.with_uploads(spec).to_yaml()
-        return self._call(
-            "POST", "/api/v1/jobs", json={"spec": spec_yaml, "priority": priority, "name": name}
-        )
+    def submit(
+        self,
+        spec: JobSpec,
+        priority: int | None = None,
+        name: str | None = None,
+        as_written: dict[str, Any] | None = None,
+    ) -> dict:
+        """Queue `spec` (its local files sent first), once however often it has to be sent.
+        `as_written`: the spec as its file says, before paths were resolved, to name a missing file."""
+        check_local_files(spec, as_written)
+        sent, files = self.with_uploads(spec)
+        body = {"spec": sent.to_yaml(), "priority": priority, "name": name, "files": files or None}
+        headers = {"Idempotency-Key": str(uuid.uuid4())}  # one per job asked for: every try sends it
+        response = self._retried(lambda: self.http.post("/api/v1/jobs", json=body, headers=headers))
+        _raise_for(response)
+        return response.json()
 
     def jobs(self, state: str | None = None) -> list[dict]:
         return self._call("GET", "/api/v1/jobs", params={"state": state} if state else None)
@@ -102,8 +141,9 @@ class Client:
         body = {"job_id": job_id, "name": name, "replicas": replicas, "options": options or {}}
         return self._call("POST", "/api/v1/deployments", json=body)
 
-    def deployments(self) -> list[dict]:
-        return self._call("GET", "/api/v1/deployments")
+    def deployments(self, every: bool = False) -> list[dict]:
+        """The live deployments; every=True: the stopped and failed too."""
+        return self._call("GET", "/api/v1/deployments", params={"all": every})
 
     def deployment(self, name: str) -> dict:
         return self._call("GET", f"/api/v1/deployments/{name}")
@@ -134,28 +174,70 @@ class Client:
         """The server's path for this file's content, sending it only if the server lacks it."""
         sha = file_sha256(path)
         params = {"name": path.name}
-        response = self.http.get(f"/api/v1/uploads/{sha}", params=params)
+
+        def put() -> httpx.Response:
+            with path.open("rb") as f:  # opened again for each try
+                return self.http.put(f"/api/v1/uploads/{sha}", params=params, content=f)
+
+        response = self._retried(lambda: self.http.get(f"/api/v1/uploads/{sha}", params=params))
         if response.status_code == 404:
-            with path.open("rb") as f:
-                response = self.http.put(f"/api/v1/uploads/{sha}", params=params, content=f)
+            response = self._retried(put)
         _raise_for(response)
         return response.json()["path"]
 
-    def with_uploads(self, spec: JobSpec) -> JobSpec:
-        """`spec` with each local file it names replaced by the server's copy."""
+    def with_uploads(self, spec: JobSpec) -> tuple[JobSpec, dict[str, str]]:
+        """`spec` with each local file it names replaced by the server's copy, and {server path: local
+        path} of those files."""
         raw = spec.model_dump(mode="json")
-        try:
-            for section, field in (("data", "train"), ("data", "eval")):
-                value = raw[section].get(field)
-                if value and value.partition(":")[0] not in DATA_SCHEMES and Path(value).is_file():
-                    raw[section][field] = self.upload(Path(value))
-            scheme, _, rest = raw["model"]["source"].partition(":")
-            module, _, fn = rest.rpartition(":")
-            if scheme == "python" and module.endswith(".py") and Path(module).is_file():
-                raw["model"]["source"] = f"python:{self.upload(Path(module))}:{fn}"
-        except httpx.HTTPError as err:
-            raise _unreachable(self.url, err) from err
-        return JobSpec.model_validate(raw)
+        files = {}
+        for _field, local in local_files(spec):
+            if local.is_file():  # else a server's own file, written absolute (check_local_files)
+                files[self.upload(local)] = str(local)
+        server_path = {local: server for server, local in files.items()}
+        for field in ("train", "eval"):
+            if raw["data"].get(field) in server_path:
+                raw["data"][field] = server_path[raw["data"][field]]
+        scheme, _, rest = raw["model"]["source"].partition(":")
+        module, _, fn = rest.rpartition(":")
+        if scheme == "python" and module in server_path:
+            raw["model"]["source"] = f"python:{server_path[module]}:{fn}"
+        return JobSpec.model_validate(raw), files
+
+
+def local_files(spec: JobSpec) -> list[tuple[str, Path]]:
+    """The files `submit` sends, by the field that names them: data.train, data.eval, a `python:`
+    model's .py file (an `hf:` model directory is the server's own: never sent)."""
+    return [
+        (field, path)
+        for field, path in spec.file_references()
+        if field in ("data.train", "data.eval") or str(path).endswith(".py")
+    ]
+
+
+def spec_as_written(path: Path, overrides: list[str]) -> dict[str, Any]:
+    """The spec file's YAML with the --set overrides, its paths as the user wrote them (call it after
+    load_spec accepted the file)."""
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return raw
+
+
+def check_local_files(spec: JobSpec, as_written: dict[str, Any] | None = None) -> None:
+    """A GpuforgeError naming the field and the path as written when a file `submit` would send is not
+    here (what `gpuforge train` says of the same spec), before anything is sent. A path written absolute
+    that is not here names a file on the server (under its data roots): the server checks that one."""
+    for field, path in local_files(spec):
+        if not path.is_file():
+            section, _, key = field.partition(".")
+            written = ((as_written or {}).get(section) or {}).get(key)
+            if field == "model.source" and isinstance(written, str):
+                written = written.partition(":")[2].rpartition(":")[0]  # python:<module>:<fn>
+            if isinstance(written, str) and Path(written).is_absolute() and not path.exists():
+                continue
+            shown = written if isinstance(written, str) and written else path
+            what = "is a directory, expected a file" if path.is_dir() else "no such file"
+            raise GpuforgeError(f"{field}: {shown}: {what}")
 
 
 def file_sha256(path: Path) -> str:

@@ -5,7 +5,8 @@
 Memory is measured, not guessed: two trial forward+backward passes on the longest examples give the
 activation bytes per sample (train/batch.py); weights, gradients and AdamW state are counted from the
 model. Step time comes from a few real training steps with --measure, otherwise from the FLOP count and
-the device's measured matmul peak (a lower bound: it assumes 100% of that peak).
+the device's measured matmul peak (a lower bound: it assumes 100% of that peak). `gpuforge train` holds
+a job with resources.max_memory to the same memory estimate before it starts (train/batch.py).
 """
 
 from __future__ import annotations
@@ -16,12 +17,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from rich.table import Table
 
 from gpuforge.hardware.bench import peak_flops
 from gpuforge.hardware.probe import device_name, proc_status_bytes, synchronize
 from gpuforge.spec import JobSpec, parse_bytes
-from gpuforge.train.adapt import ADAPTABLE, DEFAULT_TARGETS, adaptable_names, resolve_targets
-from gpuforge.train.batch import MemoryProbe, available_cpu_bytes, measure_memory, reset_cpu_peak
+from gpuforge.train.batch import (
+    MemoryProbe,
+    available_cpu_bytes,
+    fit_verdict,
+    measure_memory,
+    memory_breakdown,
+    reset_cpu_peak,
+    size,
+    what_would_fit,
+)
 from gpuforge.train.engine import forward_backward, make_optimizer
 from gpuforge.train.metrics import FlopModel
 from gpuforge.train.setup import Job, build_job
@@ -29,7 +39,6 @@ from gpuforge.train.setup import Job, build_job
 MEASURED_STEPS = 5  # at least, after one warm-up step; the median is the estimate
 MEASURED_SECONDS = 2.0  # short steps run until this much time is measured: one stall must not decide
 MAX_MEASURED_STEPS = 200
-LORA_RANK_FOR_ADVICE = 8
 
 
 @dataclass
@@ -56,7 +65,8 @@ class Plan:
     usd_per_hour: float
     cost_usd: float
     measured_peak_bytes: int | None = None
-    suggestions: list[str] = field(default_factory=list)
+    verdict: str = ""  # one line when it does not fit: by how much, and what would (or why nothing can)
+    suggestions: list[str] = field(default_factory=list)  # options that fit, each with its predicted peak
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,21 +79,7 @@ def make_plan(spec: JobSpec, measure: bool = False) -> Plan:
     probe = MemoryProbe(job.built, job.task, job.data.train, job.precision, device)
     memory = job.search or measure_memory(probe, job.order.global_batch, max_memory)
 
-    weights = sum(p.numel() * p.element_size() for p in module.parameters())
-    weights += sum(b.numel() * b.element_size() for b in module.buffers())
-    gradients = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-    optimizer = 2 * sum(p.numel() * 4 for p in module.parameters() if p.requires_grad)
-    held = memory.persistent_bytes - optimizer  # what the process holds now: runtime, data, weights
-    breakdown = {
-        "runtime": max(0, held - weights),  # interpreter, libraries, data set (CPU); 0 on a GPU's allocator
-        "weights": weights,
-        "gradients": gradients,
-        "optimizer_state": optimizer,
-        "activations_per_sample": memory.per_sample_bytes,
-        "activations": memory.per_sample_bytes * job.micro,
-        "step_overhead": max(0, memory.step_overhead_bytes - gradients),  # a trial's peak holds the gradients
-    }
-    breakdown["total"] = sum(v for k, v in breakdown.items() if k != "activations_per_sample")
+    breakdown = memory_breakdown(module, memory, job.micro)
     capacity, capacity_source = _capacity(device, max_memory)
 
     samples, tokens = _global_batch_size_and_tokens(job)
@@ -121,7 +117,8 @@ def make_plan(spec: JobSpec, measure: bool = False) -> Plan:
         measured_peak_bytes=measured_peak,
     )
     if not plan.fits:
-        plan.suggestions = _what_would_fit(job, memory, breakdown, capacity)
+        plan.suggestions = what_would_fit(job, memory, breakdown, capacity)
+        plan.verdict = fit_verdict(breakdown, capacity, capacity_source, plan.suggestions)
     return plan
 
 
@@ -182,52 +179,61 @@ def _measure_steps(job: Job) -> tuple[float, int]:
     return statistics.median(times[1:]), peak
 
 
-def _what_would_fit(job: Job, memory, breakdown: dict[str, int], capacity: int) -> list[str]:
-    """Options that bring the predicted peak under the capacity, each with its predicted peak."""
-    gib = 2**30
-    short = breakdown["total"] - capacity
-    options = []
-    fitting = [m for m in range(job.micro - 1, 0, -1) if memory.predicted_bytes(m) <= capacity]
-    if fitting:
-        m = fitting[0]
-        predicted = memory.predicted_bytes(m) / gib
-        options.append(f"train.batch_size: {m} (global batch kept by accumulation): {predicted:.2f} GiB")
-    if job.spec.adapt.lora is None:
-        lora_trainable = _lora_trainable_bytes(job)
-        if lora_trainable is not None:
-            saved = breakdown["gradients"] + breakdown["optimizer_state"] - 3 * lora_trainable
-            options.append(
-                f"adapt.lora (r={LORA_RANK_FOR_ADVICE}): about {(breakdown['total'] - saved) / gib:.2f} GiB "
-                "(no gradients or optimizer state for the frozen base)"
-            )
-    if not job.spec.train.gradient_checkpointing and hasattr(job.built.module, "config"):
-        saved = int(breakdown["activations"] * 0.7)  # keeps layer inputs only: roughly a third remains
-        options.append(
-            f"train.gradient_checkpointing: true: about {(breakdown['total'] - saved) / gib:.2f} GiB"
-        )
-    return [
-        f"needs {breakdown['total'] / gib:.2f} GiB, {short / gib:.2f} GiB more than the "
-        f"{capacity / gib:.2f} GiB available"
-    ] + options
+# --- the table `gpuforge plan` prints: small figures in small units -------------------------------
 
 
-def _lora_trainable_bytes(job: Job) -> int | None:
-    """Bytes of LoRA factors (rank 8 on the default targets) plus a classification head, if any."""
-    module = job.module
-    try:
-        targets = resolve_targets(module, list(DEFAULT_TARGETS))
-    except Exception:
-        return None
-    modules = dict(module.named_modules())
-    count = 0
-    for name in targets:
-        m = modules[name]
-        if isinstance(m, ADAPTABLE) and hasattr(m, "weight"):
-            out_features, in_features = m.weight.shape[0], m.weight.shape[-1]
-            count += LORA_RANK_FOR_ADVICE * (in_features + out_features)
-    head = next(
-        (modules[n] for n in adaptable_names(module) if n.split(".")[-1] in ("classifier", "score")), None
-    )
-    if head is not None:
-        count += sum(p.numel() for p in head.parameters())
-    return count * 4
+def duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def dollars(usd: float) -> str:
+    """Whole dollars from $1 up, cents below; a fraction of a cent keeps two significant digits."""
+    if usd >= 1:
+        return f"${usd:,.2f}"
+    cents = usd * 100
+    if cents == 0:
+        return "0 cents"
+    if cents < 0.0001:
+        return "under 0.0001 cents"  # below this, f"{:.2g}" would print 7e-05
+    return f"{cents:.2g} cents" if cents < 10 else f"{cents:.0f} cents"
+
+
+def table(p: Plan) -> Table:
+    out = Table(title=f"plan: {p.job} on {p.device} ({p.device_type}, {p.precision})", show_header=False)
+    out.add_column("what", no_wrap=True)
+    out.add_column("figure")
+    m = p.memory
+    rows = [
+        ("parameters", f"{p.parameters:,} ({p.trainable_parameters:,} trainable)"),
+        ("batch", f"micro-batch {p.micro_batch} x {p.grad_accum} accumulation = {p.global_batch} per step"),
+        ("memory: weights", size(m["weights"])),
+        ("memory: gradients", size(m["gradients"])),
+        ("memory: optimizer state", size(m["optimizer_state"])),
+        (
+            "memory: activations",
+            f"{size(m['activations'])} ({size(m['activations_per_sample'])} per sample, measured)",
+        ),
+        ("memory: runtime + step overhead", size(m["runtime"] + m["step_overhead"])),
+        (
+            "memory: predicted peak",
+            f"{size(m['total'])} of {size(p.capacity_bytes)} ({p.capacity_source}): "
+            f"{'fits' if p.fits else 'DOES NOT FIT'}",
+        ),
+        ("step time", f"{duration(p.step_time_s)} ({p.step_time_method})"),
+        (
+            "total",
+            f"{p.total_steps} steps, {duration(p.total_time_s)}, {dollars(p.cost_usd)} "
+            f"at ${p.usd_per_hour:g}/h",
+        ),
+    ]
+    if p.measured_peak_bytes:
+        rows.insert(8, ("memory: measured peak", f"{size(p.measured_peak_bytes)} (in the measured steps)"))
+    for row in rows:
+        out.add_row(*row)
+    return out

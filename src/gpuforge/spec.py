@@ -7,9 +7,10 @@ together; the resolved spec (defaults filled in, paths absolute) is what a run d
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -299,24 +300,158 @@ def parse_bytes(text: str | int) -> int:
 
 # pydantic names the branch of a union in an error's location (`int`, `literal['auto']`): not a field
 _UNION_TAG = re.compile(r"int|str|bool|float|literal\[.*\]|function-\w+\[.*\]")
+# what a value of the wrong type should have been, by pydantic's error type
+_EXPECTED = {
+    "int_parsing": "an integer",
+    "int_type": "an integer",
+    "int_from_float": "a whole number",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "list_type": "a list",
+}
+# names other tools use for a field, by the name it has here (suggested when the section has that field)
+ALIASES = {
+    "learning_rate": "lr",
+    "learningrate": "lr",
+    "epoch": "epochs",
+    "num_epochs": "epochs",
+    "num_train_epochs": "epochs",
+    "n_epochs": "epochs",
+    "batch": "batch_size",
+    "bs": "batch_size",
+    "per_device_train_batch_size": "batch_size",
+    "micro_batch_size": "batch_size",
+    "steps": "max_steps",
+    "num_steps": "max_steps",
+    "total_steps": "max_steps",
+    "train_steps": "max_steps",
+    "max_grad_norm": "grad_clip",
+    "gradient_clipping": "grad_clip",
+    "clip_grad_norm": "grad_clip",
+    "dtype": "precision",
+    "mixed_precision": "precision",
+    "warmup": "warmup_steps",
+    "eval_steps": "eval_every",
+    "save_steps": "checkpoint_every",
+    "logging_steps": "log_every",
+    "save_total_limit": "keep_checkpoints",
+    "rank": "r",
+    "lora_r": "r",
+    "lora_alpha": "alpha",
+    "lora_dropout": "dropout",
+    "text_column": "text_field",
+    "label_column": "label_field",
+    "max_seq_length": "max_length",
+    "max_seq_len": "max_length",
+    "seq_len": "max_length",
+    "train_file": "train",
+    "eval_file": "eval",
+    "validation": "eval",
+    "gpus": "devices",
+    "num_gpus": "devices",
+    "device": "device_type",
+}
 
 
-def format_validation_error(err: ValidationError) -> str:
-    """One line per problem, each naming its dotted path: `train.lr: must be > 0`."""
-    lines = []
+def _section(path: tuple) -> type[BaseModel] | None:
+    """The section model at a dotted path of JobSpec (`("adapt", "lora")` -> LoraSpec), if there is one."""
+    section: type[BaseModel] = JobSpec
+    for part in path:
+        field = section.model_fields.get(str(part))
+        if field is None:
+            return None
+        kinds = [t for t in (field.annotation, *get_args(field.annotation)) if isinstance(t, type)]
+        section = next((t for t in kinds if issubclass(t, BaseModel)), None)
+        if section is None:
+            return None
+    return section
+
+
+def suggest_key(path: tuple) -> str | None:
+    """The field an unknown key probably meant: a close spelling of a field of its section, or of another
+    tool's name for one (learning_rate -> lr)."""
+    section = _section(path[:-1])
+    if section is None:
+        return None
+    fields = list(section.model_fields)
+    names = {f: f for f in fields} | {a: f for a, f in ALIASES.items() if f in fields}
+    close = difflib.get_close_matches(str(path[-1]).lower(), list(names), n=1, cutoff=0.7)
+    return ".".join([*(str(p) for p in path[:-1]), names[close[0]]]) if close else None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _problems(err: ValidationError) -> list[tuple[str, str]]:
+    """(dotted path, what is wrong) a problem; the branches of a union that all refused a value's type are
+    one problem (`must be an integer or 'auto', got 'x'`)."""
+    by_path: dict[str, list[dict]] = {}
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not _UNION_TAG.fullmatch(str(p)))
-        msg = e["msg"].removeprefix("Value error, ")
-        msg = (
-            msg.replace("Extra inputs are not permitted", "unknown key")
-            .replace("Input should be greater than or equal to", "must be >=")
-            .replace("Input should be greater than", "must be >")
-            .replace("Input should be less than or equal to", "must be <=")
-            .replace("Input should be less than", "must be <")
-            .replace("Input should be", "must be")
-        )
-        lines.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(dict.fromkeys(lines))
+        loc = tuple(p for p in e["loc"] if not _UNION_TAG.fullmatch(str(p)))
+        by_path.setdefault(".".join(str(p) for p in loc), []).append({**e, "loc": loc})
+    problems = []
+    for path, errors in by_path.items():
+        expected = [
+            e["ctx"]["expected"] if e["type"] == "literal_error" else _EXPECTED.get(e["type"]) for e in errors
+        ]
+        if all(expected):
+            problems.append(
+                (path, f"must be {' or '.join(dict.fromkeys(expected))}, got {_shown(errors[0]['input'])}")
+            )
+            continue
+        for e in errors:
+            msg = e["msg"].removeprefix("Value error, ")
+            msg = (
+                msg.replace("Extra inputs are not permitted", "unknown key")
+                .replace("Input should be greater than or equal to", "must be >=")
+                .replace("Input should be greater than", "must be >")
+                .replace("Input should be less than or equal to", "must be <=")
+                .replace("Input should be less than", "must be <")
+                .replace("Input should be", "must be")
+            )
+            if e["type"] == "extra_forbidden" and (suggestion := suggest_key(e["loc"])):
+                msg += f" (did you mean {suggestion}?)"
+            problems.append((path, msg))
+    return list(dict.fromkeys(problems))
+
+
+def _blamed(path: str, msg: str, set_by: dict[str, str]) -> str | None:
+    """The `--set` assignment that made this problem: it set the value at `path` or one above it, or, for
+    an unknown key, one below it (`--set trian.lr=1` makes the unknown section `trian`)."""
+    for key, assignment in set_by.items():
+        if (
+            path == key
+            or path.startswith(key + ".")
+            or (msg.startswith("unknown key") and key.startswith(path + "."))
+        ):
+            return assignment
+    return None
+
+
+def format_validation_error(
+    err: ValidationError, overrides: list[str] = (), origin: str | None = None
+) -> str:
+    """The problems, `; `-separated, each naming its dotted path: `train.lr: must be > 0`. The file's
+    problems come first, after `origin` (the spec file) where given; then those of values a `--set` made,
+    each naming it: `--set train.lr=abc: must be a number, got 'abc'`."""
+    set_by = {a.partition("=")[0].strip(): a for a in overrides}
+    in_file, in_overrides = [], []
+    for path, msg in _problems(err):
+        assignment = _blamed(path, msg, set_by) if path else None
+        if assignment is not None:
+            in_overrides.append(f"--set {assignment}: {msg}")
+        else:
+            in_file.append(f"{path}: {msg}" if path else msg)
+    if in_file and origin:
+        in_file[0] = f"{origin}: {in_file[0]}"
+    return "; ".join(in_file + in_overrides)
 
 
 def apply_override(raw: dict[str, Any], assignment: str) -> None:
@@ -366,13 +501,18 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
                 model["source"] = f"python:{_resolve_path(module, base)}:{fn}"
 
 
-def parse_spec(raw: Any, base_dir: Path, overrides: list[str] = (), default_name: str = "job") -> JobSpec:
-    """Validate a raw (YAML-decoded) spec, after overrides, with paths resolved against base_dir."""
+def parse_spec(
+    raw: Any, base_dir: Path, overrides: list[str] = (), default_name: str = "job", origin: str | None = None
+) -> JobSpec:
+    """Validate a raw (YAML-decoded) spec, after overrides, with paths resolved against base_dir. A problem
+    is blamed on the `--set` that made it, else on `origin` (the spec file's name) where given."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
+        where = f"{origin}: " if origin else ""
         raise SpecError(
-            f"the spec must be a mapping of sections (model, data, train, ...), got {type(raw).__name__}"
+            f"{where}the spec must be a mapping of sections (model, data, train, ...), "
+            f"got {type(raw).__name__}"
         )
     for assignment in overrides:
         apply_override(raw, assignment)
@@ -381,7 +521,7 @@ def parse_spec(raw: Any, base_dir: Path, overrides: list[str] = (), default_name
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as err:
-        raise SpecError(format_validation_error(err)) from None
+        raise SpecError(format_validation_error(err, overrides, origin)) from None
 
 
 def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
@@ -401,7 +541,4 @@ def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
     except UnicodeDecodeError:
         raise SpecError(f"{path}: not a text file") from None
     name = re.sub(r"[^A-Za-z0-9._-]", "-", path.stem).lstrip(".-_") or "job"
-    try:
-        return parse_spec(raw, path.resolve().parent, overrides, default_name=name)
-    except SpecError as err:
-        raise SpecError(f"{path}: {err}") from None
+    return parse_spec(raw, path.resolve().parent, overrides, default_name=name, origin=str(path))

@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpuforge.distributed.compression import make_hook
+from gpuforge.distributed.ranks import leave_process_group
 
 IN, OUT = 256, 16
 
@@ -171,16 +172,15 @@ def main(argv: list[str]) -> None:
     dist.init_process_group(
         "gloo", init_method=init, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30)
     )
+    done = False
     try:
         results = [train(run, rank, world) for run in json.loads(config)]
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(results, f)
-        # every rank past its last collective before any tears down: a gloo peer closing its pairs while
-        # the other still uses them aborted that one ("terminate called without an active exception")
-        dist.barrier()
+        done = True
     finally:
-        dist.destroy_process_group()
+        leave_process_group(peers_done=done)
 
 
 if __name__ == "__main__":

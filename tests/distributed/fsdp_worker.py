@@ -37,6 +37,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from gpuforge.distributed.fsdp import full_state_dicts, load_full_state_dicts, local_bytes, shard_model
+from gpuforge.distributed.ranks import leave_process_group
 
 GLOBAL_BATCH, MICRO, VOCAB, SEQ = 12, 2, 50, 8
 
@@ -199,7 +200,7 @@ def main(argv: list[str]) -> None:
         for spec in phase["runs"]:
             run(spec, conf, rank, world, plain, out)
         if not plain:
-            dist.destroy_process_group()
+            leave_process_group()
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ def gloo(nfloats: int) -> None:
     import torch
     import torch.distributed as dist
 
+    from gpuforge.distributed.ranks import leave_process_group
+
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=30))
     rank = dist.get_rank()
     small = torch.full((4,), float(rank + 1))
@@ -60,7 +62,7 @@ def gloo(nfloats: int) -> None:
         big_ok = bool((big == dist.get_world_size()).all())
         out = {"sum": small.tolist(), "big_ok": big_ok, "seconds": seconds, "bytes": big.numel() * 4}
         print(json.dumps(out), flush=True)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

@@ -213,3 +213,88 @@ def test_a_store_url_with_a_password_is_refused_on_the_command_line_and_never_sh
     assert missing.returncode == 2 and f"--db-file {tmp_path / 'nope'}: cannot read it" in missing.stderr
     both = run_cli("server", "--db", "sqlite:///x.db", "--db-file", str(db_file), env=env)
     assert both.returncode == 2 and "give one of them" in both.stderr
+
+
+def test_a_wrong_column_is_refused_at_submit_in_the_users_names(live_server, tmp_path):
+    (tmp_path / "sentences.csv").write_text("text,label\nwhat a day,happy\n")
+    spec = {
+        "model": {"source": "bundled:minilm", "task": "sequence-classification"},
+        "data": {"train": "sentences.csv", "label_field": "lable"},
+    }
+    (tmp_path / "job.yaml").write_text(json.dumps(spec))
+    refused = run_cli("submit", str(tmp_path / "job.yaml"))
+    assert refused.returncode == 2
+    assert _last_line(refused) == (
+        "gpuforge: error: server answered 422: data.label_field: 'lable' not found in "
+        f"{tmp_path / 'sentences.csv'} (columns: text, label)"
+    )
+    assert json.loads(run_cli("jobs", "--json").stdout) == []
+
+
+def test_a_missing_local_file_is_named_as_written_before_anything_is_sent(live_server, tmp_path):
+    (tmp_path / "train.csv").write_text("text,label\nwhat a day,happy\n")
+    spec = {
+        "model": {"source": "bundled:minilm", "task": "sequence-classification"},
+        "data": {"train": "train.csv", "eval": "sentence.csv"},
+    }
+    (tmp_path / "job.yaml").write_text(json.dumps(spec))
+    refused = run_cli("submit", str(tmp_path / "job.yaml"))
+    assert refused.returncode == 2
+    assert _last_line(refused) == "gpuforge: error: data.eval: sentence.csv: no such file"
+    assert not any((live_server[2] / "uploads").glob("*"))  # train.csv was not sent either
+    overridden = run_cli("submit", str(tmp_path / "job.yaml"), "--set", "data.eval=../elsewhere/x.csv")
+    assert _last_line(overridden) == "gpuforge: error: data.eval: ../elsewhere/x.csv: no such file"
+
+
+def test_a_runner_refusing_its_input_fails_its_job_once_with_the_users_file_name(tmp_path, monkeypatch):
+    import numpy as np
+
+    from tests.conftest import image_spec, write_spec
+
+    np.savez(tmp_path / "digits.npz", pixels=np.zeros((4, 8, 8)))  # no x/y arrays: only the runner looks
+    spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, data={"train": "digits.npz"}))
+    with LocalServer(tmp_path / "home", log=tmp_path / "server.log") as server:  # scheduling on
+        monkeypatch.setenv("GPUFORGE_URL", server.url)
+        monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
+        job_id = json.loads(run_cli("submit", str(spec), "--json").stdout)["id"]
+        waited = run_cli("wait", str(job_id), timeout=120)
+        job = json.loads(run_cli("job", str(job_id), "--json").stdout)
+    assert waited.returncode != 0
+    assert (job["state"], job["restarts"]) == ("failed", 0)  # never started again: it would refuse again
+    assert job["reason"] == (
+        f"data.train: {tmp_path / 'digits.npz'}: expected arrays 'x' and 'y' (or 'images' and 'labels'), "
+        "found pixels"
+    )
+    assert f"job {job_id}: failed (data.train: " in (tmp_path / "server.log").read_text()
+
+
+def test_a_submit_tried_again_across_a_server_restart_queues_one_job(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    server = LocalServer(tmp_path / "home", log=tmp_path / "server.log", GPUFORGE_SCHEDULE="false").start()
+    server.kill()  # down when the client starts: its first tries find nobody
+    env = {**os.environ, "GPUFORGE_URL": server.url, "GPUFORGE_API_KEY": server.key, "COLUMNS": "200"}
+    client = subprocess.Popen(
+        [sys.executable, "-m", "gpuforge", "submit", str(ROOT / "examples" / "digits-cnn.yaml"), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        said = ""
+        while "trying again" not in said and (line := client.stderr.readline()):
+            said += line
+        assert "server unreachable (ConnectError); trying again in 0.5 s" in said, said
+        server.start()  # the same home and port: back while the client waits
+        out, err = client.communicate(timeout=60)
+    finally:
+        client.kill()
+        server.stop()
+    assert client.returncode == 0, err
+    job_id = json.loads(out)["id"]
+    with server:
+        jobs = server.client().jobs()
+    assert [j["id"] for j in jobs] == [job_id]

@@ -158,3 +158,57 @@ def test_a_cancel_signals_no_process_that_is_not_the_jobs_runner(tmp_path):
         stranger.kill()
         stranger.wait()
         engine.dispose()
+
+
+def test_a_runner_that_refuses_its_input_fails_once_with_its_error_in_the_users_names(api, tmp_path):
+    import numpy as np
+
+    uploads = tmp_path / "home" / "uploads"  # a file the client sent: the server keeps it by its hash
+    uploads.mkdir(exist_ok=True)
+    upload = uploads / f"{'ab' * 32}.npz"
+    np.savez(upload, a=np.zeros(3))  # no x and y: the runner says so and exits 2
+    spec = image_spec(tmp_path, data={"train": str(upload)})
+    files = {str(upload): "/home/me/digits.npz"}
+    response = api.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec), "files": files})
+    assert response.status_code == 201, response.text
+    job = _wait(api, response.json()["id"], lambda j: j["state"] in ("failed", "finished"))
+    assert job["state"] == "failed" and job["restarts"] == 0  # never started again: it would refuse again
+    assert job["reason"] == (
+        "data.train: /home/me/digits.npz: expected arrays 'x' and 'y' (or 'images' and 'labels'), found a"
+    )
+
+
+def test_a_re_attached_runner_is_judged_by_its_logs_last_line_and_ends_are_logged_plainly(tmp_path, caplog):
+    """After a server restart nobody has the runner's exit code: its log says whether it refused its input."""
+    from gpuforge.scheduler.allocator import inventory
+    from gpuforge.scheduler.loop import Scheduler
+    from gpuforge.store.db import connect, migrate, session
+    from gpuforge.store.models import Job
+
+    engine = connect(f"sqlite:///{tmp_path / 'store.db'}")
+    migrate(engine)
+    logs = {
+        "refused": "loading data\ngpuforge: error: data.train: /srv/up/0f.csv: holds no records\n",
+        "killed": "gpuforge: error: an old line\nstep 3 loss 0.5\n",  # ended on something else: lost
+        "finished": "",
+    }
+    for name, log in logs.items():
+        (tmp_path / name / "logs").mkdir(parents=True)
+        (tmp_path / name / "logs" / "process.log").write_text(log)
+    (tmp_path / "finished" / "events.jsonl").write_text('{"ts": 1.0, "event": "finished"}\n')
+    try:
+        with session(engine) as s:
+            for name in logs:
+                s.add(Job(name=name, state="running", run_dir=str(tmp_path / name), spec_yaml="",
+                          devices="cpu:0", files={"/srv/up/0f.csv": "mine.csv"}, max_restarts=0))  # fmt: skip
+        with caplog.at_level("INFO", logger="gpuforge.scheduler"):
+            Scheduler(engine, inventory()).tick()
+        with session(engine) as s:
+            ended = {j.name: (j.state, j.reason) for j in s.query(Job)}
+    finally:
+        engine.dispose()
+    assert ended["refused"] == ("failed", "data.train: mine.csv: holds no records")
+    assert ended["killed"] == ("failed", "process ended without a word 1 times")
+    assert ended["finished"] == ("finished", None)
+    said = [r.getMessage() for r in caplog.records]
+    assert "job 3: finished" in said and "job 1: failed (data.train: mine.csv: holds no records)" in said

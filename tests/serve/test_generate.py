@@ -261,7 +261,7 @@ def lm_dir(tmp_path_factory):
 
 def _app(get_engine, **options) -> FastAPI:
     app = FastAPI()
-    app.include_router(create_openai_router(get_engine, max_tokens_limit=64, **options))
+    app.include_router(create_openai_router(get_engine, **options))
     return app
 
 
@@ -344,7 +344,7 @@ def test_a_tokenizer_chat_template_is_used_when_there_is_one(api):
         ("/v1/completions", {"prompt": []}, 422, "prompt: empty"),
         ("/v1/completions", {"prompt": ["a", "b"]}, 422, "one prompt"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 422, "greater than or equal to 1"),
-        ("/v1/completions", {"prompt": "hi", "max_tokens": 65}, 422, "over the 64 allowed"),
+        ("/v1/completions", b"prompt=hi", 422, "the body is not JSON (Expecting value)"),
         ("/v1/completions", {"prompt": "hi", "n": 2}, 422, "only n=1"),
         ("/v1/completions", {"prompt": "hi", "logprobs": 2}, 422, "logprobs: not supported"),
         ("/v1/completions", {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 422, "at most 4"),
@@ -362,15 +362,44 @@ def test_a_tokenizer_chat_template_is_used_when_there_is_one(api):
     ],
 )
 def test_bad_input_gets_a_clear_4xx(api, path, body, code, says):
-    response = api[0].post(path, json=body)
+    if isinstance(body, bytes):
+        response = api[0].post(path, content=body, headers={"content-type": "application/json"})
+    else:
+        response = api[0].post(path, json=body)
     assert response.status_code == code, response.text
     error = response.json()["error"]  # where OpenAI clients look for the reason
     assert says in error["message"] and error["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/completions", {"prompt": "hi"}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "max_completion_tokens"),
+    ],
+)
+def test_max_tokens_past_the_context_is_a_400_that_names_the_limit(api, path, body, field):
+    client, engine = api
+    prompt = 2 if path == "/v1/completions" else len("user: hi\nassistant:")  # one byte a token
+    room = engine.context - prompt
+    too_many = client.post(path, json={**body, field: room + 1})
+    assert too_many.status_code == 400, too_many.text
+    error = too_many.json()["error"]  # as OpenAI answers it
+    assert (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error", field, "context_length_exceeded"
+    )  # fmt: skip
+    assert error["message"] == (
+        f"{field}: {room + 1} after the prompt's {prompt} tokens is {engine.context + 1}, over the model's "
+        f"context of {engine.context} tokens; ask for at most {room}"
+    )
+    fits = client.post(path, json={**body, field: room, "stop": "\n"})
+    assert fits.status_code == 200, fits.text
+
+
 def test_loading_gives_503_and_a_full_queue_429_with_retry_after():
     class Full:
-        name, tokenizer = "full", byte_tokenizer()
+        name, tokenizer, context = "full", byte_tokenizer(), 256
 
         def encode(self, text, add_special_tokens=True):
             return self.tokenizer(text)["input_ids"]
@@ -401,3 +430,34 @@ def test_the_worker_serves_a_causal_lm_through_the_openai_routes(lm_dir):
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1, answer.text
         assert client.post("/predict", json={"inputs": ["x"]}).status_code == 404  # not a classifier
         assert "gpuforge_serve_tokens_total" in client.get("/metrics").text
+
+        info = client.get("/info")
+        assert info.status_code == 200, info.text
+        assert {k: info.json()[k] for k in ("model", "task", "context_length", "precision", "batching")} == {
+            "model": "gpt-serve", "task": "causal-lm", "context_length": 256, "precision": "fp32",
+            "batching": "continuous",
+        }  # fmt: skip
+
+
+def test_completions_are_counted_in_metrics_like_predictions(lm_dir):
+    from gpuforge.serve.worker import ServeConfig, create_worker
+
+    with TestClient(create_worker(ServeConfig(lm_dir, precision="fp32", max_batch=4))) as client:
+        deadline = time.monotonic() + 60
+        while client.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline, client.get("/readyz").json()
+            time.sleep(0.05)
+        body = {"prompt": "def add(a, b):", "max_tokens": 3}
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        form = {"content-type": "application/x-www-form-urlencoded"}  # what `curl -d` says
+        for _ in range(2):
+            assert client.post("/v1/completions", json=body).status_code == 200
+            assert client.post("/v1/chat/completions", json={**chat, "stream": True}).status_code == 200
+            assert client.post("/v1/completions", content=json.dumps(body), headers=form).status_code == 200
+        assert client.post("/v1/completions", json={**body, "max_tokens": 999}).status_code == 400
+        figures = dict(
+            line.rsplit(" ", 1) for line in client.get("/metrics").text.splitlines() if line[:1] != "#"
+        )
+    assert float(figures["gpuforge_serve_request_seconds_count"]) == 6  # the 400 is not an answer
+    assert float(figures["gpuforge_serve_inputs_total"]) == 6
+    assert float(figures["gpuforge_serve_requests_in_flight"]) == 0

@@ -13,21 +13,12 @@ from gpuforge.spec import load_spec
 from gpuforge.train import tasks
 from gpuforge.train.engine import train
 from tests.conftest import ROOT, TOPICS, write_spec
+from tests.serve.tiny_runs import train_topics
 
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory, tiny_bert_dir):
-    tmp = tmp_path_factory.mktemp("serve-text")
-    topics = tmp / "topics.jsonl"
-    topics.write_text("\n".join(TOPICS.read_text().splitlines()[:96]) + "\n")
-    raw = {
-        "name": "topics",
-        "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},
-        "data": {"train": str(topics), "max_length": 16, "eval_fraction": 0.25},
-        "train": {"max_steps": 6, "batch_size": 8, "lr": 5e-3, "precision": "fp32"},
-    }
-    train(load_spec(write_spec(tmp / "spec.yaml", raw)), tmp / "run")
-    return tmp / "run" / "model"
+    return train_topics(tmp_path_factory.mktemp("serve-text"), tiny_bert_dir)
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +103,18 @@ def test_bad_input_is_a_clear_4xx_and_the_worker_stays_up(text_endpoint, body, s
     assert text_endpoint.post("/predict", json={"inputs": ["still here"]}).status_code == 200
 
 
+@pytest.mark.parametrize(
+    "content_type", ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data", None]
+)
+def test_a_json_body_is_read_as_json_whatever_its_content_type_says(text_endpoint, content_type):
+    headers = {"content-type": content_type} if content_type else {}  # `curl -d` says a form
+    body = b'{"inputs": ["the striker scored twice"]}'
+    response = text_endpoint.post("/predict", content=body, headers=headers)
+    assert response.status_code == 200 and len(response.json()["outputs"]) == 1, response.text
+    not_json = text_endpoint.post("/predict", content=b"inputs=the+striker", headers=headers)
+    assert not_json.status_code == 422 and "JSON decode error" in not_json.text
+
+
 def test_malformed_and_non_utf8_bodies_are_4xx(text_endpoint):
     headers = {"content-type": "application/json"}
     for body in (b'{"inputs": [', b'{"inputs": ["\xff\xfe"]}', b"\x80\x81"):
@@ -190,6 +193,21 @@ def test_quantized_at_load_still_answers(text_model):
         assert client.post("/predict", json={"inputs": ["a goal in extra time"]}).status_code == 200
     finally:
         client.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int8-dynamic"])
+def test_info_names_the_quantization_a_compressed_variant_carries(digits_model, tmp_path, kind):
+    from gpuforge.compress.pipeline import CompressOptions, make_variant, open_source, save_variant
+
+    built, tokenizer, manifest = make_variant(open_source(digits_model), CompressOptions(quantize=kind))
+    save_variant(built, tokenizer, manifest, tmp_path / "variant")
+    for model_dir, quantized in ((tmp_path / "variant", kind), (digits_model, None)):
+        client = _client(model_dir)
+        try:
+            assert client.get("/info").json()["quantized"] == quantized
+            assert client.post("/predict", json={"inputs": [[[0.5] * 8] * 8]}).status_code == 200
+        finally:
+            client.__exit__(None, None, None)
 
 
 def _adapter(tmp, tiny_bert_dir, topics, name, seed):

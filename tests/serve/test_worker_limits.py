@@ -16,8 +16,9 @@ from fastapi.testclient import TestClient
 from gpuforge.serve.worker import ServeConfig, create_worker
 from gpuforge.spec import load_spec
 from gpuforge.train.engine import train
-from tests.conftest import ROOT, write_spec
+from tests.conftest import ROOT
 from tests.serve.test_serve_cli import _serve
+from tests.serve.tiny_runs import train_gpt
 
 KEY = "gf_worker-key-0123456789abcdef"
 GIB = 1 << 30
@@ -33,16 +34,7 @@ def digits_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lm_model(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("limits-gpt")
-    (tmp / "corpus.txt").write_text("def add(a, b):\n    return a + b\n\n" * 40)
-    raw = {
-        "name": "gpt-limits",
-        "model": {"source": "bundled:gpt-tiny", "task": "causal-lm", "options": {"n_layer": 2, "n_embd": 32}},
-        "data": {"train": str(tmp / "corpus.txt"), "max_length": 32},
-        "train": {"max_steps": 2, "batch_size": 4, "precision": "fp32"},
-    }
-    train(load_spec(write_spec(tmp / "spec.yaml", raw)), tmp / "run")
-    return tmp / "run" / "model"
+    return train_gpt(tmp_path_factory.mktemp("limits-gpt"))
 
 
 def _image():

@@ -182,3 +182,111 @@ def test_a_revoked_key_opens_nothing_and_its_jobs_stay(server):
     assert listed["admin"] is None and listed["alice"] is not None
     # her jobs stay, for the admin to see
     assert job.json()["id"] in [j["id"] for j in client.get("/api/v1/jobs", headers=_auth(admin)).json()]
+
+
+def _submit(client, key, body, idempotency_key=None):
+    headers = {**_auth(key), **({"Idempotency-Key": idempotency_key} if idempotency_key else {})}
+    return client.post("/api/v1/jobs", json=body, headers=headers)
+
+
+def test_a_submit_sent_again_with_its_idempotency_key_returns_the_first_job(server):
+    client, admin, _ = server
+    first = _submit(client, admin, {"spec": _spec(), "priority": 2}, "5b1f0a7e-retry")
+    again = _submit(client, admin, {"spec": _spec(), "priority": 2}, "5b1f0a7e-retry")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json()
+    other = _submit(client, admin, {"spec": _spec(train={"max_steps": 4})}, "5b1f0a7e-retry")
+    assert other.status_code == 409
+    assert other.json()["detail"].startswith(
+        f"Idempotency-Key '5b1f0a7e-retry': already used for job {first.json()['id']}"
+    )
+    # the same key of another owner is another job; no key at all is a new job each time
+    alice = client.post("/api/v1/keys", json={"name": "alice"}, headers=_auth(admin)).json()["key"]
+    minilm = _spec(model={"source": "bundled:minilm", "task": "sequence-classification"})
+    assert _submit(client, alice, {"spec": minilm}, "5b1f0a7e-retry").status_code == 201
+    assert _submit(client, admin, {"spec": _spec(), "priority": 2}).status_code == 201
+    for bad in ("x" * 201, "has space"):
+        refused = _submit(client, admin, {"spec": _spec()}, bad)
+        assert refused.status_code == 422 and "Idempotency-Key" in refused.text
+    assert len(client.get("/api/v1/jobs", headers=_auth(admin)).json()) == 3
+
+
+def test_a_replay_is_answered_even_at_the_queued_quota(server):
+    client, admin, _ = server
+    alice = client.post("/api/v1/keys", json={"name": "alice", "max_queued": 1}, headers=_auth(admin)).json()[
+        "key"
+    ]
+    minilm = _spec(model={"source": "bundled:minilm", "task": "sequence-classification"})
+    first = _submit(client, alice, {"spec": minilm}, "k1")
+    assert first.status_code == 201
+    assert _submit(client, alice, {"spec": minilm}, "k2").status_code == 429  # a new job: past the quota
+    again = _submit(client, alice, {"spec": minilm}, "k1")  # the first one's answer, lost and asked again
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+
+
+def test_concurrent_submits_with_one_idempotency_key_make_one_job(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    client, admin, _ = server
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: _submit(client, admin, {"spec": _spec()}, "same-key"), range(8)))
+    assert sorted(a.status_code for a in answers) == [200] * 7 + [201], [a.text for a in answers]
+    assert len({a.json()["id"] for a in answers}) == 1
+    assert len(client.get("/api/v1/jobs", headers=_auth(admin)).json()) == 1
+
+
+def test_what_the_runner_would_refuse_first_is_refused_at_submit(server, tmp_path):
+    client, admin, data = server
+    (data / "sentences.csv").write_text("text,label\nhello there,greeting\n" + 'broken,"\n' * 3)
+    (data / "lines.jsonl").write_text('{"body": "hi", "label": "a"}\n{not json\n')
+    (data / "model").mkdir()
+    text_model = {"source": "bundled:minilm", "task": "sequence-classification"}
+    cases = [
+        (
+            {"model": text_model, "data": {"train": str(data / "sentences.csv"), "label_field": "lable"}},
+            f"data.label_field: 'lable' not found in {data / 'sentences.csv'} (columns: text, label)",
+        ),
+        (  # the first record only: the broken second line is the runner's to find
+            {"model": text_model, "data": {"train": str(data / "lines.jsonl")}},
+            f"data.text_field: 'text' not found in {data / 'lines.jsonl'} (columns: body, label)",
+        ),
+        (
+            {
+                "model": text_model,
+                "data": {"train": str(data / "sentences.csv"), "eval": str(data / "no.csv")},
+            },
+            f"data.eval: {data / 'no.csv'}: no such file",
+        ),
+        (
+            {"model": {"source": f"hf:{data / 'absent'}", "task": "sequence-classification"}},
+            f"model.source: {data / 'absent'}: no such directory",
+        ),
+        (
+            {"model": {"source": f"hf:{data / 'model'}", "task": "sequence-classification"}},
+            f"model.source: {data / 'model'}: no config.json",
+        ),
+    ]
+    for changes, message in cases:
+        changes.setdefault("data", {"train": str(data / "sentences.csv")})
+        refused = _submit(client, admin, {"spec": _spec(**changes)})
+        assert refused.status_code == 422 and message in refused.json()["detail"], refused.text
+    # the client's names for its uploads stand in for the server's paths
+    named = _submit(
+        client,
+        admin,
+        {
+            "spec": _spec(model=text_model, data={"train": str(data / "sentences.csv"), "label_field": "y"}),
+            "files": {str(data / "sentences.csv"): "my/sentences.csv"},
+        },
+    )
+    assert named.json()["detail"] == (
+        "data.label_field: 'y' not found in my/sentences.csv (columns: text, label)"
+    )
+    stray = _submit(client, admin, {"spec": _spec(), "files": {"/etc/hostname": "mine"}})
+    assert (
+        stray.status_code == 422
+        and stray.json()["detail"] == "files: /etc/hostname is not a file the spec names"
+    )
+    assert client.get("/api/v1/jobs", headers=_auth(admin)).json() == []
+    right = _spec(model=text_model, data={"train": str(data / "sentences.csv")})
+    assert _submit(client, admin, {"spec": right}).status_code == 201

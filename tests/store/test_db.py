@@ -22,7 +22,7 @@ def test_the_migrations_build_exactly_the_models_schema_and_run_twice_safely(eng
         if engine.dialect.name == "sqlite":  # the pragmas connect() sets on SQLite (and on nothing else)
             assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
             assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0004"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0005"
     migrate(engine)  # already at head: nothing to do, nothing lost
     assert {"jobs", "events", "devices", "api_keys", "deployments"} <= set(inspect(engine).get_table_names())
 
@@ -67,3 +67,17 @@ def test_times_come_back_in_utc_whatever_the_servers_time_zone(engine):
         s.add(_job())
     with session(engine) as s:
         assert s.scalars(select(Job)).one().created_at.tzinfo is UTC
+
+
+def test_an_idempotency_key_names_one_job_of_its_owner(engine):
+    from gpuforge.store.models import ApiKey
+
+    with session(engine) as s:
+        s.add_all([ApiKey(name="a", digest="a" * 64), ApiKey(name="b", digest="b" * 64)])
+        s.flush()
+        s.add_all([_job(owner_id=1, idempotency_key="k"), _job(owner_id=2, idempotency_key="k")])
+        s.add_all([_job(owner_id=1), _job(owner_id=1)])  # no key: never in the way of each other
+    with pytest.raises(IntegrityError), session(engine) as s:
+        s.add(_job(owner_id=1, idempotency_key="k"))
+    with session(engine) as s:
+        assert len(s.scalars(select(Job)).all()) == 4

@@ -170,3 +170,11 @@ def test_lora_in_bf16_keeps_the_frozen_base_in_bf16_and_the_factors_in_fp32(
     assert {p.dtype for p in job.module.parameters() if p.requires_grad} == {torch.float32}
     summary = train(parse_spec(raw, tmp_path), tmp_path / "run")
     assert summary["status"] == "finished" and summary["precision"] == "bf16"
+
+
+@pytest.mark.parametrize("named", [None, ["classifier"]])
+def test_the_classification_head_is_saved_once_whether_or_not_the_spec_names_it(tiny_bert_dir, named):
+    built = build_model(ModelRequest(f"hf:{tiny_bert_dir}", "sequence-classification", num_labels=3))
+    adapted = apply_lora(built, LoraSpec(r=2, modules_to_save=named), "sequence-classification")
+    # PEFT adds the names of the heads it knows ("classifier", "score") to the list it is given
+    assert adapted.extra["modules_to_save"] == ["classifier"]

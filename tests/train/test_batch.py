@@ -92,3 +92,19 @@ def test_auto_in_a_run_is_reported_and_kept_on_resume(tmp_path, tiny_bert_dir, s
     raw["train"]["max_steps"] = 4
     resumed = train(parse_spec(raw, tmp_path), tmp_path / "run")
     assert resumed["batch_search"] is None and resumed["batch_size"] == 32  # no second search
+
+
+def test_train_refuses_a_job_over_its_memory_budget_before_it_writes(tmp_path, tiny_bert_dir, small_topics):
+    raw = {
+        "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},
+        "data": {"train": str(small_topics), "max_length": 32},
+        "train": {"max_steps": 2, "batch_size": 8},
+        "resources": {"max_memory": "1MiB"},
+    }
+    with pytest.raises(
+        GpuforgeError,
+        match=r"^does not fit: needs .+ more than the 1 MiB of resources.max_memory; the runtime alone .+"
+        r"nothing can fit$",
+    ):
+        train(parse_spec(raw, tmp_path), tmp_path / "run")
+    assert not (tmp_path / "run" / "events.jsonl").exists()

@@ -69,14 +69,19 @@ class CompressOptions:
 
     @property
     def name(self) -> str:
-        parts = ["merged"] if self.merge else []
+        """Short and distinct, so a table at 80 columns shows it whole: prune50 (unstructured, 50%),
+        2:4, channel30, each +rec<N> after recovery, then the quantization. An adapter is always merged
+        before pruning or quantizing, so "merged" is named only when it is all that was done."""
+        parts = []
         if self.prune:
-            parts.append(f"{self.prune_structure}-{self.prune:g}")
+            percent = f"{self.prune * 100:g}"
+            short = {"unstructured": f"prune{percent}", "2:4": "2:4", "channel": f"channel{percent}"}
+            parts.append(short[self.prune_structure])
             if self.recover_steps:
-                parts.append(f"recover{self.recover_steps}")
+                parts.append(f"rec{self.recover_steps}")
         if self.quantize:
             parts.append(self.quantize)
-        return "+".join(parts) or "original"
+        return "+".join(parts) or ("merged" if self.merge else "original")
 
 
 @dataclass
@@ -215,10 +220,9 @@ def _check_out(out: Path, force: bool) -> None:
 def _original_row(source: Source) -> dict[str, Any]:
     module, _, manifest = load_artifact(source.model_dir)
     built = built_from(module, manifest)
-    name = "original (adapter on its base)" if source.is_adapter else "original"
     return report.measure(
-        name, built, source.spec.model.task, source.data.eval, report.count_parameters(module),
-        report.directory_bytes(source.model_dir),
+        "original", built, source.spec.model.task, source.data.eval, report.count_parameters(module),
+        report.directory_bytes(source.model_dir), {"adapter": source.is_adapter},
     )  # fmt: skip
 
 

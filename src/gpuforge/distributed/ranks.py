@@ -63,7 +63,7 @@ class Ranks:
 
     def stop(self) -> None:
         if self.distributed:
-            dist.destroy_process_group()
+            leave_process_group(peers_done=False)  # train() ended here: rank.py met the others first
 
     def share(self, indices: list[int]) -> list[int]:
         """This rank's slice of a global batch: strided, so shares differ by one example at most."""
@@ -97,3 +97,16 @@ class Ranks:
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()
+
+
+def leave_process_group(peers_done: bool = True) -> None:
+    """Tear this process's group down, every gloo process the same way (product and tests). With
+    `peers_done` (every rank got this far), a barrier first: a gloo peer that closes its pairs while
+    another still uses them aborts that one ("terminate called without an active exception")."""
+    if not dist.is_initialized():
+        return
+    try:
+        if peers_done:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -9,6 +9,7 @@ from gpuforge.models.base import BuiltModel, ModelRequest
 from gpuforge.models.options import TRANSFORMERS
 from gpuforge.models.tokenizers import hf_tokenizer
 from gpuforge.policy import current
+from gpuforge.quiet import verbose
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -45,8 +46,9 @@ def load_transformers_model(path: Path, request: ModelRequest, name: str) -> Bui
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    transformers.logging.set_verbosity_error()  # "newly initialized head" is expected; we say it ourselves
-    transformers.utils.logging.disable_progress_bar()  # no shard bars inside our own progress display
+    if not verbose():  # --verbose shows what transformers says
+        transformers.logging.set_verbosity_error()  # "newly initialized head": expected, we say it ourselves
+        transformers.utils.logging.disable_progress_bar()  # no shard bars inside our own progress display
     auto = {
         "sequence-classification": AutoModelForSequenceClassification,
         "causal-lm": AutoModelForCausalLM,

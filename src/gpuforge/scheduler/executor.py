@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CANCEL_GRACE_S = 30.0
+BAD_INPUT_EXIT = 2  # cli.py EXIT_BAD_INPUT: the runner refused its spec or data, and would again
 
 
 @dataclass

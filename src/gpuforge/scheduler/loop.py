@@ -3,8 +3,9 @@
 A tick, in one transaction:
 1. every running job: ingest its run directory (store/ingest.py); a cancel asked for sends SIGTERM once
    (the runner checkpoints and exits); a process that is gone ends the job, by the last event it wrote:
-   finished, failed, cancelled, paused (its cost budget spent), or, with no ending event (killed,
-   OOM-killed), queued again to resume from its last checkpoint while `restarts < max_restarts`;
+   finished, failed, cancelled, paused (its cost budget spent), or, with no ending event: failed at once
+   with the runner's one-line error when it refused its input (exit 2: it would refuse it again), else
+   (killed, OOM-killed) queued again to resume from its last checkpoint while `restarts < max_restarts`;
 2. deployments (scheduler/deployments.py): replicas started, restarted, checked, stopped;
 3. the queue: plan_starts() on the devices no running job or deployment holds; each job to start gets its spec
    written beside its run directory and a runner process with its devices' environment.
@@ -33,11 +34,11 @@ from gpuforge.child_env import child_environment
 from gpuforge.policy import Policy
 from gpuforge.scheduler import deployments
 from gpuforge.scheduler.allocator import DeviceInfo, job_environment
-from gpuforge.scheduler.executor import Launched, is_alive, launch
+from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Launched, is_alive, launch
 from gpuforge.scheduler.queue import HELD, QueuedJob, plan_starts
 from gpuforge.scheduler.worker_keys import replicas_key
 from gpuforge.store.db import session
-from gpuforge.store.ingest import ingest
+from gpuforge.store.ingest import bad_input_error, ingest
 from gpuforge.store.models import ApiKey, Deployment, Device, Event, Job, utcnow
 from gpuforge.store.quotas import running_limits
 
@@ -156,7 +157,8 @@ class Scheduler:
             .order_by(Event.seq.desc())
             .limit(1)
         )
-        self.launched.pop(job.id, None)
+        own = self.launched.pop(job.id, None)
+        exit_code = own.process.returncode if own is not None and own.process is not None else None
         self.signalled.discard(job.id)
         job.pid = None
         if last is not None and last.kind == "paused":
@@ -165,6 +167,8 @@ class Scheduler:
             job.state = ENDINGS[last.kind]
             job.finished_at = utcnow()
             job.reason = job.reason or last.data.get("reason")
+        elif (refused := self._refused_input(job, exit_code)) is not None:
+            job.state, job.finished_at, job.reason = "failed", utcnow(), refused
         elif job.restarts < job.max_restarts:
             job.restarts += 1
             job.state, job.devices = "queued", None
@@ -172,7 +176,23 @@ class Scheduler:
         else:
             job.state, job.finished_at = "failed", utcnow()
             job.reason = f"process ended without a word {job.restarts + 1} times"
-        log.info("job %d: %s (%s)", job.id, job.state, job.reason)
+        if job.reason:
+            log.info("job %d: %s (%s)", job.id, job.state, job.reason)
+        else:
+            log.info("job %d: %s", job.id, job.state)
+
+    @staticmethod
+    def _refused_input(job: Job, exit_code: int | None) -> str | None:
+        """Why the runner refused its input (a spec or data error: exit 2), or None when it did not. Never
+        retried: it would refuse it again. A process re-attached after a server restart has no exit code:
+        a log that ends on the runner's error line says the same."""
+        if exit_code == BAD_INPUT_EXIT:
+            return bad_input_error(job.run_dir, job.files) or (
+                f"the runner refused its input (exit {BAD_INPUT_EXIT}); see gpuforge logs {job.id}"
+            )
+        if exit_code is None:
+            return bad_input_error(job.run_dir, job.files, last_line_only=True)
+        return None
 
     def _start_queued(self, s: Session) -> None:
         running = s.execute(select(Job.devices, Job.owner_id).where(Job.state == "running")).all()

@@ -1,6 +1,6 @@
 """OpenAI-style routes for a causal LM behind a GenerationEngine (serve/generate.py).
 
-    router = create_openai_router(lambda: app.state.engine, max_tokens_limit=1024)
+    router = create_openai_router(lambda: app.state.engine)
     app.include_router(router)      # the engine getter returns None while loading: 503 with Retry-After
 
     POST /v1/completions        {"prompt": "def add(a, b):", "max_tokens": 32, "stop": ["\\n\\n"]}
@@ -15,13 +15,15 @@ Fields asking for what is not implemented (logprobs, echo, best_of > 1, penaltie
 suffix, response_format other than text) are refused with 422 rather than ignored; other unknown fields
 are ignored.
 
+max_tokens defaults to 16 for a completion and to the rest of the context for a chat answer.
+
 Errors come as {"error": {"message", "type", "param", "code"}, "detail": message}, where OpenAI clients
-look: 422 for bad input (empty prompt, max_tokens < 1 or over `max_tokens_limit`, n != 1, ...), 413 for
-a prompt that leaves no room in the model's context (prompts are never truncated); a prompt that fits
-but whose max_tokens would run past the context ends there with finish_reason "length". 429 with
-Retry-After when the engine's queue is full, 503 while the model loads. A client that disconnects frees
-its place in the batch. In the worker, a missing key (401) and a body over its limit (413) are refused
-before the route runs, in the same shape.
+look: 422 for bad input (empty prompt, max_tokens < 1, n != 1, a body that is not JSON, ...), 413 for a
+prompt that leaves no room in the model's context (prompts are never truncated), 400 with code
+"context_length_exceeded" for a max_tokens that would run past the context after the prompt (the message
+names the context and the most that fits). 429 with Retry-After when the engine's queue is full, 503
+while the model loads. A client that disconnects frees its place in the batch. In the worker, a missing
+key (401) and a body over its limit (413) are refused before the route runs, in the same shape.
 
 Chat prompts use the tokenizer's chat template when it has one; otherwise one line per message,
 "role: content" (developer counts as system), then "assistant:" for the model to continue, and the
@@ -49,6 +51,7 @@ from gpuforge.serve.generate import Generation, GenerationEngine, PromptTooLong,
 
 MAX_PROMPT_CHARS = 1_000_000  # refused (413) before tokenizing
 MAX_STOPS = 4
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 DISCONNECT_POLL_S = 0.05
 FALLBACK_STOP = "\nuser:"
 # Fields OpenAI clients may send that this server does not implement: refused unless neutral.
@@ -104,7 +107,7 @@ class _Request(BaseModel):
 
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str] = Field(description="text, a list of one text, or token ids")
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(None, ge=1, description=f"default {DEFAULT_COMPLETION_TOKENS}")
 
 
 class ContentPart(BaseModel):
@@ -178,10 +181,17 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class OpenAIError(HTTPException):
+    """An HTTPException that also names the request field at fault and OpenAI's code for the error."""
+
+    def __init__(self, status_code: int, detail: str, param: str | None = None, code: str | None = None):
+        super().__init__(status_code, detail)
+        self.param, self.code = param, code
+
+
 def create_openai_router(
     get_engine: Callable[[], GenerationEngine | None],
     model_name: str | None = None,
-    max_tokens_limit: int = 1024,
     dependencies: Sequence[Any] = (),
 ) -> APIRouter:
     """Routes under /v1 for the engine `get_engine()` returns (None while loading: 503). `model_name`
@@ -203,15 +213,30 @@ def create_openai_router(
     def name(engine: GenerationEngine) -> str:
         return model_name or engine.name
 
-    def params(body: _Request, max_tokens: int | None, extra_stop: Sequence[str] = ()) -> SamplingParams:
-        if max_tokens is not None and max_tokens > max_tokens_limit:
-            raise HTTPException(
-                status.HTTP_422_UNPROCESSABLE_CONTENT,
-                f"max_tokens: {max_tokens} is over the {max_tokens_limit} allowed",
+    def params(
+        engine: GenerationEngine,
+        body: _Request,
+        prompt: list[int],
+        asked: tuple[str, int | None],
+        default: int | None,
+        extra_stop: Sequence[str] = (),
+    ) -> SamplingParams:
+        """How to sample `prompt`; `asked` is the max_tokens field's name and value (None: `default`, or
+        the rest of the context). An answer that cannot fit after the prompt is refused, not cut short."""
+        field_name, max_tokens = asked
+        room = engine.context - len(prompt)  # < 1: the engine refuses the prompt itself (413)
+        if max_tokens is not None and room >= 1 and max_tokens > room:
+            raise OpenAIError(
+                status.HTTP_400_BAD_REQUEST,
+                f"{field_name}: {max_tokens} after the prompt's {len(prompt)} tokens is "
+                f"{len(prompt) + max_tokens}, over the model's context of {engine.context} tokens; ask for "
+                f"at most {room}",
+                param=field_name,
+                code="context_length_exceeded",
             )
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         return SamplingParams(
-            max_tokens=max_tokens or max_tokens_limit,
+            max_tokens=max_tokens or max(1, min(default or room, room)),
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             stop=[*stops, *extra_stop],
@@ -250,7 +275,8 @@ def create_openai_router(
             )
         if isinstance(prompt, str):  # off the event loop: a long prompt must not stall other requests
             prompt = await asyncio.to_thread(engine.encode, prompt)
-        generation = submit(engine, prompt, params(body, body.max_tokens))
+        sampling = params(engine, body, prompt, ("max_tokens", body.max_tokens), DEFAULT_COMPLETION_TOKENS)
+        generation = submit(engine, prompt, sampling)
         answer_id, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), name(engine)
 
         def chunk(text: str, finish: str | None) -> dict[str, Any]:
@@ -291,8 +317,11 @@ def create_openai_router(
                 status.HTTP_413_CONTENT_TOO_LARGE, f"messages: over the {MAX_PROMPT_CHARS} characters allowed"
             )
         prompt, extra_stop = await asyncio.to_thread(chat_prompt, engine, messages)  # off the event loop
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        generation = submit(engine, prompt, params(body, max_tokens, extra_stop))
+        if body.max_completion_tokens is not None:
+            asked = ("max_completion_tokens", body.max_completion_tokens)
+        else:
+            asked = ("max_tokens", body.max_tokens)
+        generation = submit(engine, prompt, params(engine, body, prompt, asked, None, extra_stop))
         answer_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), name(engine)
 
         def chunk(text: str | None, finish: str | None) -> dict[str, Any]:
@@ -419,17 +448,26 @@ class _OpenAIErrors(APIRoute):
                 return await handler(request)
             except RequestValidationError as err:
                 return error_response(422, _validation_message(err.errors()))
+            except OpenAIError as err:
+                return error_response(err.status_code, str(err.detail), err.headers, err.param, err.code)
             except HTTPException as err:
                 return error_response(err.status_code, str(err.detail), err.headers)
 
         return route
 
 
-def error_response(code: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    code: int,
+    message: str,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
+    error_code: str | None = None,
+) -> JSONResponse:
     """An error as OpenAI clients read it; also the worker's 401 and 413 on /v1 (serve/worker.py, Gate)."""
     kind = {429: "rate_limit_error", 401: "authentication_error"}.get(code)
     kind = kind or ("server_error" if code >= 500 else "invalid_request_error")
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}, "detail": message}
+    error = {"message": message, "type": kind, "param": param, "code": error_code}
+    body = {"error": error, "detail": message}
     return JSONResponse(body, code, headers=headers)
 
 
@@ -437,6 +475,10 @@ def _validation_message(errors: Sequence[Any]) -> str:
     """pydantic's errors as one line: `max_tokens: Input should be greater than or equal to 1; ...`."""
     parts = []
     for error in errors:
+        if error.get("type") == "json_invalid":  # loc is ("body", offset): say what is wrong instead
+            why = (error.get("ctx") or {}).get("error", "")
+            parts.append(f"the body is not JSON ({why})" if why else "the body is not JSON")
+            continue
         where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
         message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
         parts.append(f"{where}: {message}" if where else message)

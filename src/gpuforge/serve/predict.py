@@ -180,11 +180,17 @@ def load_predictor(
         positions = getattr(module.config, "max_position_embeddings", None)
         length = min(length, positions) if positions else length
     log.info("serving %s (%s) on %s, precision %s", model_dir, manifest["task"], torch_device, chosen.name)
-    predictor = Predictor(module, tokenizer, manifest, torch_device, chosen, length, quantize)
+    quantized = quantize or quantization_of(manifest)
+    predictor = Predictor(module, tokenizer, manifest, torch_device, chosen, length, quantized)
     predictor.quantize_report = report
     if manifest["kind"] == "adapter":  # its own adapter, and any others on the same base
         predictor.adapters = Adapters(module, predictor.labels, adapters or {}, manifests, max_adapters)
     return predictor
+
+
+def quantization_of(manifest: dict[str, Any]) -> str | None:
+    """The quantization a compressed variant (`gpuforge compress --quantize`) carries: int8, int4, ..."""
+    return manifest.get("compression", {}).get("quantize", {}).get("kind")
 
 
 def _quantize(module: torch.nn.Module, manifest: dict[str, Any], kind: str) -> torch.nn.Module:

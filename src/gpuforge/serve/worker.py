@@ -4,7 +4,8 @@
     GPUFORGE_API_KEY=... gpuforge serve runs/<id>/model --host 0.0.0.0     # or --api-key-file PATH
 
     POST /predict   {"inputs": ["great film", ...]}  ->  {"model", "outputs": [{"label", "score", "scores"}]}
-    GET  /info      what is served (task, labels, precision, batching)
+    POST /v1/completions, /v1/chat/completions     a causal LM instead (serve/openai_api.py)
+    GET  /info      what is served (task, labels or context length, precision, batching)
     GET  /healthz   the process answers;  /readyz: the model is loaded and warmed up (503 before)
     GET  /metrics   Prometheus: request latency, queue time, batch sizes, inputs, tokens, in flight
 
@@ -17,7 +18,8 @@ the server stops accepting, answers what it holds, then exits.
 Who may send what is decided before a byte of a body is read (`Gate`): with a key, every route but
 /healthz and /readyz needs it (`Authorization: Bearer <key>` or `X-API-Key`; 401 otherwise), /metrics and
 the API docs too unless GPUFORGE_PUBLIC_METRICS is true; a body over `max_body_bytes` gets 413, at once
-by its Content-Length or as soon as the bytes of a chunked one pass the limit.
+by its Content-Length or as soon as the bytes of a chunked one pass the limit. Every body it takes is
+JSON, read as JSON whatever its Content-Type says (curl's `-d` says a form).
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.serve.batcher import Batcher, BatchStats, QueueFull
-from gpuforge.serve.predict import InputError, Predictor, load_predictor
+from gpuforge.serve.predict import InputError, Predictor, load_predictor, quantization_of
 from gpuforge.server.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, presented_key
 
 log = logging.getLogger("gpuforge.serve")
+COMPLETION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 class ClientGone(Exception):
@@ -112,10 +115,15 @@ class Info(BaseModel):
     labels: list[str]
     device: str
     precision: str
-    quantized: str | None
-    max_length: int | None
+    quantized: str | None = Field(description="int8, int4 or int8-dynamic (--quantize, gpuforge compress)")
+    max_length: int | None = Field(description="tokens a text input is cut to")
+    context_length: int | None = Field(None, description="a causal LM's: prompt + max_tokens fit in it")
+    batching: str = Field(
+        description="dynamic (requests within max_wait_ms share a batch) or continuous (a causal LM's: "
+        "requests join and leave the running batch at every step)"
+    )
     max_batch: int
-    max_wait_ms: float
+    max_wait_ms: float | None = Field(description="how long a dynamic batch waits to fill")
     max_queue: int
     adapters: list[str]
     quantize_report: dict[str, Any] | None = Field(
@@ -149,7 +157,8 @@ class _Metrics:
 
 def create_worker(config: ServeConfig) -> FastAPI:
     metrics = _Metrics()
-    generates = _task(config.model_dir) == "causal-lm"  # completions (serve/generate.py), not /predict
+    manifest = _manifest(config.model_dir)
+    generates = manifest.get("task") == "causal-lm"  # completions (serve/generate.py), not /predict
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -210,6 +219,8 @@ def create_worker(config: ServeConfig) -> FastAPI:
         log.info("ready: %s", config.model_dir)
 
     app = FastAPI(title="gpuforge endpoint", version="0.1.0", lifespan=lifespan)
+    if generates:  # inside the Gate: a request it refuses is not counted, as on /predict
+        app.add_middleware(CountedCompletions, metrics=metrics)
     app.add_middleware(
         Gate, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
         open_paths=OPEN_PATHS | (DOCUMENT_PATHS if config.public_metrics else frozenset()),
@@ -303,10 +314,18 @@ def create_worker(config: ServeConfig) -> FastAPI:
     @app.get("/info", response_model=Info)
     def info(request: Request) -> Info:
         """What this endpoint serves and how it batches."""
+        engine = request.app.state.engine
+        if engine is not None:
+            return Info(
+                model=engine.name, task="causal-lm", labels=[], device=str(engine.device),
+                precision=engine.precision.name, quantized=quantization_of(manifest), max_length=None,
+                context_length=engine.context, batching="continuous", max_batch=engine.max_batch,
+                max_wait_ms=None, max_queue=engine.max_queue, adapters=[],
+            )  # fmt: skip
         p = ready_predictor(request)
         return Info(
             model=p.name, task=p.task, labels=p.labels, device=str(p.device), precision=p.precision.name,
-            quantized=p.quantized, max_length=p.max_length, max_batch=config.max_batch,
+            quantized=p.quantized, max_length=p.max_length, batching="dynamic", max_batch=config.max_batch,
             max_wait_ms=config.max_wait_ms, max_queue=config.max_queue,
             adapters=p.adapters.names() if p.adapters else [], quantize_report=p.quantize_report,
         )  # fmt: skip
@@ -361,6 +380,8 @@ class Gate:
                                  {"WWW-Authenticate": "Bearer"})  # fmt: skip
         if length.isdigit() and int(length) > self.limit:
             return await _refuse(scope, send, 413, self._too_large(int(length)), has_body)
+        if has_body and not _says_json(headers.get(b"content-type", b"")):
+            scope = _read_as_json(scope)
         received, started, refused = 0, False, False
 
         async def counted():
@@ -412,8 +433,52 @@ async def _no_body():
     raise RuntimeError("a refused request's body is not read")
 
 
-def _task(model_dir: Path) -> str | None:
+def _says_json(content_type: bytes) -> bool:
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
+def _read_as_json(scope):
+    """The request with `Content-Type: application/json`: every body this worker takes is JSON, and
+    `curl -d` (the README's example) says application/x-www-form-urlencoded, which FastAPI would hand the
+    route as bytes (422, "Input should be a valid dictionary"). A body that is not JSON stays a 422."""
+    headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+
+
+class CountedCompletions:
+    """/v1/completions and /v1/chat/completions in /metrics as /predict is: in flight, latency (a stream's
+    until its last byte), inputs answered, refusals. Around the routes rather than in them, so that a
+    streamed answer is timed to its end without the routes knowing about metrics."""
+
+    def __init__(self, app, metrics: _Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in COMPLETION_PATHS:
+            return await self.app(scope, receive, send)
+        started, code = time.perf_counter(), None
+
+        async def answering(message):
+            nonlocal code
+            if message["type"] == "http.response.start":
+                code = message["status"]
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, answering)
+        finally:
+            self.metrics.in_flight.dec()
+        if code == 200:
+            self.metrics.latency.observe(time.perf_counter() - started)
+            self.metrics.inputs.inc()
+        elif code in (429, 499):
+            self.metrics.rejected.labels("queue full" if code == 429 else "client gone").inc()
+
+
+def _manifest(model_dir: Path) -> dict[str, Any]:
     try:
-        return json.loads((Path(model_dir) / "gpuforge.json").read_text()).get("task")
+        return json.loads((Path(model_dir) / "gpuforge.json").read_text())
     except (OSError, ValueError):
-        return None  # the load says what is wrong, on /readyz
+        return {}  # the load says what is wrong, on /readyz

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
 
 from gpuforge.store.quotas import QUOTAS, Quota, limits
+
+FilePath = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
 
 
 class JobCreate(BaseModel):
@@ -18,6 +20,12 @@ class JobCreate(BaseModel):
     priority: int | None = Field(None, ge=-1000, le=1000, description="default: the spec's priority")
     name: str | None = Field(
         None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100, description="default: the spec's name"
+    )
+    files: dict[FilePath, FilePath] | None = Field(
+        None,
+        max_length=16,
+        description="{server path: the user's name for it} of the files the client uploaded: the job's "
+        "errors name them the user's way",
     )
 
 

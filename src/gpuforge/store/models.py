@@ -27,6 +27,7 @@ JOB_STATES = ("queued", "running", "paused", "finished", "failed", "cancelled")
 DEPLOYMENT_STATES = ("starting", "ready", "stopping", "failing", "failed", "stopped")
 LIVE_DEPLOYMENT_STATES = ("starting", "ready", "stopping", "failing")  # failing: replicas being stopped
 ACTIVE_STATES = ("queued", "running", "paused")
+MAX_IDEMPOTENCY_KEY = 200  # characters: a UUID is 36
 
 
 def utcnow() -> datetime:
@@ -72,7 +73,11 @@ class ApiKey(Base):
 
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_queue", "state", "priority", "id"),)
+    __table_args__ = (
+        Index("ix_jobs_queue", "state", "priority", "id"),
+        # a submit retried with its Idempotency-Key finds its first job: never a second (routes/jobs.py)
+        UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency_key"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)  # also the FIFO order within a priority
     name: Mapped[str] = mapped_column(String(100))
@@ -88,6 +93,9 @@ class Job(Base):
     restarts: Mapped[int] = mapped_column(default=0)
     max_restarts: Mapped[int] = mapped_column(default=2)
     reason: Mapped[str | None] = mapped_column(Text)
+    idempotency_key: Mapped[str | None] = mapped_column(String(MAX_IDEMPOTENCY_KEY))  # the submit's, if sent
+    # {server path: the name the user's client knew it by}: its uploads, named the user's way in reasons
+    files: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
     cancel_requested: Mapped[bool] = mapped_column(default=False)  # the loop stops its process
     # latest figures, copied from metrics as they are ingested (for listing without reading files)
     step: Mapped[int | None] = mapped_column()

@@ -72,7 +72,8 @@ def apply_lora(built: BuiltModel, lora: LoraSpec, task: str) -> BuiltModel:
 
     head = classifier_head(built, task)
     targets = resolve_targets(built.module, lora.target_modules, head)
-    to_save = list(lora.modules_to_save or []) + ([head] if head else [])
+    # once each, in order: the spec may name the head too
+    to_save = list(dict.fromkeys([*(lora.modules_to_save or []), *([head] if head else [])]))
     missing = [
         m
         for m in lora.modules_to_save or []
@@ -85,7 +86,7 @@ def apply_lora(built: BuiltModel, lora: LoraSpec, task: str) -> BuiltModel:
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=targets,
-        modules_to_save=to_save or None,
+        modules_to_save=list(to_save) or None,  # a copy: PEFT appends its own head names to this list
         task_type=PEFT_TASKS.get(task) if built.is_transformers else None,
         fan_in_fan_out=_is_gpt2_conv1d(built.module, targets),
     )

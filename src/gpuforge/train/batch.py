@@ -15,20 +15,27 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.hardware.probe import proc_status_bytes
+from gpuforge.spec import parse_bytes
 from gpuforge.train import tasks
+from gpuforge.train.adapt import ADAPTABLE, DEFAULT_TARGETS, adaptable_names, resolve_targets
 from gpuforge.train.precision import Precision, autocast
+
+if TYPE_CHECKING:
+    from gpuforge.train.setup import Job
 
 CPU_AVAILABLE_SHARE = 0.8  # of MemAvailable, when no resources.max_memory is set
 CUDA_TOTAL_SHARE = 0.92  # of the device's memory: the allocator fragments, kernels need workspace
 # A real CPU run peaks ~15% above its measured trial (glibc keeps freed, fragmented pages resident across
 # micro-batches; the optimizer's first step allocates beside the gradients): plan with that headroom.
 CPU_HEADROOM = 0.85
+CHECKPOINTING_KEEPS = 0.3  # of the activations: gradient checkpointing keeps each layer's input only
+LORA_RANK_FOR_ADVICE = 8
 
 
 @dataclass
@@ -220,3 +227,113 @@ def search_micro_batch(
         if (peak is not None and search.persistent_bytes + peak <= budget) or not candidates:
             search.micro = pick
             return search
+
+
+# --- will it fit: the estimate `gpuforge plan` prints and `gpuforge train` holds to ----------------
+
+
+def size(n: float) -> str:
+    """Bytes as people read them: GiB from one GiB up, MiB from one MiB up, KiB below."""
+    if abs(n) >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    unit, value = ("MiB", n / 2**20) if abs(n) >= 2**20 else ("KiB", n / 2**10)
+    return f"{value:.3g} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
+
+
+def memory_breakdown(module: torch.nn.Module, memory: BatchSearch, micro: int) -> dict[str, int]:
+    """The predicted peak in parts; "total" is memory.predicted_bytes(micro)."""
+    weights = sum(p.numel() * p.element_size() for p in module.parameters())
+    weights += sum(b.numel() * b.element_size() for b in module.buffers())
+    gradients = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    optimizer = 2 * sum(p.numel() * 4 for p in module.parameters() if p.requires_grad)
+    held = memory.persistent_bytes - optimizer  # what the process holds now: runtime, data, weights
+    breakdown = {
+        "runtime": max(0, held - weights),  # interpreter, libraries, data set (CPU); 0 on a GPU's allocator
+        "weights": weights,
+        "gradients": gradients,
+        "optimizer_state": optimizer,
+        "activations_per_sample": memory.per_sample_bytes,
+        "activations": memory.per_sample_bytes * micro,
+        "step_overhead": max(0, memory.step_overhead_bytes - gradients),  # a trial's peak holds the gradients
+    }
+    breakdown["total"] = sum(v for k, v in breakdown.items() if k != "activations_per_sample")
+    return breakdown
+
+
+def what_would_fit(job: Job, memory: BatchSearch, breakdown: dict[str, int], capacity: int) -> list[str]:
+    """Options whose predicted peak is under the capacity, each with that peak (none, if none fits)."""
+    options = []  # (what to set, predicted bytes, why it saves)
+    fitting = [m for m in range(job.micro - 1, 0, -1) if memory.predicted_bytes(m) <= capacity]
+    if fitting:
+        options.append(
+            (f"train.batch_size: {fitting[0]}", memory.predicted_bytes(fitting[0]), "global batch kept")
+        )
+    if job.spec.adapt.lora is None:
+        lora_trainable = lora_trainable_bytes(job.built.module)
+        if lora_trainable is not None:
+            saved = breakdown["gradients"] + breakdown["optimizer_state"] - 3 * lora_trainable
+            options.append(
+                (
+                    f"adapt.lora (r={LORA_RANK_FOR_ADVICE})",
+                    breakdown["total"] - saved,
+                    "no gradients or optimizer state for the frozen base",
+                )
+            )
+    if not job.spec.train.gradient_checkpointing and hasattr(job.built.module, "config"):
+        saved = int(breakdown["activations"] * (1 - CHECKPOINTING_KEEPS))
+        options.append(("train.gradient_checkpointing: true", breakdown["total"] - saved, "an estimate"))
+    return [f"{what}: {size(bytes_)} ({why})" for what, bytes_, why in options if bytes_ <= capacity]
+
+
+def fit_verdict(breakdown: dict[str, int], capacity: int, source: str, suggestions: list[str]) -> str:
+    """One line: by how much the job is over, and what would fit (or why nothing can)."""
+    need = breakdown["total"]
+    line = f"does not fit: needs {size(need)}, {size(need - capacity)} more than the {size(capacity)} "
+    line += f"of {source}"
+    if breakdown["runtime"] >= capacity:
+        return (
+            f"{line}; the runtime alone (what the process holds before the model: interpreter, libraries, "
+            f"data) is {size(breakdown['runtime'])}, over that already: nothing can fit"
+        )
+    if not suggestions:
+        return f"{line}; nothing gpuforge can suggest fits under it"
+    return f"{line}; would fit with " + " / ".join(suggestions)
+
+
+def check_memory_budget(job: Job) -> None:
+    """Refuse a job whose predicted peak is over resources.max_memory, with `gpuforge plan`'s verdict.
+    Cheap: the same two trial passes as the plan, no steps timed. batch_size: auto is sized under the
+    budget already; FSDP shards what the estimate counts whole, so it is not held to it here."""
+    spec = job.spec
+    if not spec.resources.max_memory or job.search is not None or spec.distributed.strategy == "fsdp":
+        return
+    if job.device.type not in ("cuda", "cpu") or (job.device.type == "cpu" and not _can_measure_cpu()):
+        return  # nothing to measure with (MPS, no Linux /proc): `gpuforge plan` says so; the run goes on
+    budget = parse_bytes(spec.resources.max_memory)
+    probe = MemoryProbe(job.built, job.task, job.data.train, job.precision, job.device)
+    memory = measure_memory(probe, job.order.global_batch, budget)
+    breakdown = memory_breakdown(job.module, memory, job.micro)
+    if breakdown["total"] > budget:
+        suggestions = what_would_fit(job, memory, breakdown, budget)
+        raise GpuforgeError(fit_verdict(breakdown, budget, "resources.max_memory", suggestions))
+
+
+def lora_trainable_bytes(module: torch.nn.Module) -> int | None:
+    """Bytes of LoRA factors (rank 8 on the default targets) plus a classification head, if any."""
+    try:
+        targets = resolve_targets(module, list(DEFAULT_TARGETS))
+    except Exception:
+        return None
+    modules = dict(module.named_modules())
+    count = 0
+    for name in targets:
+        m = modules[name]
+        if isinstance(m, ADAPTABLE) and hasattr(m, "weight"):
+            out_features, in_features = m.weight.shape[0], m.weight.shape[-1]
+            count += LORA_RANK_FOR_ADVICE * (in_features + out_features)
+    head = next(
+        (modules[n] for n in adaptable_names(module) if n.split(".")[-1] in ("classifier", "score")), None
+    )
+    if head is not None:
+        count += sum(p.numel() for p in head.parameters())
+    return count * 4

@@ -33,6 +33,7 @@ from gpuforge.hardware.probe import device_name, peak_memory_bytes, reset_peak_m
 from gpuforge.runs import ReaderRunDir, RunDir
 from gpuforge.spec import JobSpec
 from gpuforge.train import tasks
+from gpuforge.train.batch import check_memory_budget
 from gpuforge.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gpuforge.train.metrics import FlopModel, StepClock, optimizer_state_bytes, usd
 from gpuforge.train.precision import autocast, make_scaler
@@ -72,6 +73,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
 
     # --- device, precision, data, model, batch: everything that can fail on bad input, before any write ---
     job = build_job(spec, resume_meta, ranks)
+    check_memory_budget(job)  # resources.max_memory: refused here with `gpuforge plan`'s verdict
     device, precision, task, built, module = job.device, job.precision, job.task, job.built, job.module
     data, tokenizer, order, search = job.data, job.tokenizer, job.order, job.search
     micro, total_steps = job.micro, job.total_steps

@@ -27,8 +27,19 @@ def _duration(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
+def eval_figure(record: dict[str, Any]) -> str | None:
+    """The headline of an evaluation in a metrics record (`eval acc 0.812`), or None if it has none."""
+    if record.get("eval_accuracy") is not None:
+        return f"eval acc {record['eval_accuracy']:.3f}"
+    if record.get("eval_perplexity") is not None:
+        return f"eval ppl {record['eval_perplexity']:.2f}"
+    if record.get("eval_loss") is not None:
+        return f"eval loss {record['eval_loss']:.4f}"
+    return None
+
+
 class RichReporter(Reporter):
-    """step, loss, samples/s, ETA and cost so far, on one live line."""
+    """step, loss, the latest eval, samples/s, ETA and cost so far, on one live line."""
 
     def __init__(self, console: Console | None = None):
         self.console = console or Console(stderr=True)
@@ -39,6 +50,7 @@ class RichReporter(Reporter):
             TextColumn("step {task.completed:>5.0f}/{task.total:.0f}"),
             BarColumn(),
             TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[eval]}"),  # empty until the first evaluation
             TextColumn("{task.fields[speed]} samples/s"),
             TextColumn("ETA {task.fields[eta]}"),
             TextColumn("${task.fields[cost]}"),
@@ -46,7 +58,14 @@ class RichReporter(Reporter):
             transient=False,
         )
         self.task = self.progress.add_task(
-            "train", total=total_steps, completed=start_step, loss="-", speed="-", eta="--:--", cost="0"
+            "train",
+            total=total_steps,
+            completed=start_step,
+            loss="-",
+            eval="",
+            speed="-",
+            eta="--:--",
+            cost="0",
         )
         self.progress.start()
 
@@ -54,6 +73,8 @@ class RichReporter(Reporter):
         if self.progress is None:
             return
         loss = record.get("loss")
+        if figure := eval_figure(record):  # a record has one only at an evaluation step: the bar keeps it
+            self.progress.update(self.task, eval=figure)
         self.progress.update(
             self.task,
             completed=record["step"],

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 
+from gpuforge import quiet
 from gpuforge.distributed.ranks import Ranks
 from gpuforge.errors import GpuforgeError, TrainingFailed
 from gpuforge.spec import load_spec
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("spec")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if not quiet.verbose():  # as `gpuforge` itself: before torch's and transformers' heavy imports below
+        quiet.quiet_third_party()
     _stop_with_launcher()
     ranks = Ranks.from_env()
     handler = logging.StreamHandler()  # gpuforge's own lines, tagged: the ranks share one stderr

@@ -1,7 +1,8 @@
 """Deployments: serve a finished job's model with N replicas, and forward requests to them.
 
     POST   /api/v1/deployments                 {"job_id", "name", "replicas", "options"}
-    GET    /api/v1/deployments[/{name}]
+    GET    /api/v1/deployments[?all=true]         live ones (all: stopped and failed ones too)
+    GET    /api/v1/deployments/{name}
     DELETE /api/v1/deployments/{name}          (undeploy: replicas finish what they hold, then stop)
     POST   /api/v1/deployments/{name}/predict  forwarded to the least loaded ready replica
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Annotated
 
 import httpx
-from fastapi import APIRouter, HTTPException, Request, Response, status
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -29,7 +30,7 @@ from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.schemas import DeploymentCreate, DeploymentPublic
 from gpuforge.store.db import session
 from gpuforge.store.keys import digest
-from gpuforge.store.models import ApiKey, Deployment, Job, utcnow
+from gpuforge.store.models import LIVE_DEPLOYMENT_STATES, ApiKey, Deployment, Job, utcnow
 from gpuforge.store.quotas import check_deployment
 
 router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"])
@@ -107,9 +108,16 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
 
 
 @router.get("", response_model=list[DeploymentPublic])
-def list_deployments(request: Request, key: Key) -> list[DeploymentPublic]:
-    """Deployments, newest first: your own, or everyone's with an admin key."""
+def list_deployments(
+    request: Request,
+    key: Key,
+    every: Annotated[bool, Query(alias="all", description="the stopped and failed ones too")] = False,
+) -> list[DeploymentPublic]:
+    """Live deployments, newest first (?all=true: with the stopped and failed): your own, or everyone's
+    with an admin key."""
     query = select(Deployment).order_by(Deployment.id.desc())
+    if not every:
+        query = query.where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES))
     if not key.admin:
         query = query.where(Deployment.owner_id == key.id)
     with session(request.app.state.engine) as s:
@@ -161,9 +169,9 @@ async def predict(name: Name, request: Request, key: Key) -> Response:
         answer = await request.app.state.http.post(
             f"http://127.0.0.1:{worker['port']}/predict",
             content=await request.body(),
-            headers={"content-type": request.headers.get("content-type", "application/json"),
-                     "authorization": f"Bearer {key_of_replicas}"},
-        )  # fmt: skip
+            # JSON whatever the client said (`curl -d` says a form): the replica reads JSON alone
+            headers={"content-type": "application/json", "authorization": f"Bearer {key_of_replicas}"},
+        )
     except httpx.HTTPError as err:
         raise HTTPException(
             status.HTTP_502_BAD_GATEWAY, f"replica {worker['index']}: {type(err).__name__}"

@@ -7,13 +7,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, undefer
 from starlette.background import BackgroundTask
 
-from gpuforge.errors import GpuforgeError
+from gpuforge.data.columns import check_columns
+from gpuforge.errors import GpuforgeError, ModelError
 from gpuforge.server.auth import Key
 from gpuforge.server.follow import REVOKED, follow, log_tail, metrics_page
 from gpuforge.server.refusals import quota_refusal
@@ -21,7 +24,8 @@ from gpuforge.server.schemas import EventPublic, JobCreate, JobPublic, JobResume
 from gpuforge.server.settings import job_policy
 from gpuforge.spec import JobSpec, parse_spec
 from gpuforge.store.db import session
-from gpuforge.store.models import ApiKey, Event, Job, utcnow
+from gpuforge.store.ingest import in_users_names
+from gpuforge.store.models import MAX_IDEMPOTENCY_KEY, ApiKey, Event, Job, utcnow
 from gpuforge.store.quotas import check_job
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -53,11 +57,32 @@ def _parse(body: JobCreate, request: Request, key: ApiKey) -> JobSpec:
         base = settings.roots[0] if settings.roots else settings.home
         spec = parse_spec(raw, base, default_name=body.name or "job")
         job_policy(settings, key).check_spec(spec)
+        _check_inputs(spec)
     except yaml.YAMLError as err:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"spec: not valid YAML: {err}") from err
-    except GpuforgeError as err:  # SpecError, or a ModelError of the source (an unknown bundled model)
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from err
+    except GpuforgeError as err:  # SpecError, DataError, or a ModelError of the source (no such model)
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, in_users_names(str(err), body.files)
+        ) from err
+    named = {str(path) for _, path in spec.file_references()}
+    if stray := sorted(set(body.files or {}) - named):  # it renames in messages only the spec's own files
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, f"files: {stray[0]} is not a file the spec names"
+        )
     return spec
+
+
+def _check_inputs(spec: JobSpec) -> None:
+    """What the runner would refuse in its first second, refused now instead of a job that starts and
+    fails: its data files and their columns (read no further than the first record), an hf: model's
+    directory (the same words as models/hf.py)."""
+    check_columns(spec)
+    scheme, _, rest = spec.model.source.partition(":")
+    if scheme == "hf":
+        if not Path(rest).is_dir():
+            raise ModelError(f"model.source: {rest}: no such directory (gpuforge never downloads models)")
+        if not (Path(rest) / "config.json").is_file():
+            raise ModelError(f"model.source: {rest}: no config.json, not a saved transformers model")
 
 
 def _device_type(spec: JobSpec, request: Request) -> str:
@@ -67,10 +92,30 @@ def _device_type(spec: JobSpec, request: Request) -> str:
     return wanted
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic)
-def submit(body: JobCreate, request: Request, key: Key) -> Job:
-    """Validate a spec and queue it; a spec that fails validation is refused (422), never queued, and so
-    is one past its key's quotas (max_priority: 422; max_queued: 429)."""
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=r"^[!-~]+$",  # printable ASCII, no spaces: a UUID is the usual one
+        max_length=MAX_IDEMPOTENCY_KEY,
+        description="a key of the client's choosing, new for each job: a submit sent again with the same "
+        "key (its answer was lost) answers 200 with the job the first one queued, never a second job",
+    ),
+]
+SUBMIT_ANSWERS = {
+    200: {"model": JobPublic, "description": "this Idempotency-Key's job, queued by an earlier submit"},
+    409: {"description": "this Idempotency-Key was used already, for another spec"},
+}
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic, responses=SUBMIT_ANSWERS)
+def submit(
+    body: JobCreate, request: Request, response: Response, key: Key, idempotency_key: IdempotencyKey = None
+) -> Job:
+    """Validate a spec and queue it (201); a spec that fails validation is refused (422), never queued, and
+    so is one past its key's quotas (max_priority: 422; max_queued: 429). With an Idempotency-Key a submit
+    is safe to send again: the same key (of the same API key) and the same request answer 200 with the
+    job the first one queued; the same key with another spec, name or priority answers 409."""
     spec = _parse(body, request, key)
     device_type = _device_type(spec, request)
     have = [d.id for d in request.app.state.devices if d.kind == device_type]
@@ -83,23 +128,61 @@ def submit(body: JobCreate, request: Request, key: Key) -> Job:
             + ("; CPU slots are set by GPUFORGE_CPU_SLOTS)" if device_type == "cpu" else ")"),
         )
     priority = body.priority if body.priority is not None else spec.priority
-    with session(request.app.state.engine) as s:
-        with quota_refusal():  # max_priority (422) and max_queued (429), counted in this transaction
-            check_job(s, key, priority)
-        job = Job(
-            name=body.name or spec.name,
-            owner_id=key.id,
-            priority=priority,
-            device_type=device_type,
-            devices_wanted=spec.resources.devices,
-            spec_yaml=spec.to_yaml(),
-            run_dir="",
-        )
-        s.add(job)
-        s.flush()
-        job.run_dir = str(request.app.state.settings.runs_dir / f"job-{job.id}")
+    job = Job(
+        name=body.name or spec.name,
+        owner_id=key.id,
+        priority=priority,
+        device_type=device_type,
+        devices_wanted=spec.resources.devices,
+        spec_yaml=spec.to_yaml(),
+        run_dir="",
+        idempotency_key=idempotency_key,
+        files=body.files,
+    )
+    if idempotency_key is not None and (earlier := _earlier(request, key, idempotency_key)) is not None:
+        return _replayed(earlier, job, response)  # before the quotas: a job queued already counts once
+    try:
+        with session(request.app.state.engine) as s:
+            with quota_refusal():  # max_priority (422) and max_queued (429), counted in this transaction
+                check_job(s, key, priority)  # it also holds the key's row: its submits go one at a time
+            if idempotency_key is not None and (earlier := _earlier(s, key, idempotency_key)) is not None:
+                return _replayed(earlier, job, response)  # committed while this one waited for the row
+            s.add(job)
+            s.flush()
+            job.run_dir = str(request.app.state.settings.runs_dir / f"job-{job.id}")
+    except IntegrityError:  # the unique (owner, idempotency key) held against a submit at the same moment
+        if idempotency_key is None or (earlier := _earlier(request, key, idempotency_key)) is None:
+            raise
+        return _replayed(earlier, job, response)
     _wake(request)
     return job
+
+
+def _earlier(where: Request | Session, key: ApiKey, idempotency_key: str) -> Job | None:
+    """The job this key's submit with `idempotency_key` queued, if one did (with its spec loaded)."""
+    query = (
+        select(Job)
+        .where(Job.owner_id == key.id, Job.idempotency_key == idempotency_key)
+        .options(undefer(Job.spec_yaml))
+    )
+    if isinstance(where, Session):
+        return where.scalar(query)
+    with session(where.app.state.engine) as s:
+        return s.scalar(query)
+
+
+def _replayed(earlier: Job, asked: Job, response: Response) -> Job:
+    """The job an earlier submit with this Idempotency-Key queued (200), when this one asks for the same
+    job: the same resolved spec, name, priority and files; 409 when it asks for another."""
+    fields = ("spec_yaml", "name", "priority", "files")
+    if any(getattr(earlier, f) != getattr(asked, f) for f in fields):
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"Idempotency-Key {asked.idempotency_key!r}: already used for job {earlier.id}, which asked for "
+            "another spec, name or priority; send a new key for a new job",
+        )
+    response.status_code = status.HTTP_200_OK
+    return earlier
 
 
 def _wake(request: Request) -> None:
