@@ -89,3 +89,31 @@ def test_a_confined_process_still_loads_what_gpuforge_ships(tmp_path, monkeypatc
     assert load_tokenizer("bundled:minilm", "sequence-classification", None) is not None
     with pytest.raises(SpecError, match="data.tokenizer: /usr is outside"):
         load_tokenizer("bundled:minilm", "sequence-classification", "hf:/usr")
+
+
+def test_a_serving_worker_holds_to_its_policy_whatever_the_manifest_says(
+    tmp_path, monkeypatch, tiny_bert_dir
+):
+    """A model directory's gpuforge.json is a file: one edited to ask for the directory's own code, or to
+    name weights elsewhere, is refused where the worker loads it."""
+    import json
+    import shutil
+
+    from gpuforge.artifact import load_artifact
+    from gpuforge.errors import ModelError
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_bert_dir, model_dir)
+    manifest = {"format": "transformers", "kind": "full", "task": "sequence-classification",
+                "source": f"hf:{tiny_bert_dir}", "options": {}, "tokenizer": "saved"}  # fmt: skip
+    (model_dir / "gpuforge.json").write_text(json.dumps(manifest))
+    assert load_artifact(model_dir)[2]["task"] == "sequence-classification"  # as trained: loads
+    for name, value in Policy(user_code=False, roots=(tmp_path,)).environment().items():
+        monkeypatch.setenv(name, value)
+    (model_dir / "gpuforge.json").write_text(json.dumps({**manifest, "options": {"trust_remote_code": True}}))
+    with pytest.raises(SpecError, match="model.options.trust_remote_code: runs the model directory"):
+        load_artifact(model_dir)
+    quantized = {**manifest, "compression": {"quantize": {"kind": "int8", "skip": []}}, "weights": "../x.pt"}
+    (model_dir / "gpuforge.json").write_text(json.dumps(quantized))
+    with pytest.raises(ModelError, match="names weights outside the directory"):
+        load_artifact(model_dir)

@@ -160,7 +160,9 @@ class CompressSpec(Section):
 class ResourcesSpec(Section):
     devices: int = Field(1, ge=1)
     device_type: Literal["auto", "cuda", "mps", "cpu"] = "auto"
-    max_memory: str | None = Field(None, description="memory budget, e.g. 8GiB, for planners that cannot ask")
+    max_memory: str | None = Field(
+        None, description="memory budget, e.g. 8GiB: the batch search's; plan and train refuse a job over it"
+    )
 
     @field_validator("max_memory")
     @classmethod

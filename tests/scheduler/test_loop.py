@@ -212,3 +212,44 @@ def test_a_re_attached_runner_is_judged_by_its_logs_last_line_and_ends_are_logge
     assert ended["finished"] == ("finished", None)
     said = [r.getMessage() for r in caplog.records]
     assert "job 3: finished" in said and "job 1: failed (data.train: mine.csv: holds no records)" in said
+
+
+def test_a_replica_gets_its_owners_policy_and_a_key_the_store_keeps_only_the_digest_of(tmp_path, monkeypatch):
+    """What a deployment's replica is started with: never the server's secrets, its owner's policy, and
+    the key whose sha256 alone the store holds."""
+    import hashlib
+
+    from gpuforge.scheduler.allocator import DeviceInfo
+    from gpuforge.scheduler.loop import Scheduler
+    from gpuforge.scheduler.worker_keys import load_secret, worker_key
+    from gpuforge.server.settings import Settings, job_policy
+    from gpuforge.store.db import connect, migrate, session
+    from gpuforge.store.models import ApiKey, Deployment, utcnow
+
+    monkeypatch.setenv("GPUFORGE_ADMIN_KEY", "gf_" + "s" * 40)  # the server's secrets, in its environment
+    monkeypatch.setenv("GPUFORGE_DB", "postgresql://user:pw@db/gpuforge")
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    settings = Settings(home=tmp_path / "home", db=store, data_roots=str(tmp_path / "data"))
+    settings.make_home()
+    engine = connect(settings.db_url)
+    migrate(engine)
+    secret = load_secret(settings.home)
+    device = DeviceInfo("cpu:0", "cpu", "a CPU slot", threads=1)
+    policy_of = lambda key: job_policy(settings, key)  # noqa: E731 (as the server passes it)
+    scheduler = Scheduler(engine, [device], policy_of=policy_of, worker_secret=secret)
+    with session(engine) as s:
+        for admin in (False, True):
+            owner = ApiKey(name=f"owner-{admin}", digest=f"{admin:064d}", admin=admin)
+            s.add(owner)
+            s.flush()
+            deployment = Deployment(name=f"d-{admin}", owner_id=owner.id, model_dir="m", worker_key="",
+                                    created_at=utcnow(), workers=[])  # fmt: skip
+            s.add(deployment)
+            s.flush()
+            deployment.worker_key = hashlib.sha256(worker_key(secret, deployment).encode()).hexdigest()
+            env = scheduler.replica_env(s, deployment, device)
+            assert env["GPUFORGE_USER_CODE"] == ("1" if admin else "0")
+            assert str(tmp_path / "data") in env["GPUFORGE_CONFINE_ROOTS"]
+            assert hashlib.sha256(env["GPUFORGE_API_KEY"].encode()).hexdigest() == deployment.worker_key
+            assert not {"GPUFORGE_ADMIN_KEY", "GPUFORGE_DB"} & set(env)
+    engine.dispose()
