@@ -12,8 +12,8 @@ from gpuforge.serve.worker import ServeConfig, create_worker
 from gpuforge.spec import load_spec
 from gpuforge.train import tasks
 from gpuforge.train.engine import train
-from tests.conftest import ROOT, TOPICS, write_spec
-from tests.serve.tiny_runs import train_topics
+from tests.conftest import TOPICS, write_spec
+from tests.serve.tiny_runs import train_digits, train_topics
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +23,7 @@ def text_model(tmp_path_factory, tiny_bert_dir):
 
 @pytest.fixture(scope="module")
 def digits_model(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve-digits")
-    spec = load_spec(ROOT / "examples" / "digits-cnn.yaml", ["train.max_steps=10", "train.precision=fp32"])
-    train(spec, tmp / "run")
-    return tmp / "run" / "model"
+    return train_digits(tmp_path_factory.mktemp("serve-digits"), 10)
 
 
 def _client(model_dir, **options):

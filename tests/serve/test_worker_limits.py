@@ -14,11 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuforge.serve.worker import ServeConfig, create_worker
-from gpuforge.spec import load_spec
-from gpuforge.train.engine import train
-from tests.conftest import ROOT
 from tests.serve.test_serve_cli import _serve
-from tests.serve.tiny_runs import train_gpt
+from tests.serve.tiny_runs import train_digits, train_gpt
 
 KEY = "gf_worker-key-0123456789abcdef"
 GIB = 1 << 30
@@ -26,10 +23,7 @@ GIB = 1 << 30
 
 @pytest.fixture(scope="module")
 def digits_model(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("limits-digits")
-    spec = load_spec(ROOT / "examples" / "digits-cnn.yaml", ["train.max_steps=4", "train.precision=fp32"])
-    train(spec, tmp / "run")
-    return tmp / "run" / "model"
+    return train_digits(tmp_path_factory.mktemp("limits-digits"), 4)
 
 
 @pytest.fixture(scope="module")

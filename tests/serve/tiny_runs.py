@@ -1,11 +1,12 @@
 """Tiny trained runs the serving tests share, seconds each: a topics classifier on a 2-layer, 32-wide BERT
-(conftest's tiny_bert_dir) and a 2-layer, 32-wide GPT (bundled:gpt-tiny) on a few lines of code."""
+(conftest's tiny_bert_dir), a 2-layer, 32-wide GPT (bundled:gpt-tiny) on a few lines of code, and the
+digits example's CNN."""
 
 from pathlib import Path
 
 from gpuforge.spec import load_spec
 from gpuforge.train.engine import train
-from tests.conftest import TOPICS, write_spec
+from tests.conftest import ROOT, TOPICS, write_spec
 
 
 def train_topics(tmp: Path, tiny_bert_dir: Path) -> Path:
@@ -32,4 +33,13 @@ def train_gpt(tmp: Path, name: str = "gpt-limits") -> Path:
         "train": {"max_steps": 2, "batch_size": 4, "precision": "fp32"},
     }
     train(load_spec(write_spec(tmp / "spec.yaml", raw)), tmp / "run")
+    return tmp / "run" / "model"
+
+
+def train_digits(tmp: Path, steps: int) -> Path:
+    """A run's model/ directory: the digits example's CNN after `steps` steps, in fp32."""
+    spec = load_spec(
+        ROOT / "examples" / "digits-cnn.yaml", [f"train.max_steps={steps}", "train.precision=fp32"]
+    )
+    train(spec, tmp / "run")
     return tmp / "run" / "model"
