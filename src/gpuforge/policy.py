@@ -60,25 +60,25 @@ class Policy:
         if self.roots is None:
             return
         path = Path(path)
-        self._inside(field, path, path)
+        roots = [r.resolve() for r in self.roots]  # once a check, not once a file of a directory
+        places = [*roots, *(e.resolve() for e in self.excluded)]
+        self._inside(field, path, path, roots, places)
         if path.is_dir():
             for count, child in enumerate(_walk(path)):
                 if count >= MAX_FILES_CHECKED:
                     raise SpecError(f"{field}: {path} holds over {MAX_FILES_CHECKED} files")
-                self._inside(field, path, child)
+                self._inside(field, path, child, roots, places)
 
-    def _inside(self, field: str, named: Path, path: Path) -> None:
+    @staticmethod
+    def _inside(field: str, named: Path, path: Path, roots: list[Path], places: list[Path]) -> None:
         through = "" if path == named else f" (through {path})"
         try:
             real = path.resolve()
         except (OSError, RuntimeError) as err:  # a symlink loop, on Python < 3.13 a RuntimeError
             raise SpecError(f"{field}: {named}{through} cannot be resolved ({err})") from None
-        roots = [r.resolve() for r in self.roots or ()]
         # the nearest of the roots and the excluded places that holds it decides: a root inside an
         # excluded place (uploads in the server's home) is readable, the rest of that place is not
-        holders = [
-            p for p in [*roots, *(e.resolve() for e in self.excluded)] if p == real or p in real.parents
-        ]
+        holders = [p for p in places if p == real or p in real.parents]
         nearest = max(holders, key=lambda p: len(p.parts), default=None)
         if nearest is None or nearest not in roots:
             allowed = ", ".join(map(str, roots)) or "none configured (GPUFORGE_DATA_ROOTS)"

@@ -38,7 +38,8 @@ def tokenizer(source: str):
 
 
 def build(request: ModelRequest) -> BuiltModel:
-    return load_transformers_model(_model_dir(request.source), request, f"hf:{_model_dir(request.source)}")
+    path = _model_dir(request.source)  # checked once: it walks the directory under a server's roots
+    return load_transformers_model(path, request, f"hf:{path}")
 
 
 def load_transformers_model(path: Path, request: ModelRequest, name: str) -> BuiltModel:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from gpuforge.store.models import ApiKey
 
 GiB = 2**30
-INT32 = 2**31 - 1
+INT32 = 2**31 - 1  # ids and counts past it fit no store's integer column (the API refuses them: 422)
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,9 @@ from gpuforge.spec import JobSpec, parse_spec
 from gpuforge.store.db import session
 from gpuforge.store.ingest import in_users_names
 from gpuforge.store.models import MAX_IDEMPOTENCY_KEY, ApiKey, Event, Job, utcnow
-from gpuforge.store.quotas import check_job
+from gpuforge.store.quotas import INT32, check_job
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
-INT32 = 2**31 - 1  # ids and counts past it fit no store's integer column: refused as bad input (422)
 JobId = Annotated[int, PathParam(ge=1, le=INT32, description="the job's id")]
 FINAL_STATES = ("finished", "failed", "cancelled")
 MAX_SPEC_BYTES = 256 * 2**10  # a spec is a page of YAML; its data travel as uploads
