@@ -37,11 +37,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from gpuforge.artifact import load_artifact  # noqa: E402
+from gpuforge.artifact.origin import open_source  # noqa: E402
 from gpuforge.compress import pipeline  # noqa: E402
 from gpuforge.compress.pipeline import CompressOptions  # noqa: E402
 from gpuforge.compress.report import batch_of  # noqa: E402
 from gpuforge.models.base import BuiltModel  # noqa: E402
-from gpuforge.train import tasks  # noqa: E402
+from gpuforge.runtime import tasks  # noqa: E402
 
 WIDTHS = (30, 10, 11, 20, 10, 8)
 JOBS = {"digits-cnn": "digits-cnn.yaml", "minilm-topics": "minilm-topics.yaml"}
@@ -110,7 +111,7 @@ def main() -> None:
     results, checks = {}, []
     for job in args.jobs:
         model_dir = trained_model(runs, job)
-        source = pipeline.open_source(model_dir)
+        source = open_source(model_dir)
         chosen = variants(args.recover_steps)
         out = runs / job / "bench-variants"
         rows = pipeline.run_variants(source, [options for options, _ in chosen], out)

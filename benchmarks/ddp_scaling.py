@@ -26,7 +26,7 @@ another developer's tests, where the 2 processes went from 0.72 to 1.05-1.85 s),
 efficiency can come out above 1: read it with the load columns. The two final losses differ a little:
 GPT-2 has dropout, and rank 1 draws its own masks.
 
-Part B, compression on a slow link: a ThrottledLink (gpuforge.distributed.throttle: two network
+Part B, compression on a slow link: a ThrottledLink (gpuforge.launch.throttle: two network
 namespaces joined by a veth pair shaped by tbf to --rate-mbit each way) with rank 0 in one namespace and
 rank 1 in the other, each started here as `python -m gpuforge.train.rank SPEC --out RUN` with the
 torchrun variables set by hand (RANK, WORLD_SIZE 2, LOCAL_RANK 0, LOCAL_WORLD_SIZE 1, MASTER_ADDR rank 0's
@@ -81,7 +81,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpuforge.distributed.throttle import ThrottledLink, can_throttle  # noqa: E402
+from gpuforge.launch.throttle import ThrottledLink, can_throttle  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "gpt-docstrings.yaml"
 KINDS = ("none", "fp16", "powersgd")

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from gpuforge.compress.prune import magnitude_prune, to_semi_structured  # noqa: E402
-from gpuforge.compress.quantize import quantize_model, tensor_bytes  # noqa: E402
+from gpuforge.weights.quantize import quantize_model, tensor_bytes  # noqa: E402
 
 
 def stack(layers: int, width: int) -> nn.Sequential:

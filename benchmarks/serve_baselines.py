@@ -14,7 +14,7 @@ input (truncated to the model's max_length) and answer like gpuforge serve:
 {"model", "outputs": [{"label", "score", "scores"}]}; both run in fp32 (gpuforge serve --precision fp32).
 ceiling: samples/s of the model's own batched forward with no server, at batch 32 on the sentences of
 examples/data/topics.jsonl tokenized once per batch (padded per batch), under torch.inference_mode, at
-fp32 and bf16 autocast (and int8-dynamic through gpuforge.compress.quantize.quantize_model, what
+fp32 and bf16 autocast (and int8-dynamic through gpuforge.weights.quantize.quantize_model, what
 `gpuforge serve --quantize int8-dynamic` runs); also the server's own batch path with no HTTP
 (gpuforge.serve.predict.Predictor.run_batch: tokenize, forward, softmax, result dicts). Precisions are
 measured in alternating rounds and the median round is reported, as JSON on stdout.
@@ -181,7 +181,7 @@ def ceiling(model_dir: str, seconds: float, rounds: int, int8_dynamic: bool) -> 
     chunks = [c for c in chunks if len(c) == MAX_BATCH] or chunks
     models = {"fp32": Model(model_dir, "fp32"), "bf16": Model(model_dir, "bf16")}
     if int8_dynamic:
-        from gpuforge.compress.quantize import quantize_model
+        from gpuforge.weights.quantize import quantize_model
 
         models["int8-dynamic"] = Model(model_dir, "fp32")
         quantize_model(models["int8-dynamic"].module, "int8-dynamic")

@@ -70,7 +70,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpuforge.server.local import free_port  # noqa: E402
+from gpuforge.runtime.host import free_port  # noqa: E402
 
 BASELINES = ROOT / "benchmarks" / "serve_baselines.py"
 SPEC = ROOT / "examples" / "minilm-topics.yaml"

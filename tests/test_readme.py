@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gpuforge.server.local import free_port, wait_until_ready
+from gpuforge.runtime.host import free_port
+from gpuforge.server.local import wait_until_ready
 from tests.conftest import ROOT
 from tests.serve.tiny_runs import train_gpt, train_topics
 

@@ -1,5 +1,5 @@
 """The HTTP client behind `gpuforge submit | jobs | job | cancel | resume | logs | keys`:
-GPUFORGE_URL (or --url) and GPUFORGE_API_KEY (or the key cli_server.py read from --api-key-file), errors
+GPUFORGE_URL (or --url) and GPUFORGE_API_KEY (or the key cli/server.py read from --api-key-file), errors
 as one line.
 
 `submit` sends the local files a spec names (data.train, data.eval, a `python:` model's .py file) to the

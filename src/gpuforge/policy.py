@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuforge.errors import SpecError
-from gpuforge.spec import JobSpec
 
 USER_CODE_ENV = "GPUFORGE_USER_CODE"
 ROOTS_ENV = "GPUFORGE_CONFINE_ROOTS"
@@ -83,15 +82,6 @@ class Policy:
         if nearest is None or nearest not in roots:
             allowed = ", ".join(map(str, roots)) or "none configured (GPUFORGE_DATA_ROOTS)"
             raise SpecError(f"{field}: {named}{through} is outside the server's data roots ({allowed})")
-
-    def check_spec(self, spec: JobSpec) -> None:
-        """A SpecError unless the spec holds to this policy: its model options (python: models and
-        trust_remote_code need user code) and every file it names."""
-        from gpuforge.models import checked_options  # here: models/ imports this module
-
-        checked_options(spec.model.source, spec.model.options, self.user_code)
-        for field, path in spec.file_references():
-            self.check_path(field, path)
 
 
 def _walk(directory: Path) -> Iterable[Path]:

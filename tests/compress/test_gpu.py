@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from gpuforge.compress.prune import magnitude_prune, to_semi_structured
-from gpuforge.compress.quantize import quantize_model, tensor_bytes
+from gpuforge.weights.quantize import quantize_model, tensor_bytes
 
 pytestmark = pytest.mark.gpu
 

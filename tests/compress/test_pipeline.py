@@ -6,15 +6,16 @@ import pytest
 import torch
 
 from gpuforge.artifact import load_artifact
+from gpuforge.artifact.origin import open_source
 from gpuforge.compress.pipeline import (
     CompressError,
     CompressOptions,
     compress,
     make_variant,
-    open_source,
     save_variant,
     sweep,
 )
+from gpuforge.errors import GpuforgeError
 from gpuforge.spec import load_spec
 from gpuforge.train.engine import train
 from tests.conftest import ROOT, run_cli, write_spec
@@ -119,7 +120,7 @@ def test_channel_pruning_of_a_python_model_reloads_through_its_builder(tmp_path,
 
 
 def test_bad_requests_name_what_is_wrong(tmp_path, digits_run):
-    with pytest.raises(CompressError, match="not a gpuforge model directory"):
+    with pytest.raises(GpuforgeError, match="not a gpuforge model directory"):
         compress(tmp_path, CompressOptions(prune=0.5), tmp_path / "x")
     with pytest.raises(CompressError, match="2:4 removes exactly half"):
         compress(digits_run, CompressOptions(prune=0.3, prune_structure="2:4"), tmp_path / "x")

@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from gpuforge.compress.quantize import (
+from gpuforge.errors import GpuforgeError
+from gpuforge.weights.quantize import (
     QUANT_KINDS,
     load_quantized,
     quantize_model,
     save_quantized,
     tensor_bytes,
 )
-from gpuforge.compress.weight_only import QuantizedLinear
-from gpuforge.errors import GpuforgeError
+from gpuforge.weights.weight_only import QuantizedLinear
 
 # kind -> (max relative error of the outputs, bytes of a quantized weight / its fp32 bytes: low, high).
 # Relative errors measured on the MLP below over seeds 0-9 (torchao 0.18, CPU): int8 0.005-0.007,

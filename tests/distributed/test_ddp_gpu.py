@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpuforge.distributed.launch import launch_local
+from gpuforge.launch.job import launch_local
 from gpuforge.runs import RunDir
 from gpuforge.spec import parse_spec
 

@@ -4,7 +4,7 @@ import torch
 
 from gpuforge.hardware.bench import cache_dir, peak_flops
 from gpuforge.hardware.probe import device_name, peak_memory_bytes, select_device
-from gpuforge.train.precision import choose_precision
+from gpuforge.runtime.precision import choose_precision
 
 
 def test_auto_device_follows_cuda_then_mps_then_cpu():

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from gpuforge.server.local import LocalServer, free_port
+from gpuforge.runtime.host import free_port
+from gpuforge.server.local import LocalServer
 from tests.conftest import ROOT, run_cli
 
 

@@ -6,7 +6,8 @@ import signal
 import time
 
 from gpuforge.child_env import child_environment
-from gpuforge.scheduler.executor import cancel, is_alive, launch
+from gpuforge.runtime.host import is_alive
+from gpuforge.scheduler.executor import cancel, launch
 from tests.conftest import image_spec, write_spec
 
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from gpuforge.runtime.precision import choose_precision
 from gpuforge.serve.generate import GenerationEngine, SamplingParams
 from gpuforge.serve.predict import Predictor
-from gpuforge.train.precision import choose_precision
 
 pytestmark = pytest.mark.gpu
 

@@ -12,7 +12,8 @@ import time
 import httpx
 import pytest
 
-from gpuforge.server.local import LocalServer, free_port, wait_until_ready
+from gpuforge.runtime.host import free_port
+from gpuforge.server.local import LocalServer, wait_until_ready
 from gpuforge.spec import load_spec
 from gpuforge.train.engine import train
 from tests.conftest import ROOT, run_cli

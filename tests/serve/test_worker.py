@@ -8,9 +8,9 @@ import torch
 from fastapi.testclient import TestClient
 
 from gpuforge.artifact import built_from, load_artifact
+from gpuforge.runtime import tasks
 from gpuforge.serve.worker import ServeConfig, create_worker
 from gpuforge.spec import load_spec
-from gpuforge.train import tasks
 from gpuforge.train.engine import train
 from tests.conftest import TOPICS, write_spec
 from tests.serve.tiny_runs import train_digits, train_topics
@@ -194,7 +194,8 @@ def test_quantized_at_load_still_answers(text_model):
 
 @pytest.mark.parametrize("kind", ["int8", "int8-dynamic"])
 def test_info_names_the_quantization_a_compressed_variant_carries(digits_model, tmp_path, kind):
-    from gpuforge.compress.pipeline import CompressOptions, make_variant, open_source, save_variant
+    from gpuforge.artifact.origin import open_source
+    from gpuforge.compress.pipeline import CompressOptions, make_variant, save_variant
 
     built, tokenizer, manifest = make_variant(open_source(digits_model), CompressOptions(quantize=kind))
     save_variant(built, tokenizer, manifest, tmp_path / "variant")

@@ -9,10 +9,10 @@ from gpuforge.errors import SpecError
 from gpuforge.models import ModelRequest, build_model, load_tokenizer
 from gpuforge.models.base import BuiltModel
 from gpuforge.runs import RunDir
+from gpuforge.runtime.precision import Precision
 from gpuforge.spec import LoraSpec, parse_spec
 from gpuforge.train.adapt import apply_lora, resolve_targets
 from gpuforge.train.engine import evaluate, train
-from gpuforge.train.precision import Precision
 from tests.conftest import TEST_MODELS, image_spec
 from tests.train.test_engine import SignalAt
 

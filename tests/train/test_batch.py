@@ -6,10 +6,10 @@ from gpuforge.data import prepare_data
 from gpuforge.errors import GpuforgeError, SpecError
 from gpuforge.models import ModelRequest, build_model, load_tokenizer
 from gpuforge.runs import RunDir
+from gpuforge.runtime.precision import Precision
 from gpuforge.spec import DataSpec, load_spec, parse_spec
 from gpuforge.train.batch import CPU_HEADROOM, longest_first, search_micro_batch
 from gpuforge.train.engine import train
-from gpuforge.train.precision import Precision
 from tests.conftest import TOPICS, write_spec
 
 

@@ -7,9 +7,9 @@ import torch
 
 from gpuforge.hardware.probe import select_device
 from gpuforge.runs import RunDir
+from gpuforge.runtime.precision import choose_precision
 from gpuforge.spec import parse_spec
 from gpuforge.train.engine import train
-from gpuforge.train.precision import choose_precision
 from tests.conftest import image_spec
 from tests.train.test_engine import SignalAt
 

@@ -22,16 +22,16 @@ from typing import Any
 from safetensors.torch import save_model
 from torch import nn
 
-from gpuforge.artifact import MANIFEST, built_from, load_artifact, load_saved_tokenizer
+from gpuforge.artifact import MANIFEST, built_from, load_artifact
+from gpuforge.artifact.origin import Source, open_source
 from gpuforge.compress import report
-from gpuforge.compress.merge import merge_adapter
 from gpuforge.compress.prune import STRUCTURES, check_amount, magnitude_prune, prune_channels
-from gpuforge.compress.quantize import QUANT_KINDS, quantize_model, save_quantized, tensor_bytes
 from gpuforge.compress.recover import recover
-from gpuforge.data import prepare_data
 from gpuforge.errors import GpuforgeError
 from gpuforge.models.base import BuiltModel
-from gpuforge.spec import JobSpec, load_spec
+from gpuforge.spec import JobSpec
+from gpuforge.weights.merge import merge_adapter
+from gpuforge.weights.quantize import QUANT_KINDS, quantize_model, save_quantized, tensor_bytes
 
 log = logging.getLogger("gpuforge.compress")
 QUANTIZED_WEIGHTS = "quantized.pt"
@@ -82,37 +82,6 @@ class CompressOptions:
         if self.quantize:
             parts.append(self.quantize)
         return "+".join(parts) or ("merged" if self.merge else "original")
-
-
-@dataclass
-class Source:
-    """The artifact being compressed and what measuring it needs."""
-
-    model_dir: Path
-    manifest: dict[str, Any]
-    spec: JobSpec
-    data: Any  # PreparedData of the run (train for recovery, eval for the metric)
-
-    @property
-    def is_adapter(self) -> bool:
-        return self.manifest["kind"] == "adapter"
-
-
-def open_source(model_dir: str | Path, spec_path: str | Path | None = None) -> Source:
-    """Check that `model_dir` is a gpuforge model and rebuild its run's data split."""
-    model_dir = Path(model_dir)
-    if not (model_dir / MANIFEST).is_file():
-        raise CompressError(f"{model_dir}: not a gpuforge model directory (no {MANIFEST}); pass <run>/model")
-    manifest = json.loads((model_dir / MANIFEST).read_text())
-    spec_path = Path(spec_path) if spec_path else model_dir.parent / "spec.yaml"
-    if not spec_path.is_file():
-        raise CompressError(f"{spec_path}: the run's spec is needed for its eval data; pass --spec")
-    spec = load_spec(spec_path)
-    tokenizer = load_saved_tokenizer(model_dir, manifest)  # the weights are loaded per variant
-    data = prepare_data(spec.data, spec.model.task, tokenizer, spec.train.seed, manifest.get("num_labels"))
-    if data.eval is None or len(data.eval) == 0:
-        raise CompressError(f"{spec_path}: the run has no eval split (data.eval_fraction 0) to measure on")
-    return Source(model_dir, manifest, spec, data)
 
 
 def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, Any, dict[str, Any]]:

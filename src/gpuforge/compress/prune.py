@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from gpuforge.errors import GpuforgeError
+from gpuforge.weights.resize import is_conv1d
 
 STRUCTURES = ("unstructured", "2:4", "channel")
 # Layers that are pass-through per channel: a pruned channel stays a pruned channel through them.
@@ -52,16 +53,11 @@ def check_amount(amount: float) -> None:
         raise PruneError(f"sparsity must be in [0, 1): got {amount}")
 
 
-def _is_conv1d(layer: nn.Module) -> bool:
-    """transformers' Conv1D (GPT-2): a Linear with its weight stored (in, out)."""
-    return type(layer).__name__ == "Conv1D" and hasattr(layer, "nf")
-
-
 def _linear_like(module: nn.Module) -> list[tuple[str, nn.Module]]:
     return [
         (name, m)
         for name, m in module.named_modules()
-        if isinstance(m, (nn.Linear, nn.Conv2d)) or _is_conv1d(m)
+        if isinstance(m, (nn.Linear, nn.Conv2d)) or is_conv1d(m)
     ]
 
 
@@ -108,7 +104,7 @@ def _magnitude_mask(weight: torch.Tensor, amount: float) -> torch.Tensor:
 def _two_of_four_mask(layer: nn.Module) -> tuple[torch.Tensor | None, str]:
     if isinstance(layer, nn.Conv2d):
         return None, "2:4 applies to linear layers (semi-structured kernels), not convolutions"
-    weight = layer.weight.t() if _is_conv1d(layer) else layer.weight  # -> (out, in)
+    weight = layer.weight.t() if is_conv1d(layer) else layer.weight  # -> (out, in)
     out_features, in_features = weight.shape
     if in_features % 4:
         return None, f"input width {in_features} is not a multiple of 4"
@@ -116,7 +112,7 @@ def _two_of_four_mask(layer: nn.Module) -> tuple[torch.Tensor | None, str]:
     keep = torch.zeros_like(groups, dtype=torch.bool)
     keep.scatter_(-1, groups.topk(2, dim=-1).indices, True)
     keep = keep.reshape(out_features, in_features)
-    return (keep.t().contiguous() if _is_conv1d(layer) else keep), ""
+    return (keep.t().contiguous() if is_conv1d(layer) else keep), ""
 
 
 # --------------------------------------------------------------------------- channel pruning
@@ -240,7 +236,7 @@ def _join(prefix: str, name: str) -> str:
 def _out_width(layer: nn.Module) -> int:
     if isinstance(layer, nn.Conv2d):
         return layer.out_channels
-    if _is_conv1d(layer):
+    if is_conv1d(layer):
         return layer.nf
     return layer.out_features
 
@@ -248,7 +244,7 @@ def _out_width(layer: nn.Module) -> int:
 def _unit_norms(layer: nn.Module, side: str, spread: int = 1) -> torch.Tensor:
     """Per hidden unit: the norm of the weights that write it (side "out") or read it (side "in")."""
     weight = layer.weight.detach().float()
-    if _is_conv1d(layer):
+    if is_conv1d(layer):
         weight = weight.t()  # -> (out, in)
     if side == "out":
         return weight.flatten(1).norm(dim=1)
@@ -266,7 +262,7 @@ def _shrink(module: nn.Module, name: str, side: str, keep: torch.Tensor, spread:
         layer.running_var = layer.running_var[keep].clone()
         layer.num_features = len(keep)
         return {"num_features": len(keep)}
-    conv1d = _is_conv1d(layer)
+    conv1d = is_conv1d(layer)
     weight = layer.weight.t() if conv1d else layer.weight  # (out, in, ...)
     if side == "out":
         weight = weight[keep]
@@ -286,30 +282,6 @@ def _shrink(module: nn.Module, name: str, side: str, keep: torch.Tensor, spread:
         return {"nx": layer.nx, "nf": layer.nf}
     layer.out_features, layer.in_features = layer.weight.shape
     return {"out_features": layer.out_features, "in_features": layer.in_features}
-
-
-def apply_resized(module: nn.Module, resized: dict[str, dict[str, int]]) -> None:
-    """Give a freshly built model the shapes a channel-pruned one was saved with (before loading weights)."""
-    for name, fields in resized.items():
-        layer = module.get_submodule(name)
-        if "num_features" in fields:
-            n = fields["num_features"]
-            layer.weight, layer.bias = nn.Parameter(torch.empty(n)), nn.Parameter(torch.empty(n))
-            layer.running_mean, layer.running_var = torch.zeros(n), torch.ones(n)
-            layer.num_features = n
-            continue
-        for key, value in fields.items():
-            setattr(layer, key, value)
-        if isinstance(layer, nn.Conv2d):
-            shape = (layer.out_channels, layer.in_channels, *layer.kernel_size)
-            bias_size = layer.out_channels
-        elif _is_conv1d(layer):
-            shape, bias_size = (layer.nx, layer.nf), layer.nf
-        else:
-            shape, bias_size = (layer.out_features, layer.in_features), layer.out_features
-        layer.weight = nn.Parameter(torch.empty(shape))
-        if layer.bias is not None:
-            layer.bias = nn.Parameter(torch.empty(bias_size))
 
 
 def to_semi_structured(module: nn.Module, names: list[str]) -> dict[str, str]:

@@ -16,9 +16,9 @@ import torch
 from gpuforge.data.batches import BatchOrder
 from gpuforge.errors import TrainingFailed
 from gpuforge.models.base import BuiltModel
+from gpuforge.runtime.precision import choose_precision
 from gpuforge.spec import JobSpec
 from gpuforge.train.engine import forward_backward, make_optimizer
-from gpuforge.train.precision import choose_precision
 from gpuforge.train.schedule import make_scheduler
 from gpuforge.train.setup import seed_everything
 

@@ -23,11 +23,11 @@ from rich import box
 from rich.table import Table
 from torch import nn
 
-from gpuforge.compress.quantize import tensor_bytes
 from gpuforge.models.base import BuiltModel
-from gpuforge.train import tasks
-from gpuforge.train.engine import evaluate
-from gpuforge.train.precision import Precision
+from gpuforge.runtime import tasks
+from gpuforge.runtime.evaluate import evaluate
+from gpuforge.runtime.precision import Precision
+from gpuforge.weights.quantize import tensor_bytes
 
 LATENCY_REPEATS = 5
 LATENCY_REPEAT_SECONDS = 0.1  # each repeat runs at least once and until this much time has passed

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gpuforge.distributed.compression import CompressionState, make_hook
 from gpuforge.distributed.ranks import Ranks
-from gpuforge.train.metrics import optimizer_state_bytes
+from gpuforge.runtime.memory import optimizer_state_bytes
 
 
 @dataclass

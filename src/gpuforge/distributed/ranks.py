@@ -1,6 +1,6 @@
 """Where this process stands in a distributed job, and the few collectives the training loop needs.
 
-A job launched by torchrun's elastic agent (distributed/launch.py) or by Ray actors (ray_launch.py) finds
+A job launched by torchrun's elastic agent (launch/job.py) or by Ray actors (ray_launch.py) finds
 its rank in the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). A plain
 `gpuforge train` has none of them: world 1, every call here a no-op, so the loop reads the same both ways.
 

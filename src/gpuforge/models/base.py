@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,3 +42,9 @@ class BuiltModel:
         return sum(
             p.numel() for m in self.module.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
         )
+
+
+def name_matches(name: str, pattern: str) -> bool:
+    """Whether a module name matches a pattern (fnmatch), against the full name or any of its last parts."""
+    parts = name.split(".")
+    return any(fnmatch.fnmatchcase(".".join(parts[i:]), pattern) for i in range(len(parts)))

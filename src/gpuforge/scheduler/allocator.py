@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from gpuforge.runtime.host import usable_cores
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -47,11 +49,6 @@ def cluster_inventory(cluster: dict) -> list[DeviceInfo]:
     slots = min(cpus, int(os.environ.get("GPUFORGE_CPU_SLOTS") or cpus))
     devices += [DeviceInfo(f"cpu:{i}", "cpu", "a CPU core of the Ray cluster", None, 1) for i in range(slots)]
     return devices
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity, e.g. a container's share), not the machine's."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def job_environment(devices: list[DeviceInfo]) -> dict[str, str]:

@@ -26,9 +26,8 @@ import httpx
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from gpuforge.runtime.host import free_port, is_alive
 from gpuforge.scheduler.allocator import DeviceInfo
-from gpuforge.scheduler.executor import is_alive
-from gpuforge.server.local import free_port
 from gpuforge.store.models import LIVE_DEPLOYMENT_STATES as LIVE
 from gpuforge.store.models import Deployment, utcnow
 

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuforge.runtime.host import is_alive
+
 CANCEL_GRACE_S = 30.0
 BAD_INPUT_EXIT = 2  # cli.py EXIT_BAD_INPUT: the runner refused its spec or data, and would again
 
@@ -38,38 +40,6 @@ def launch(spec_path: Path, run_dir: Path, env: dict[str, str]) -> Launched:
             start_new_session=True,  # outlives the server; signals to the server do not reach it
         )
     return Launched(process.pid, process)
-
-
-def is_alive(pid: int | None, run_dir: str | None = None) -> bool:
-    """Whether `pid` is a live process (the runner of `run_dir`, when given: after a server restart the
-    pid may have been reused by another program). A finished child not yet reaped (a zombie) counts as
-    dead, and is left for its Popen to reap, so that its exit code is not lost."""
-    if not pid:
-        return False
-    if run_dir is not None and not _runs(pid, run_dir):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _is_zombie(pid)
-
-
-def _runs(pid: int, run_dir: str) -> bool:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return not Path("/proc").is_dir()  # no /proc (not Linux): trust the pid
-    return os.fsencode(run_dir) in argv
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def cancel(pid: int, grace_s: float = CANCEL_GRACE_S) -> str:

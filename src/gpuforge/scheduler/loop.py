@@ -32,9 +32,10 @@ from sqlalchemy.orm import Session
 
 from gpuforge.child_env import child_environment
 from gpuforge.policy import Policy
+from gpuforge.runtime.host import is_alive
 from gpuforge.scheduler import deployments
 from gpuforge.scheduler.allocator import DeviceInfo, job_environment
-from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Launched, is_alive, launch
+from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Launched, launch
 from gpuforge.scheduler.queue import HELD, QueuedJob, plan_starts
 from gpuforge.scheduler.worker_keys import replicas_key
 from gpuforge.store.db import session

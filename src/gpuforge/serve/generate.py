@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
+from gpuforge.runtime.precision import Precision, autocast
 from gpuforge.serve.batcher import QueueFull
-from gpuforge.train.precision import Precision, autocast
 
 log = logging.getLogger("gpuforge.serve")
 DETOKENIZE_CONTEXT = 5  # prompt tokens decoded with the first generated ones (leading spaces, merges)
@@ -481,7 +481,7 @@ def load_engine(
     from gpuforge.artifact import load_artifact
     from gpuforge.errors import GpuforgeError
     from gpuforge.hardware.probe import select_device
-    from gpuforge.train.precision import choose_precision
+    from gpuforge.runtime.precision import choose_precision
 
     torch_device = select_device(device)
     module, tokenizer, manifest = load_artifact(model_dir, torch_device)

@@ -22,9 +22,9 @@ import torch
 from gpuforge.artifact import built_from, load_artifact
 from gpuforge.errors import GpuforgeError
 from gpuforge.hardware.probe import select_device
+from gpuforge.runtime import tasks
+from gpuforge.runtime.precision import autocast, choose_precision
 from gpuforge.serve.adapters import OWN, Adapters, check_adapters
-from gpuforge.train import tasks
-from gpuforge.train.precision import autocast, choose_precision
 
 log = logging.getLogger("gpuforge.serve")
 MAX_TEXT_CHARS = 100_000  # past this an input is refused before it is tokenized (a 413)
@@ -194,14 +194,14 @@ def quantization_of(manifest: dict[str, Any]) -> str | None:
 
 
 def _quantize(module: torch.nn.Module, manifest: dict[str, Any], kind: str) -> torch.nn.Module:
-    """Post-training weight-only quantization at load (compress/quantize.py); an adapter is merged first."""
+    """Post-training weight-only quantization at load (weights/quantize.py); an adapter is merged first."""
     if manifest.get("compression", {}).get("quantize"):
         raise GpuforgeError("--quantize: this model directory is quantized already (gpuforge compress)")
     if manifest["kind"] == "adapter":
-        from gpuforge.compress.merge import merge_adapter
+        from gpuforge.weights.merge import merge_adapter
 
         module = merge_adapter(module)
-    from gpuforge.compress.quantize import quantize_model
+    from gpuforge.weights.quantize import quantize_model
 
     done = quantize_model(module, kind)
     log.info("quantized %d layers to %s (%d left in float)", len(done.quantized), kind, len(done.skipped))
@@ -210,11 +210,11 @@ def _quantize(module: torch.nn.Module, manifest: dict[str, Any], kind: str) -> t
 
 def _eval_data(model_dir: Path):
     """The run's held-out split (rebuilt from the run's spec.yaml beside model/), or None without one."""
-    from gpuforge.compress.pipeline import CompressError, open_source
+    from gpuforge.artifact.origin import ArtifactError, open_source
 
     try:
         return open_source(model_dir).data.eval
-    except (CompressError, GpuforgeError, OSError) as err:
+    except (ArtifactError, GpuforgeError, OSError) as err:
         log.info("no eval set to measure quantization on (%s)", err)
         return None
 
@@ -222,7 +222,7 @@ def _eval_data(model_dir: Path):
 def _metric(module, manifest, eval_data, precision, device) -> dict[str, float] | None:
     if eval_data is None:
         return None
-    from gpuforge.train.engine import evaluate
+    from gpuforge.runtime.evaluate import evaluate
 
     return evaluate(built_from(module, manifest), manifest["task"], eval_data, 32, precision, device)
 

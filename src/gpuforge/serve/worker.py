@@ -41,10 +41,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuforge.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, presented_key
 from gpuforge.errors import GpuforgeError
 from gpuforge.serve.batcher import Batcher, BatchStats, QueueFull
 from gpuforge.serve.predict import InputError, Predictor, load_predictor, quantization_of
-from gpuforge.server.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, presented_key
 
 log = logging.getLogger("gpuforge.serve")
 COMPLETION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})

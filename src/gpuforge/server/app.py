@@ -169,8 +169,8 @@ def devices_of(settings: Settings) -> list:
     With Ray, job runners are told where the cluster is through the environment they inherit."""
     if settings.executor == "local":
         return inventory()
-    from gpuforge.distributed.ray_launch import cluster_devices
-    from gpuforge.distributed.ray_launch import connect as connect_ray
+    from gpuforge.launch.ray_ranks import cluster_devices
+    from gpuforge.launch.ray_ranks import connect as connect_ray
 
     connect_ray(settings.ray_address or "")
     os.environ["GPUFORGE_EXECUTOR"], os.environ["GPUFORGE_RAY_ADDRESS"] = "ray", settings.ray_address or ""
@@ -183,7 +183,7 @@ def check_executor(settings: Settings) -> None:
         return
     if not settings.ray_address:
         raise GpuforgeError("--executor ray needs --ray-address HOST:PORT (the head node of the cluster)")
-    from gpuforge.distributed.ray_launch import connect as connect_ray
+    from gpuforge.launch.ray_ranks import connect as connect_ray
 
     connect_ray(settings.ray_address)
 

@@ -19,7 +19,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from gpuforge.server.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, presented_key
+from gpuforge.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, presented_key
 from gpuforge.store.db import session
 from gpuforge.store.keys import find_key
 from gpuforge.store.models import ApiKey

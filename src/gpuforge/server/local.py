@@ -7,7 +7,6 @@ with LocalServer(home) as server:          # a free port, GPUFORGE_HOME=home
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,12 +15,7 @@ from pathlib import Path
 import httpx
 
 from gpuforge.errors import GpuforgeError
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from gpuforge.runtime.host import free_port
 
 
 def wait_until_ready(url: str, process: subprocess.Popen, timeout: float) -> bool:

@@ -13,8 +13,8 @@ from typing import Literal
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuforge.access import is_loopback
 from gpuforge.policy import Policy
-from gpuforge.server.access import is_loopback
 
 
 class Settings(BaseSettings):

@@ -18,7 +18,7 @@ changes a default changes it for those keys too). An admin key has no quotas at 
 The checks that count (submit, deploy, the end of an upload) first take the key's row for the rest of their
 transaction, so a key's requests at the same moment pass one at a time: two cannot both take its last place.
 
-The table is read by the API schema (server/schemas.py), the CLI options (cli_server.py) and the checks
+The table is read by the API schema (server/schemas.py), the CLI options (cli/server.py) and the checks
 here: a quota is added in QUOTAS, as a column of ApiKey, and in a migration. sqlalchemy and the models are
 imported inside the functions that query: the CLI reads QUOTAS at every start and stays fast without them.
 """

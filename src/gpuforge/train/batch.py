@@ -21,10 +21,10 @@ import torch
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.hardware.probe import proc_status_bytes
+from gpuforge.runtime import tasks
+from gpuforge.runtime.precision import Precision, autocast
 from gpuforge.spec import parse_bytes
-from gpuforge.train import tasks
 from gpuforge.train.adapt import ADAPTABLE, DEFAULT_TARGETS, adaptable_names, resolve_targets
-from gpuforge.train.precision import Precision, autocast
 
 if TYPE_CHECKING:
     from gpuforge.train.setup import Job

@@ -31,12 +31,14 @@ from gpuforge.errors import RunDirError, SpecError, TrainingFailed
 from gpuforge.hardware.bench import peak_flops
 from gpuforge.hardware.probe import device_name, peak_memory_bytes, reset_peak_memory
 from gpuforge.runs import ReaderRunDir, RunDir
+from gpuforge.runtime import tasks
+from gpuforge.runtime.evaluate import evaluate, to_device
+from gpuforge.runtime.memory import optimizer_state_bytes
+from gpuforge.runtime.precision import autocast, make_scaler
 from gpuforge.spec import JobSpec
-from gpuforge.train import tasks
 from gpuforge.train.batch import check_memory_budget
 from gpuforge.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from gpuforge.train.metrics import FlopModel, StepClock, optimizer_state_bytes, usd
-from gpuforge.train.precision import autocast, make_scaler
+from gpuforge.train.metrics import FlopModel, StepClock, usd
 from gpuforge.train.progress import Reporter
 from gpuforge.train.schedule import make_scheduler
 from gpuforge.train.setup import build_job, seed_everything
@@ -58,7 +60,7 @@ RESUMABLE_CHANGES = {
 def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> dict[str, Any]:
     """Run a job to its end (or a signal, NaN loss, budget) and return its summary."""
     process_start = time.perf_counter()
-    ranks = Ranks.from_env()  # world 1 unless launched as one of several processes (distributed/launch.py)
+    ranks = Ranks.from_env()  # world 1 unless launched as one of several processes (launch/job.py)
     if ranks.world > 1 and spec.distributed.strategy == "none":
         raise SpecError(
             f"launched as rank {ranks.rank} of {ranks.world} but distributed.strategy is none: every "
@@ -101,6 +103,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         # all-gather, so every rank must run as many of them a step
         micro = int(ranks.minimum(micro, device))
     parallel = wrap(module, spec.distributed, ranks, device, seed=spec.train.seed)
+    eval_shards = ranks if parallel.strategy == "ddp" else None  # FSDP: every rank runs every eval batch
     module = parallel.model
     if ranks.rank > 0:
         seed_everything(spec.train.seed + ranks.rank)  # weights are alike already; dropout masks must differ
@@ -172,7 +175,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
             ),  # device, data, model, batch: before step 1
         )
 
-        first_batch = _to_device(data.train.collate(order.batch(0)[:micro]), device)
+        first_batch = to_device(data.train.collate(order.batch(0)[:micro]), device)
         flops = FlopModel(built, task, first_batch, precision)
         device_peak = peak_flops(device, precision.name)
         clock = StepClock()
@@ -288,7 +291,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     is_last or (spec.train.eval_every and step % spec.train.eval_every == 0)
                 ):
                     evaluation = last_eval = evaluate(
-                        built, task, data.eval, micro, precision, device, parallel
+                        built, task, data.eval, micro, precision, device, eval_shards
                     )
                     module.train()
                 if step % spec.train.log_every == 0 or evaluation or is_last:
@@ -437,7 +440,7 @@ def forward_backward(
     chunks = micro_batches(indices, micro)
     for i, chunk in enumerate(chunks):
         fetch_start = time.perf_counter()
-        batch = _to_device(data.collate(chunk), device)
+        batch = to_device(data.collate(chunk), device)
         data_wait += time.perf_counter() - fetch_start
         with parallel.accumulating(last=i == len(chunks) - 1) if parallel else nullcontext():
             with autocast(precision, device):
@@ -463,32 +466,6 @@ def _release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def evaluate(
-    built, task: str, data, batch_size: int, precision, device: torch.device, parallel: Parallel | None = None
-) -> dict[str, float]:
-    """Loss and accuracy (classification) or perplexity (causal-lm) over the whole eval set.
-
-    DDP: each rank evaluates its slice of the set and the tallies are summed (so eval time does not count
-    against the other ranks' collective timeout). FSDP: every rank runs every batch (each forward needs
-    all the shards)."""
-    built.module.eval()
-    tally = tasks.EvalTally(task)
-    sliced = parallel is not None and parallel.strategy == "ddp"
-    everything = list(range(len(data)))
-    mine = parallel.ranks.share(everything) if sliced else everything
-    with torch.no_grad():
-        for chunk in micro_batches(mine, batch_size):
-            batch = _to_device(data.collate(chunk), device)
-            with autocast(precision, device):
-                logits = tasks.forward(built, task, batch)
-            tally.add(logits, batch)
-    if sliced:
-        tally.loss, tally.terms, tally.correct, tally.samples = parallel.ranks.sum(
-            [tally.loss, tally.terms, tally.correct, tally.samples], device
-        )
-    return tally.result()
-
-
 def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
     """AdamW; no weight decay on biases and norm weights (1-D tensors), as careful users set it up."""
     params = [p for p in module.parameters() if p.requires_grad]
@@ -498,12 +475,6 @@ def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, devi
     ]
     # fused AdamW: one kernel over all tensors; on a CPU it makes the optimizer step ~5x faster
     return torch.optim.AdamW(groups, lr=lr, fused=device.type in ("cuda", "cpu"))
-
-
-def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    if device.type == "cpu":
-        return batch
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def check_same_job(run: RunDir, spec: JobSpec) -> None:

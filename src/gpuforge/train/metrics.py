@@ -9,8 +9,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpuforge.models.base import BuiltModel
-from gpuforge.train import tasks
-from gpuforge.train.precision import Precision, autocast
+from gpuforge.runtime import tasks
+from gpuforge.runtime.precision import Precision, autocast
 
 
 class FlopModel:
@@ -73,13 +73,3 @@ class StepClock:
 
 def usd(seconds: float, usd_per_hour: float) -> float:
     return seconds * usd_per_hour / 3600.0
-
-
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes the optimizer keeps (AdamW: two moments per trainable parameter, plus step counters)."""
-    return sum(
-        t.numel() * t.element_size()
-        for state in optimizer.state.values()
-        for t in state.values()
-        if isinstance(t, torch.Tensor)
-    )

@@ -1,4 +1,4 @@
-"""One process of a distributed job, started by a launcher (distributed/launch.py, ray_launch.py):
+"""One process of a distributed job, started by a launcher (launch/job.py, ray_launch.py):
 
     python -m gpuforge.train.rank SPEC.yaml --out RUN_DIR      # with RANK, WORLD_SIZE, MASTER_ADDR... set
 

@@ -20,11 +20,12 @@ from gpuforge.distributed.ranks import Ranks
 from gpuforge.errors import ModelError
 from gpuforge.hardware.probe import select_device
 from gpuforge.models import BuiltModel, ModelRequest, build_model, load_tokenizer
+from gpuforge.runtime.precision import Precision, choose_precision
 from gpuforge.spec import JobSpec, parse_bytes
-from gpuforge.train.adapt import apply_lora, enable_activation_checkpointing, quantize_base
+from gpuforge.train.adapt import apply_lora, enable_activation_checkpointing
 from gpuforge.train.batch import BatchSearch, search_micro_batch
 from gpuforge.train.fast_dropout import use_fast_dropout
-from gpuforge.train.precision import Precision, choose_precision
+from gpuforge.weights.qlora import quantize_base
 
 
 @dataclass

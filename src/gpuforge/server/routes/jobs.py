@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
 from starlette.background import BackgroundTask
 
+from gpuforge.admission import check_spec
 from gpuforge.data.columns import check_columns
 from gpuforge.errors import GpuforgeError, ModelError
 from gpuforge.server.auth import Key
@@ -55,7 +56,7 @@ def _parse(body: JobCreate, request: Request, key: ApiKey) -> JobSpec:
         raw = yaml.load(body.spec, Loader=_NoAliases)  # noqa: S506 (a SafeLoader)
         base = settings.roots[0] if settings.roots else settings.home
         spec = parse_spec(raw, base, default_name=body.name or "job")
-        job_policy(settings, key).check_spec(spec)
+        check_spec(job_policy(settings, key), spec)
         _check_inputs(spec)
     except yaml.YAMLError as err:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"spec: not valid YAML: {err}") from err

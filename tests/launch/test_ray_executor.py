@@ -14,7 +14,8 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from gpuforge.runs import RunDir  # noqa: E402
-from gpuforge.server.local import LocalServer, free_port  # noqa: E402
+from gpuforge.runtime.host import free_port  # noqa: E402
+from gpuforge.server.local import LocalServer  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
 from tests.distributed.test_ddp_train import write_spec  # noqa: E402
 

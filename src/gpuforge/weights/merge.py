@@ -3,7 +3,7 @@
 W' = W + (alpha / r) * B @ A for every adapted layer (PEFT's merge_and_unload); modules trained in full
 beside LoRA (a classification head) replace the base's. For an adapter trained on a quantized base
 (QLoRA), the base is loaded with each quantized layer turned back into a float Linear holding the
-dequantized weights the adapter was trained against (train/adapt.dequantize_linears), so the merged
+dequantized weights the adapter was trained against (weights/qlora.dequantize_linears), so the merged
 model computes what base + adapter computed.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import nn
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.train.adapt import is_quantized_linear
+from gpuforge.weights.qlora import is_quantized_linear
 
 
 class MergeError(GpuforgeError):

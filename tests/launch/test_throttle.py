@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuforge.distributed import throttle
-from gpuforge.distributed.throttle import ThrottledLink, can_throttle, remove_stale
+from gpuforge.launch.throttle import ThrottledLink, can_throttle, remove_stale
 
 PROBE = Path(__file__).resolve().parent / "throttle_probe.py"
 PORT = 5201  # the namespaces are private to each link: no other process can hold it

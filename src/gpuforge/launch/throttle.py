@@ -25,7 +25,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from gpuforge.scheduler.executor import is_alive
+from gpuforge.runtime.host import is_alive
 
 PREFIX = "gpuforge-link"
 # The namespaces are private to the link, so every link can use the same subnet and interface names.

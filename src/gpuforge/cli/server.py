@@ -28,7 +28,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from gpuforge.cli import Overrides, SpecPath, app, out_console
+from gpuforge.cli.app import Overrides, SpecPath, app, out_console, run_announced
 from gpuforge.errors import GpuforgeError
 from gpuforge.secret_files import read_secret_file, url_with_password_masked
 from gpuforge.store.quotas import QUOTAS
@@ -82,7 +82,6 @@ def server(
     cluster's)."""
     from pydantic import ValidationError
 
-    from gpuforge.cli_serve import run_announced
     from gpuforge.server.app import check_executor, check_store_and_bind, create_app
     from gpuforge.server.settings import Settings
     from gpuforge.spec import format_validation_error

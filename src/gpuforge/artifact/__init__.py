@@ -85,7 +85,7 @@ def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu", deq
 
         base = build_model(_request(manifest, tokenizer))
         if manifest.get("quantize_base"):  # the adapter was trained on the quantized base: rebuild that
-            from gpuforge.train.adapt import dequantize_linears, quantize_base
+            from gpuforge.weights.qlora import dequantize_linears, quantize_base
 
             base = quantize_base(
                 base, manifest["quantize_base"], manifest.get("modules_to_save") or [], torch.float32
@@ -114,7 +114,7 @@ def load_artifact(model_dir: str | Path, device: str | torch.device = "cpu", deq
         module = build_model(_request(manifest, tokenizer)).module
         resized = manifest.get("compression", {}).get("prune", {}).get("resized")
         if resized:  # channel pruning made layers smaller than the builder makes them
-            from gpuforge.compress.prune import apply_resized
+            from gpuforge.weights.resize import apply_resized
 
             apply_resized(module, resized)
         if _quantized(manifest):
@@ -147,7 +147,7 @@ def _quantized(manifest: dict[str, Any]) -> bool:
 
 def _load_quantized(module: torch.nn.Module, manifest: dict[str, Any], model_dir: Path) -> None:
     """A post-training-quantized variant (compress/): quantize the float skeleton the same way, then load."""
-    from gpuforge.compress.quantize import load_quantized
+    from gpuforge.weights.quantize import load_quantized
 
     done = manifest["compression"]["quantize"]
     weights = (model_dir / manifest["weights"]).resolve()

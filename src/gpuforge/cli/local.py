@@ -1,67 +1,25 @@
-"""The `gpuforge` command: one verb a function, each a thin call into the modules that do the work.
-
-    gpuforge train SPEC.yaml [--out DIR] [--max-steps N] [--set key=value]...
-    gpuforge demo [--examples DIR] [--out DIR] [--max-steps N] [--local]
-    gpuforge plan SPEC.yaml [--measure]
-    gpuforge compress RUN/model [--merge] [--prune F --prune-structure S] [--quantize K] --out DIR
-    gpuforge compress RUN/model --sweep --out DIR
-    gpuforge hw
-    gpuforge server | submit | jobs | job | logs | cancel | resume | wait | keys      (cli_server.py)
-    gpuforge serve RUN/model [--port 8700] [--max-batch 32] [--max-wait-ms 5]        (cli_serve.py)
-
-Bad input is one line on stderr and exit code 2; a training failure (NaN loss) exits 1; a run paused by
-its cost budget exits 3; a run stopped by SIGINT/SIGTERM exits 130/143 after its checkpoint.
-"""
+"""Verbs that run on this machine with no server: train, demo, plan, compress, hw."""
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from gpuforge.errors import GpuforgeError, TrainingFailed
-
-app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    help="Train, compress and serve deep-learning models fast, and know what each run costs.",
+from gpuforge.cli.app import (
+    EXIT_PAUSED,
+    MaxSteps,
+    Overrides,
+    SpecPath,
+    app,
+    console,
+    out_console,
 )
-console = Console(stderr=True)
-out_console = Console() if sys.stdout.isatty() else Console(width=120)  # logs and pipes: no squeeze
-
-EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PAUSED = 2, 1, 3
-
-# options several verbs share
-SpecPath = Annotated[Path, typer.Argument(help="job spec (YAML)")]
-MaxSteps = Annotated[int | None, typer.Option("--max-steps", min=1, help="override train.max_steps")]
-Overrides = Annotated[list[str] | None, typer.Option("--set", help="override a field: --set train.lr=1e-3")]
-
-
-@app.callback()
-def _everywhere(
-    verbose: Annotated[
-        bool,
-        typer.Option(
-            "--verbose",
-            envvar="GPUFORGE_VERBOSE",
-            help="also show third-party warnings, log lines and progress bars",
-        ),
-    ] = False,
-) -> None:
-    """Runs before every verb, so before torch, transformers and the rest are imported."""
-    from gpuforge.quiet import VERBOSE_ENV, quiet_third_party
-
-    if verbose:
-        os.environ[VERBOSE_ENV] = "1"  # the processes this one starts (ranks, a server's runners) too
-    else:
-        quiet_third_party()
+from gpuforge.errors import GpuforgeError
 
 
 def _default_out(name: str) -> Path:
@@ -70,17 +28,18 @@ def _default_out(name: str) -> Path:
 
 def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: bool = False):
     # imported here so `gpuforge --help` stays fast (torch and transformers take seconds to import)
+    from gpuforge.admission import check_spec
     from gpuforge.policy import current
     from gpuforge.spec import load_spec
     from gpuforge.train.engine import train as run_training
     from gpuforge.train.progress import Reporter, RichReporter
 
     job = load_spec(spec_path, overrides)
-    current().check_spec(job)  # a runner the server started holds to its job's policy, whatever the file says
+    check_spec(current(), job)  # a runner the server started holds to its job's policy, whatever the file
     out = out or _default_out(job.name)
     # several processes, or a server whose jobs run on a Ray cluster: this process launches them and waits
     if job.distributed.strategy != "none" or os.environ.get("GPUFORGE_EXECUTOR", "local") == "ray":
-        from gpuforge.distributed.launch import launch
+        from gpuforge.launch.job import launch
 
         return job, out, launch(job, out)
     summary = run_training(job, out, Reporter() if quiet else RichReporter(console))
@@ -265,7 +224,7 @@ def hw() -> None:
     """Show the device gpuforge would use and its measured matmul speed per precision."""
     from gpuforge.hardware.bench import peak_flops
     from gpuforge.hardware.probe import device_name, select_device
-    from gpuforge.train.precision import choose_precision
+    from gpuforge.runtime.precision import choose_precision
 
     device = select_device("auto")
     out_console.print(f"device: {device_name(device)} ({device.type})")
@@ -276,31 +235,3 @@ def hw() -> None:
             f"  {precision}: {peak_flops(device, precision) / 1e12:.3f} TFLOP/s (measured matmul)"
         )
     out_console.print(f"precision auto -> {choose_precision('auto', device).name}")
-
-
-from gpuforge import cli_serve, cli_server  # noqa: E402, F401  (the server, client and serve verbs join `app`)
-
-
-def main() -> None:
-    import logging
-
-    from rich.logging import RichHandler
-
-    logger = logging.getLogger("gpuforge")
-    logger.setLevel(logging.INFO)
-    logger.addHandler(RichHandler(console=console, show_time=False, show_path=False, markup=False))
-    try:
-        app()
-    except TrainingFailed as err:
-        console.print(f"gpuforge: training failed: {err}", highlight=False, markup=False)
-        sys.exit(EXIT_FAILED)
-    except GpuforgeError as err:
-        console.print(f"gpuforge: error: {err}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(EXIT_BAD_INPUT)
-    except KeyboardInterrupt:
-        console.print("gpuforge: interrupted", highlight=False)
-        sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Who may reach a gpuforge process: the key a request presents, and whether an address is loopback.
 Shared by the server (server/auth.py, settings.py) and the endpoint worker (serve/worker.py,
-cli_serve.py); nothing heavy imported, so a worker does not pull in the store."""
+cli/serve.py); nothing heavy imported, so a worker does not pull in the store."""
 
 from __future__ import annotations
 

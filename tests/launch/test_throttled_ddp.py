@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuforge.distributed.throttle import ThrottledLink, can_throttle
+from gpuforge.launch.throttle import ThrottledLink, can_throttle
 from gpuforge.runs import RunDir
 
 pytestmark = pytest.mark.slow

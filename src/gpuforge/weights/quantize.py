@@ -1,6 +1,6 @@
 """Post-training weight quantization: torchao for nn.Linear layers, weight_only.py for the rest, in place.
 
-    from gpuforge.compress.quantize import quantize_model, save_quantized, load_quantized, tensor_bytes
+    from gpuforge.weights.quantize import quantize_model, save_quantized, load_quantized, tensor_bytes
 
     result = quantize_model(model, "int8", skip=["classifier"])   # result.quantized, result.skipped
     save_quantized(model, path)
@@ -37,8 +37,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from gpuforge.compress.weight_only import QuantizedLinear, quantize_other_layers, replace_layer
 from gpuforge.errors import GpuforgeError
+from gpuforge.weights.weight_only import QuantizedLinear, quantize_other_layers, replace_layer
 
 QUANT_KINDS = ("int8", "int4", "int8-dynamic")
 

@@ -1,4 +1,4 @@
-"""gpuforge.distributed.ray_launch on a real local Ray cluster of two nodes, with gloo ranks."""
+"""gpuforge.launch.ray_ranks on a real local Ray cluster of two nodes, with gloo ranks."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from gpuforge.distributed.ray_launch import (  # noqa: E402
+from gpuforge.launch.ray_ranks import (  # noqa: E402
     RayLaunchError,
     cluster_devices,
     connect,
@@ -203,7 +203,7 @@ def _connect_in_fresh_process(addresses: list[str], timeout_s: float) -> list[tu
     code = textwrap.dedent(
         f"""
         import sys, time
-        from gpuforge.distributed.ray_launch import RayLaunchError, connect
+        from gpuforge.launch.ray_ranks import RayLaunchError, connect
         from gpuforge.errors import GpuforgeError
         for address in {addresses!r}:
             t0 = time.monotonic()

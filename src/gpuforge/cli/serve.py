@@ -16,10 +16,10 @@ from typing import Annotated
 
 import typer
 
-from gpuforge.cli import app, out_console
+from gpuforge.access import is_loopback
+from gpuforge.cli.app import app, run_announced
 from gpuforge.errors import GpuforgeError
 from gpuforge.secret_files import read_secret_file
-from gpuforge.server.access import is_loopback
 
 
 @app.command()
@@ -89,40 +89,6 @@ def check_model_dir(model_dir: Path) -> None:
     if (model_dir / "model" / "gpuforge.json").is_file():  # a run's directory: its model is inside
         hint = f"; did you mean {model_dir / 'model'}?"
     raise GpuforgeError(f"{model_dir}: not a gpuforge model directory (no gpuforge.json){hint}")
-
-
-def run_announced(asgi_app, name: str, host: str, port: int, what: str, **options) -> None:
-    """uvicorn.run, saying in one line where it listens once the socket is bound (a bind that fails is
-    uvicorn's own error line) and in one line that it stopped, before uvicorn re-raises the signal."""
-    import sys
-
-    import uvicorn
-
-    class Announced(uvicorn.Server):
-        async def startup(self, sockets=None) -> None:
-            await super().startup(sockets)
-            if self.started:
-                out_console.print(
-                    f"gpuforge {name}: listening on {_url(self.servers[0].sockets[0])} ({what})",
-                    highlight=False, markup=False, soft_wrap=True,
-                )  # fmt: skip
-
-        async def shutdown(self, sockets=None) -> None:
-            await super().shutdown(sockets)
-            out_console.print(f"gpuforge {name}: stopped", highlight=False, markup=False)
-
-    server = Announced(uvicorn.Config(asgi_app, host=host, port=port, log_level="warning", **options))
-    try:
-        server.run()
-    except KeyboardInterrupt:  # Ctrl-C: stopped as asked, as with SIGTERM
-        pass
-    if not server.started:
-        sys.exit(3)  # what uvicorn.run exits with when it could not start
-
-
-def _url(sock) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _true(value: str | None) -> bool:

@@ -29,7 +29,7 @@ from typing import Any
 from gpuforge.child_env import passed
 from gpuforge.errors import GpuforgeError, TrainingFailed
 from gpuforge.runs import RunDir
-from gpuforge.scheduler.allocator import usable_cores
+from gpuforge.runtime.host import usable_cores
 from gpuforge.spec import JobSpec
 
 log = logging.getLogger("gpuforge.launch")
@@ -136,7 +136,7 @@ def launch_ray(spec: JobSpec, out: str | Path, address: str) -> dict[str, Any]:
     """The ranks as actors on a Ray cluster: a GPU or a CPU each, the rendezvous on rank 0's node, their
     output streamed back into <run>/logs/rank<N>.log. The run directory must be on a filesystem every node
     sees (rank 0 writes it where it runs)."""
-    from gpuforge.distributed.ray_launch import cluster_devices, connect, run_ranks
+    from gpuforge.launch.ray_ranks import cluster_devices, connect, run_ranks
 
     connect(address)
     gpus = cluster_devices()["gpus"]
