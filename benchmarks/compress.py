@@ -36,10 +36,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpuforge.artifact import load_artifact  # noqa: E402
+from gpuforge.artifact import MANIFEST, load_artifact  # noqa: E402
 from gpuforge.artifact.origin import open_source  # noqa: E402
 from gpuforge.compress import pipeline  # noqa: E402
-from gpuforge.compress.pipeline import CompressOptions  # noqa: E402
+from gpuforge.compress.options import CompressOptions  # noqa: E402
 from gpuforge.compress.report import batch_of  # noqa: E402
 from gpuforge.models.base import BuiltModel  # noqa: E402
 from gpuforge.runtime import tasks  # noqa: E402
@@ -50,7 +50,7 @@ JOBS = {"digits-cnn": "digits-cnn.yaml", "minilm-topics": "minilm-topics.yaml"}
 
 def trained_model(runs: Path, job: str) -> Path:
     model_dir = runs / job / "model"
-    if not (model_dir / "gpuforge.json").exists():
+    if not (model_dir / MANIFEST).exists():
         print(f"training {job} ...", flush=True)
         cmd = [
             sys.executable,
@@ -84,7 +84,7 @@ def side_by_side_latency(source, variant_dir: Path, rounds: int) -> tuple[float,
     batch = batch_of(source.data.eval, 32)
     models = []
     for path in (source.model_dir, variant_dir):
-        module, _, manifest = load_artifact(path)
+        module, _, _ = load_artifact(path)
         models.append(BuiltModel(module, hasattr(module, "save_pretrained"), ""))
     times: list[list[float]] = [[], []]
     with torch.inference_mode():

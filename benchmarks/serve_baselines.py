@@ -58,9 +58,9 @@ class Model:
 
         self.torch = torch
         self.module, self.tokenizer, manifest = load_artifact(model_dir, "cpu")
-        self.name = manifest.get("job") or "model"
-        self.labels = manifest.get("labels") or [str(i) for i in range(manifest["num_labels"])]
-        self.max_length = manifest.get("max_length")
+        self.name = manifest.job or "model"
+        self.labels = manifest.labels or [str(i) for i in range(manifest.num_labels)]
+        self.max_length = manifest.max_length
         self.dtype = {"fp32": None, "bf16": torch.bfloat16}[precision]
 
     def encode(self, texts: list[str]) -> dict:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,12 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-ASSETS = Path(__file__).resolve().parent / "assets"
-TEST_MODELS = ASSETS / "tiny_models.py"
-TOPICS = ROOT / "examples" / "data" / "topics.jsonl"
+from gpuforge.distributed.ranks import leave_process_group
+from tests.helpers.paths import TOPICS
+from tests.helpers.postgres import postgres_required
 
 
 def pytest_configure(config):
@@ -49,13 +45,7 @@ def _reset_state():
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
-def _postgres_required() -> bool:
-    ci = os.environ.get("CI", "").strip().lower()
-    return os.environ.get("GPUFORGE_REQUIRE_POSTGRES") == "1" or ci not in ("", "0", "false", "no")
+    leave_process_group(peers_done=False)  # a group a test left behind: no peers to wait for
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -71,7 +61,7 @@ def store_url(request, tmp_path) -> Iterator[str]:
     base = os.environ.get("GPUFORGE_TEST_POSTGRES_URL", "").strip()
     if not base:
         reason = "GPUFORGE_TEST_POSTGRES_URL is unset (start a server with: bash scripts/postgres.sh)"
-        if _postgres_required():
+        if postgres_required():
             pytest.fail(f"{reason}, and CI or GPUFORGE_REQUIRE_POSTGRES=1 requires PostgreSQL", pytrace=False)
         pytest.skip(reason)
     from sqlalchemy import create_engine, make_url, text  # here: the GPU machine runs tests without it
@@ -90,26 +80,6 @@ def store_url(request, tmp_path) -> Iterator[str]:
             )
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
         admin.dispose()
-
-
-def write_spec(path: Path, spec: dict) -> Path:
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
-
-
-def image_spec(tmp_path: Path, **train) -> dict:
-    """A spec for the tiny image model on the real digits; seconds to run."""
-    return {
-        "name": "tiny-digits",
-        "model": {
-            "source": f"python:{TEST_MODELS}:image_model",
-            "task": "image-classification",
-            "options": train.pop("options", {}),
-        },
-        "data": {"train": "sklearn:digits", "eval_fraction": 0.2, **train.pop("data", {})},
-        # fp32 unless a test asks: `auto` picks bf16 on some CPUs, and exact comparisons need one choice
-        "train": {"max_steps": 6, "batch_size": 32, "lr": 1e-2, "log_every": 1, "precision": "fp32", **train},
-    }
 
 
 @pytest.fixture(scope="session")
@@ -145,20 +115,3 @@ def small_topics(tmp_path) -> Path:
     path = tmp_path / "topics.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
-    import subprocess
-
-    return subprocess.run(
-        [sys.executable, "-m", "gpuforge", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=timeout,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

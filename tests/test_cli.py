@@ -6,7 +6,8 @@ import re
 import pytest
 import yaml
 
-from tests.conftest import image_spec, run_cli, write_spec
+from tests.helpers.cli import run_cli
+from tests.helpers.specs import image_spec, write_spec
 
 
 def _one_line_error(result, *fragments):

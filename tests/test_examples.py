@@ -1,14 +1,14 @@
 """Every shipped example spec loads, runs for a few steps, and says nothing but its own lines."""
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from gpuforge.spec import load_spec
 from gpuforge.train.engine import train
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
+from tests.helpers.output import OWN_LINE
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
 
@@ -26,16 +26,6 @@ def test_example_runs_a_few_steps(tmp_path, path):
     assert (tmp_path / "run" / "model" / "gpuforge.json").exists()
 
 
-# The lines gpuforge itself prints while training (stdout and stderr): its log lines (rich's level column,
-# then indented continuations), the progress bar, the closing summary, and the compression table.
-OWN_LINE = re.compile(
-    r"(DEBUG|INFO|WARNING|ERROR) +\S.*"  # gpuforge's logger
-    r"| {9}\S.*"  # a log line's continuation
-    r"|step +\d+/\d+ .*"  # the progress bar
-    r"|(finished|paused|failed|cancelled) at step \d+/\d+.*"
-    r"|(run directory|compressed): \S.*"
-    r"| +compressed variants .*| \S.*"  # the compression table's title, header, rule and rows
-)
 # a quick run of each example: one step, a few records, one recovery step after pruning
 QUICK = ["--max-steps", "1", "--set", "data.max_records=200"]
 QUICKER = {"digits-cnn": ["--set", "compress.prune.recover_steps=1"]}

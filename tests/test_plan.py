@@ -8,7 +8,7 @@ import pytest
 
 from gpuforge.plan import dollars, duration
 from gpuforge.train.batch import size
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

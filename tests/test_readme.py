@@ -15,7 +15,7 @@ import pytest
 
 from gpuforge.runtime.host import free_port
 from gpuforge.server.local import wait_until_ready
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 from tests.serve.tiny_runs import train_gpt, train_topics
 
 README = ROOT / "README.md"

@@ -6,13 +6,14 @@ Here, above both policy.py and models/, because the options' allow-list is the m
 
 from __future__ import annotations
 
-from gpuforge.models import checked_options
 from gpuforge.policy import Policy
 from gpuforge.spec import JobSpec
 
 
 def check_spec(policy: Policy, spec: JobSpec) -> None:
     """A SpecError naming the field unless the spec holds to `policy`."""
+    from gpuforge.models import checked_options  # here: models/ imports torch, which the server need not load
+
     checked_options(spec.model.source, spec.model.options, policy.user_code)
     for field, path in spec.file_references():
         policy.check_path(field, path)

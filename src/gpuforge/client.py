@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,9 +26,9 @@ import httpx
 import yaml
 
 from gpuforge.errors import GpuforgeError
+from gpuforge.settings import current
 from gpuforge.spec import JobSpec, apply_override
 
-DEFAULT_URL = "http://127.0.0.1:8600"
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # a server restarting takes seconds: 15 s of tries in all
 TRANSIENT_STATUS = (502, 503, 504)  # a proxy or the server saying "not now"; the same request may pass
 log = logging.getLogger("gpuforge.client")
@@ -37,8 +36,9 @@ log = logging.getLogger("gpuforge.client")
 
 class Client:
     def __init__(self, url: str | None = None, key: str | None = None, timeout: float = 30.0):
-        self.url = (url or os.environ.get("GPUFORGE_URL") or DEFAULT_URL).rstrip("/")
-        key = key or os.environ.get("GPUFORGE_API_KEY")
+        environment = current()
+        self.url = (url or environment.url).rstrip("/")
+        key = key or environment.api_key
         if not key:
             raise GpuforgeError(
                 "no API key: set GPUFORGE_API_KEY or pass --api-key-file PATH (the server wrote admin.key)"

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuforge.errors import GpuforgeError
+from gpuforge.runs import RunSummary
 from gpuforge.server.local import LocalServer
 from gpuforge.spec import load_spec
 
@@ -123,28 +124,32 @@ def _latency_table(client, name: str) -> Table:
     return table
 
 
-def _summary(client, job_id: int) -> dict:
+def _summary(client, job_id: int) -> RunSummary | None:
     try:
-        return client.summary(job_id)
+        return RunSummary.model_validate(client.summary(job_id))
     except Exception:  # a job that failed before writing one: the table says so
-        return {}
+        return None
 
 
-def _table(rows: list[tuple[dict, dict]]) -> Table:
+def _table(rows: list[tuple[dict, RunSummary | None]]) -> Table:
     table = Table(title="gpuforge demo (through the server)")
     for column in ("job", "name", "state", "steps", "loss", "eval", "samples/s", "device", "wall s"):
         table.add_column(column, no_wrap=True)
     for job, s in rows:
+        steps = f"/{job['total_steps'] or '?'}"
+        if s is None:  # no summary: loss, eval, speed, device and time unknown
+            table.add_row(str(job["id"]), job["name"], job["state"], f"{job['step'] or 0}{steps}", *["-"] * 5)
+            continue
         table.add_row(
             str(job["id"]),
             job["name"],
             job["state"],
-            f"{s.get('steps', job['step'] or 0)}/{job['total_steps'] or '?'}",
-            f"{s['final_loss']:.4f}" if s.get("final_loss") is not None else "-",
-            eval_figure(s.get("eval") or {}),
-            f"{s.get('samples_per_s') or 0:.1f}",
-            f"{s.get('device_type', '-')} {s.get('precision', '')}",
-            f"{s['wall_s']:.0f}" if s.get("wall_s") else "-",
+            f"{s.steps}{steps}",
+            f"{s.final_loss:.4f}" if s.final_loss is not None else "-",
+            eval_figure(s.eval or {}),
+            f"{s.samples_per_s or 0:.1f}",
+            f"{s.device_type} {s.precision}",
+            f"{s.wall_s:.0f}" if s.wall_s else "-",
         )
     return table
 

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from gpuforge.hardware.bench import peak_flops
 from gpuforge.hardware.probe import device_name, proc_status_bytes, synchronize
+from gpuforge.runtime.precision import MixedPrecision
 from gpuforge.spec import JobSpec, parse_bytes
 from gpuforge.train.batch import (
     MemoryProbe,
@@ -32,9 +33,9 @@ from gpuforge.train.batch import (
     size,
     what_would_fit,
 )
-from gpuforge.train.engine import forward_backward, make_optimizer
 from gpuforge.train.metrics import FlopModel
 from gpuforge.train.setup import Job, build_job
+from gpuforge.train.step import forward_backward, make_optimizer
 
 MEASURED_STEPS = 5  # at least, after one warm-up step; the median is the estimate
 MEASURED_SECONDS = 2.0  # short steps run until this much time is measured: one stall must not decide
@@ -154,6 +155,7 @@ def _measure_steps(job: Job) -> tuple[float, int]:
     """Median time of real optimizer steps (after one warm-up), and the peak memory they reached."""
     module = job.module
     optimizer = make_optimizer(module, job.spec.train.lr, job.spec.train.weight_decay, job.device)
+    amp = MixedPrecision(job.precision, job.device)  # as training steps: fp16 with its loss scaling
     times = []
     if job.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(job.device)
@@ -164,10 +166,8 @@ def _measure_steps(job: Job) -> tuple[float, int]:
         while step <= MEASURED_STEPS or (sum(times[1:]) < MEASURED_SECONDS and step <= MAX_MEASURED_STEPS):
             start = time.perf_counter()
             indices = job.order.batch(step)
-            forward_backward(
-                job.built, job.task, job.data.train, indices, job.micro, job.precision, job.device, None
-            )
-            optimizer.step()
+            forward_backward(job.built, job.task, job.data.train, indices, job.micro, amp)
+            amp.step(optimizer, module.parameters(), job.spec.train.grad_clip)  # unscale, clip, update
             optimizer.zero_grad(set_to_none=True)
             synchronize(job.device)
             times.append(time.perf_counter() - start)

@@ -22,11 +22,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuforge import settings
 from gpuforge.errors import SpecError
 
-USER_CODE_ENV = "GPUFORGE_USER_CODE"
-ROOTS_ENV = "GPUFORGE_CONFINE_ROOTS"
-EXCLUDED_ENV = "GPUFORGE_CONFINE_EXCLUDED"
 MAX_FILES_CHECKED = 10_000  # a model directory with more files than this is refused rather than walked
 
 
@@ -38,20 +36,17 @@ class Policy:
 
     @classmethod
     def from_env(cls) -> Policy:
-        roots, excluded = os.environ.get(ROOTS_ENV), os.environ.get(EXCLUDED_ENV, "")
-        return cls(
-            user_code=os.environ.get(USER_CODE_ENV, "1") != "0",
-            roots=None if roots is None else _paths(roots),
-            excluded=_paths(excluded),
-        )
+        told = settings.current()
+        return cls(user_code=told.user_code, roots=told.confine_roots, excluded=told.confine_excluded)
 
     def environment(self) -> dict[str, str]:
         """What a child must be told to hold to this policy (see the module's docstring)."""
-        env = {USER_CODE_ENV: "1" if self.user_code else "0"}
-        if self.roots is not None:
-            env[ROOTS_ENV] = os.pathsep.join(str(r) for r in self.roots)
-            env[EXCLUDED_ENV] = os.pathsep.join(str(r) for r in self.excluded)
-        return env
+        confined = self.roots is not None
+        return settings.as_environment(
+            user_code=self.user_code,
+            confine_roots=self.roots,
+            confine_excluded=self.excluded if confined else None,
+        )
 
     def check_path(self, field: str, path: Path | str) -> None:
         """A SpecError unless `path`, and for a directory every file in it, lies inside the roots once
@@ -90,10 +85,6 @@ def _walk(directory: Path) -> Iterable[Path]:
     for parent, dirs, files in os.walk(directory, followlinks=True):
         for name in [*dirs, *files]:
             yield Path(parent) / name
-
-
-def _paths(joined: str) -> tuple[Path, ...]:
-    return tuple(Path(p) for p in joined.split(os.pathsep) if p)
 
 
 def current() -> Policy:

@@ -13,7 +13,7 @@ import logging
 import os
 import warnings
 
-VERBOSE_ENV = "GPUFORGE_VERBOSE"  # also passed to a server's runners and replicas (child_env.py)
+from gpuforge.settings import current
 
 # read by the libraries when they are imported or draw a bar; a value the user set stays
 QUIET_ENV = {
@@ -38,7 +38,7 @@ THIRD_PARTY_LOGGERS = (
 
 def verbose() -> bool:
     """Whether the user asked to see third-party output (GPUFORGE_VERBOSE=1; --verbose sets it)."""
-    return os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return current().verbose
 
 
 def quiet_third_party() -> None:

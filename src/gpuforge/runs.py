@@ -3,6 +3,7 @@
     <run>/spec.yaml  events.jsonl  metrics.jsonl  summary.json  checkpoints/step-NNNNNN/  model/  logs/
 
 Writers append one JSON object per line and flush it, so a reader (or a crash) sees whole lines only.
+summary.json is typed: RunSummary, written by write_summary and read back by read_summary.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from gpuforge.errors import RunDirError
 
@@ -53,6 +56,83 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return records
+
+
+class RunSummary(BaseModel):
+    """<run>/summary.json (contract): a run's final figures, written when its process stops.
+
+    The file holds these keys in this order. `schema_version` is written only from version 2 on: a file
+    without it is version 1, as is every file written before the field existed. A newer file's extra keys
+    load (and are written back) as they are; the keys added after the first summaries have defaults, so
+    older files load too."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = 1
+    status: str  # finished | failed | cancelled | paused
+    reason: str | None  # why it stopped, when not finished
+    steps: int  # optimizer steps done (a failed run: up to the last good one)
+    total_steps: int
+    resumed_from: int | None  # the checkpoint step this process started from
+    samples_per_s: float | None
+    tokens_per_s: float | None  # None for images
+    median_step_s: float | None
+    peak_mem_bytes: int
+    final_loss: float | None  # None when failed
+    eval: dict[str, float] | None  # loss and accuracy or perplexity of the last evaluation
+    device: str
+    device_type: str
+    precision: str
+    precision_reason: str
+    batch_size: int  # the micro-batch
+    grad_accum: int
+    global_batch_size: int
+    batch_search: dict[str, Any] | None = None  # how batch_size: auto found the micro-batch
+    parameters: int
+    trainable_parameters: int
+    optimizer_state_bytes: int | None = None
+    process_state_bytes: dict[str, int] | None = None  # what one process holds (FSDP: its shards)
+    adapter: str | None = None  # lora | qlora-nf4 | qlora-int8
+    weight_bytes: int | None = None
+    flops_method: str
+    device_peak_flops: float
+    mfu: float | None
+    cost_usd: float
+    usd_per_hour: float  # for all the devices the job held
+    launch_attempt: str | None = None  # the launcher's attempt id (launch/job.py), for a launched rank
+    processes: int = 1
+    strategy: str = "none"  # none | ddp | fsdp
+    gradient_compression: str | None = None
+    comm_bytes_per_step: float | None = None
+    wall_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The file's JSON object (NaN stays NaN here; the writer makes it null)."""
+        return self.model_dump(exclude={"schema_version"} if self.schema_version == 1 else None)
+
+    def as_result(self, signal: int | None) -> dict[str, Any]:
+        """What `train()` and the launcher return (a RunResult's fields, as a dict)."""
+        return {**self.as_dict(), "signal": signal}
+
+
+class RunResult(RunSummary):
+    """How a training process ended: its summary, and the number of the signal that stopped it."""
+
+    signal: int | None = None  # SIGTERM, SIGINT: the exit code is 128 + this
+
+
+def write_summary(path: Path, summary: RunSummary) -> None:
+    write_json_atomic(path, summary.as_dict())
+
+
+def read_summary(path: Path) -> RunSummary | None:
+    """None when there is no summary yet; a ValueError (pydantic's ValidationError) when the file holds
+    something else."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    return RunSummary.model_validate_json(text)
 
 
 class RunDir:
@@ -143,11 +223,13 @@ class RunDir:
     def metric(self, record: dict[str, Any]) -> None:
         self._append(self.metrics_path, record)
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        write_json_atomic(self.summary_path, summary)
+    def write_summary(self, summary: RunSummary) -> None:
+        write_summary(self.summary_path, summary)
 
     def truncate_metrics_after(self, step: int) -> None:
         """On resume from `step`, drop lines a killed process logged past it: no step counts twice."""
+        if not self.metrics_path.exists():
+            return
         kept = [r for r in read_jsonl(self.metrics_path) if r.get("step", 0) <= step]
         tmp = self.metrics_path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(_clean(r)) + "\n" for r in kept))
@@ -160,8 +242,13 @@ class RunDir:
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.metrics_path)
 
+    def read_summary(self) -> RunSummary | None:
+        return read_summary(self.summary_path)
+
     def summary(self) -> dict[str, Any] | None:
-        return json.loads(self.summary_path.read_text()) if self.summary_path.exists() else None
+        """The summary as a plain dict, for callers that want one (tests, scripts)."""
+        found = self.read_summary()
+        return found.as_dict() if found is not None else None
 
     @staticmethod
     def _append(path: Path, record: dict[str, Any]) -> None:
@@ -189,7 +276,7 @@ class ReaderRunDir(RunDir):
     def metric(self, record: dict[str, Any]) -> None:
         pass
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
+    def write_summary(self, summary: RunSummary) -> None:
         pass
 
     def truncate_metrics_after(self, step: int) -> None:

@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpuforge.errors import SpecError
 
-TASKS = ("sequence-classification", "causal-lm", "image-classification")
+Task = Literal["sequence-classification", "causal-lm", "image-classification"]
+TASKS = get_args(Task)
 MODEL_SCHEMES = ("bundled", "hf", "torchvision", "python")
 DATA_SCHEMES = ("sklearn", "stdlib")  # built-in data sets; anything else is a file path
 
@@ -30,7 +40,7 @@ class ModelSpec(Section):
     source: str = Field(
         description="bundled:<name> | hf:<local dir> | torchvision:<arch> | python:<module>:<fn>"
     )
-    task: Literal["sequence-classification", "causal-lm", "image-classification"]
+    task: Task
     num_labels: int | None = Field(None, ge=2, description="inferred from the data when absent")
     pretrained: bool | None = Field(None, description="load the source's weights (default where it has them)")
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the builder")
@@ -138,10 +148,46 @@ class AdaptSpec(Section):
         return self
 
 
+# The bounds of the compression options, written once: the `compress:` section below and `gpuforge compress`
+# (compress/options.py, whose fields have these types) refuse the same requests, each naming its own field.
+PruneStructure = Literal["unstructured", "2:4", "channel"]
+QuantKind = Literal["int8", "int4", "int8-dynamic"]
+
+
+def check_sparsity(amount: float) -> float:
+    """A share of weights (or channels) to remove: all of them would leave no layer."""
+    if not 0.0 <= amount < 1.0:
+        raise ValueError(f"sparsity must be in [0, 1), got {amount}")
+    return amount
+
+
+Sparsity = Annotated[float, AfterValidator(check_sparsity)]
+RecoverSteps = Annotated[int, Field(ge=0)]
+
+
+def pruning_problem(
+    amount: float, structure: str, recover_steps: int, named: Callable[[str], str]
+) -> str | None:
+    """What is wrong with these pruning settings together, or None. `named` gives the name the user wrote
+    for each (by its compress/options.py field): `--prune` on the command line, `amount` in a spec."""
+    if structure == "2:4" and amount not in (0.0, 0.5):
+        return f"{named('prune_structure')} 2:4 removes exactly half: {named('prune')} {amount} does not fit"
+    if recover_steps and not amount:
+        return f"{named('recover_steps')} fine-tunes after pruning: it needs {named('prune')} > 0"
+    return None
+
+
 class PruneSpec(Section):
-    amount: float = Field(0.5, ge=0, lt=1, description="share of weights (or FFN/conv channels) removed")
-    structure: Literal["unstructured", "2:4", "channel"] = "unstructured"
-    recover_steps: int = Field(0, ge=0, description="fine-tune steps after pruning, masks kept")
+    amount: Sparsity = Field(0.5, description="share of weights (or FFN/conv channels) removed")
+    structure: PruneStructure = "unstructured"
+    recover_steps: RecoverSteps = Field(0, description="fine-tune steps after pruning, masks kept")
+
+    @model_validator(mode="after")
+    def _settings_fit_together(self) -> PruneSpec:
+        names = {"prune": "amount", "prune_structure": "structure", "recover_steps": "recover_steps"}
+        if problem := pruning_problem(self.amount, self.structure, self.recover_steps, names.__getitem__):
+            raise ValueError(problem)
+        return self
 
 
 class CompressSpec(Section):
@@ -149,7 +195,7 @@ class CompressSpec(Section):
 
     merge: bool = Field(False, description="fold the LoRA adapter into its base")
     prune: PruneSpec | None = None
-    quantize: Literal["int8", "int4", "int8-dynamic"] | None = None
+    quantize: QuantKind | None = None
     sweep: bool = Field(False, description="every useful combination, with the Pareto front")
 
     @property
@@ -391,7 +437,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _problems(err: ValidationError) -> list[tuple[str, str]]:
+def validation_problems(err: ValidationError) -> list[tuple[str, str]]:
     """(dotted path, what is wrong) a problem; the branches of a union that all refused a value's type are
     one problem (`must be an integer or 'auto', got 'x'`)."""
     by_path: dict[str, list[dict]] = {}
@@ -445,7 +491,7 @@ def format_validation_error(
     each naming it: `--set train.lr=abc: must be a number, got 'abc'`."""
     set_by = {a.partition("=")[0].strip(): a for a in overrides}
     in_file, in_overrides = [], []
-    for path, msg in _problems(err):
+    for path, msg in validation_problems(err):
         assignment = _blamed(path, msg, set_by) if path else None
         if assignment is not None:
             in_overrides.append(f"--set {assignment}: {msg}")

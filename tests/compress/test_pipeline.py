@@ -1,6 +1,7 @@
 """Compress real (tiny) trained runs end to end: merge, prune, recover, reload, report."""
 
 import json
+from typing import get_args
 
 import pytest
 import torch
@@ -15,10 +16,14 @@ from gpuforge.compress.pipeline import (
     save_variant,
     sweep,
 )
-from gpuforge.errors import GpuforgeError
-from gpuforge.spec import load_spec
+from gpuforge.errors import GpuforgeError, SpecError
+from gpuforge.spec import CompressSpec, QuantKind, load_spec, parse_spec
 from gpuforge.train.engine import train
-from tests.conftest import ROOT, run_cli, write_spec
+from gpuforge.weights.quantize import QUANT_KINDS
+from tests.helpers.cli import run_cli
+from tests.helpers.paths import ROOT
+from tests.helpers.runs import train_text_run as _text_run
+from tests.helpers.specs import write_spec
 
 REPORT_FIELDS = {"name", "params", "nonzero_params", "disk_bytes", "memory_bytes", "metric"} | {
     "latency_ms_b1",
@@ -26,23 +31,6 @@ REPORT_FIELDS = {"name", "params", "nonzero_params", "disk_bytes", "memory_bytes
     "latency_spread_b1",
     "latency_spread_b32",
 }
-
-
-def _train(tmp_path, raw: dict, name: str):
-    spec_path = write_spec(tmp_path / f"{name}.yaml", raw)
-    train(load_spec(spec_path), tmp_path / name)
-    return tmp_path / name / "model"
-
-
-def _text_run(tmp_path, tiny_bert_dir, topics, name="run", **adapt):
-    raw = {
-        "name": name,
-        "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},
-        "data": {"train": str(topics), "max_length": 32, "eval_fraction": 0.25},
-        "train": {"max_steps": 6, "batch_size": 8, "lr": 5e-3, "precision": "fp32"},
-        "adapt": adapt,
-    }
-    return _train(tmp_path, raw, name)
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +53,7 @@ def test_merge_gives_a_standalone_model_with_the_adapter_outputs(tmp_path, tiny_
     rows = compress(model_dir, CompressOptions(merge=True), tmp_path / "merged")
     adapter, tokenizer, _ = load_artifact(model_dir)
     merged, _, manifest = load_artifact(tmp_path / "merged")
-    assert (
-        manifest["kind"] == "full"
-        and manifest["compression"]["merged"]
-        and not hasattr(merged, "peft_config")
-    )
+    assert manifest.kind == "full" and manifest.compression.merged and not hasattr(merged, "peft_config")
     batch = dict(tokenizer(["sports news tonight", "the market fell"], return_tensors="pt", padding=True))
     assert torch.allclose(_logits(merged, batch), _logits(adapter, batch), atol=1e-5)
     assert [r["name"] for r in rows] == ["original", "merged"] and rows[0]["adapter"]
@@ -102,7 +86,7 @@ def test_pruning_with_recovery_keeps_the_zeros_and_reports(tmp_path, digits_run)
     original, pruned = rows
     assert pruned["params"] == original["params"]
     module, _, manifest = load_artifact(tmp_path / "pruned")
-    assert manifest["compression"]["recover"]["steps"] == 5
+    assert manifest.compression.recover.steps == 5
     # the convolutions are half zero after recovery too; the linear head keeps all its weights
     convs = [m.weight for m in module.modules() if isinstance(m, torch.nn.Conv2d)]
     assert all((w == 0).float().mean() == pytest.approx(0.5, abs=0.01) for w in convs)
@@ -113,7 +97,7 @@ def test_pruning_with_recovery_keeps_the_zeros_and_reports(tmp_path, digits_run)
 def test_channel_pruning_of_a_python_model_reloads_through_its_builder(tmp_path, digits_run):
     rows = compress(digits_run, CompressOptions(prune=0.3, prune_structure="channel"), tmp_path / "narrow")
     module, _, manifest = load_artifact(tmp_path / "narrow")
-    assert manifest["compression"]["prune"]["resized"]
+    assert manifest.compression.prune.resized
     assert rows[1]["params"] < 0.75 * rows[0]["params"]
     assert sum(p.numel() for p in module.parameters()) == rows[1]["params"]
     assert _logits(module, torch.rand(2, 1, 8, 8)).shape == (2, 10)
@@ -136,7 +120,10 @@ def test_bad_requests_name_what_is_wrong(tmp_path, digits_run):
 def test_the_cli_says_what_is_wrong_in_one_line(tmp_path):
     result = run_cli("compress", str(tmp_path), "--prune", "1.5", "--out", str(tmp_path / "x"))
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == "gpuforge: error: sparsity must be in [0, 1): got 1.5"
+    assert (
+        result.stderr.strip().splitlines()[-1]
+        == "gpuforge: error: --prune: sparsity must be in [0, 1), got 1.5"
+    )
     result = run_cli("compress", str(tmp_path), "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "nothing to do" in result.stderr
 
@@ -154,6 +141,46 @@ def test_the_spec_compress_section_runs_after_training(tmp_path):
     assert "channel30" in result.stdout
 
 
+STRUCTURES = "must be 'unstructured', '2:4' or 'channel'"
+KINDS = "must be 'int8', 'int4' or 'int8-dynamic'"
+# (the spec's compress: section, its error; the same request on the command line, its error)
+SAME_REFUSALS = [
+    ({"prune": {"amount": 1.5}}, "compress.prune.amount: sparsity must be in [0, 1)",
+     {"prune": 1.5}, "--prune: sparsity must be in [0, 1)"),
+    ({"prune": {"structure": "4:8"}}, f"compress.prune.structure: {STRUCTURES}",
+     {"prune_structure": "4:8"}, f"--prune-structure: {STRUCTURES}"),
+    ({"prune": {"amount": 0.3, "structure": "2:4"}}, "compress.prune: structure 2:4 removes exactly half",
+     {"prune": 0.3, "prune_structure": "2:4"}, "--prune-structure 2:4 removes exactly half: --prune 0.3"),
+    ({"prune": {"amount": 0, "recover_steps": 3}}, "compress.prune: recover_steps fine-tunes after pruning",
+     {"recover_steps": 3}, "--recover-steps fine-tunes after pruning: it needs --prune > 0"),
+    ({"prune": {"recover_steps": -1}}, "compress.prune.recover_steps: must be >= 0",
+     {"recover_steps": -1}, "--recover-steps: must be >= 0"),
+    ({"quantize": "int2"}, f"compress.quantize: {KINDS}", {"quantize": "int2"}, f"--quantize: {KINDS}"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("section, in_spec, flags, on_the_command_line", SAME_REFUSALS)
+def test_the_spec_and_the_command_line_refuse_the_same_requests(section, in_spec, flags, on_the_command_line):
+    """One definition of the bounds (spec.py), each refusal naming the field as its user wrote it."""
+    raw = load_spec(ROOT / "examples" / "digits-cnn.yaml").model_dump(mode="json")
+    with pytest.raises(SpecError) as refused:
+        parse_spec({**raw, "compress": section}, ROOT)
+    assert in_spec in str(refused.value)
+    with pytest.raises(CompressError) as refused:
+        CompressOptions(**flags)
+    assert on_the_command_line in str(refused.value)
+
+
+def test_a_spec_section_becomes_the_options_of_its_variant():
+    section = CompressSpec(prune={"amount": 0.3, "structure": "channel", "recover_steps": 4}, quantize="int8")
+    options = CompressOptions.from_spec(section)
+    assert options.name == "channel30+rec4+int8" and options == CompressOptions(
+        prune=0.3, prune_structure="channel", recover_steps=4, quantize="int8"
+    )
+    assert CompressOptions.from_spec(CompressSpec(merge=True)).name == "merged"
+    assert get_args(QuantKind) == QUANT_KINDS  # the bound and the kinds weights/quantize.py implements
+
+
 def test_a_bad_compress_section_names_the_field(tmp_path):
     raw = load_spec(ROOT / "examples" / "digits-cnn.yaml").model_dump(mode="json")
     raw["compress"] = {"prune": {"amount": 1.2}}
@@ -168,7 +195,7 @@ def test_a_quantized_variant_reloads_with_the_outputs_it_was_saved_with(tmp_path
     built, tokenizer, manifest = make_variant(source, options)
     save_variant(built, tokenizer, manifest, tmp_path / "v")
     reloaded, _, saved = load_artifact(tmp_path / "v")
-    assert saved["weights"] == "quantized.pt" and saved["compression"]["quantize"]["kind"] == kind
+    assert saved.weights == "quantized.pt" and saved.quantization == kind
     x = torch.rand(4, 1, 8, 8)
     assert torch.equal(_logits(reloaded, x), _logits(built.module, x))
 
@@ -177,7 +204,7 @@ def test_a_quantized_transformer_reloads_from_its_config(tmp_path, tiny_bert_dir
     model_dir = _text_run(tmp_path, tiny_bert_dir, small_topics, lora={"r": 4})
     source = open_source(model_dir)
     built, tokenizer, manifest = make_variant(source, CompressOptions(quantize="int8"))
-    assert manifest["compression"]["merged"]  # an adapter is merged before its weights are quantized
+    assert manifest.compression.merged  # an adapter is merged before its weights are quantized
     save_variant(built, tokenizer, manifest, tmp_path / "v")
     assert not (tmp_path / "v" / "model.safetensors").exists()
     reloaded, tokenizer, _ = load_artifact(tmp_path / "v")

@@ -6,13 +6,13 @@ from torch import nn
 
 from gpuforge.compress.prune import (
     PruneError,
-    apply_resized,
     magnitude_prune,
     prune_channels,
     to_semi_structured,
     weight_layers,
 )
 from gpuforge.models import ModelRequest, build_model
+from gpuforge.weights.resize import apply_resized
 
 
 def mlp() -> nn.Module:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from gpuforge.compress.report import add_deltas_and_front
-from tests.compress.test_pipeline import _text_run
+from tests.helpers.runs import train_text_run as _text_run
 
 
 def _in_a_terminal(*args: str, columns: int) -> str:

@@ -192,15 +192,21 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     for phase in conf["phases"]:
         rank, world, plain = phase["rank"], phase["world"], phase["init"] == "none"
-        if not plain:
-            timeout = datetime.timedelta(seconds=60)  # a collective waiting longer raises
-            dist.init_process_group(
-                "gloo", init_method=phase["init"], rank=rank, world_size=world, timeout=timeout
-            )
-        for spec in phase["runs"]:
-            run(spec, conf, rank, world, plain, out)
-        if not plain:
-            leave_process_group()
+        if plain:
+            for spec in phase["runs"]:
+                run(spec, conf, rank, world, plain, out)
+            continue
+        timeout = datetime.timedelta(seconds=60)  # a collective waiting longer raises
+        dist.init_process_group(
+            "gloo", init_method=phase["init"], rank=rank, world_size=world, timeout=timeout
+        )
+        peers_done = False
+        try:
+            for spec in phase["runs"]:
+                run(spec, conf, rank, world, plain, out)
+            peers_done = True
+        finally:  # also after a failed run: a group left up at exit aborts the process, hiding the error
+            leave_process_group(peers_done=peers_done)
 
 
 if __name__ == "__main__":

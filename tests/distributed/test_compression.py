@@ -18,7 +18,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpuforge.distributed.compression import KINDS, CommCounter, _orthogonalize, _plan, make_hook
-from tests.distributed.workers import run_workers
+from gpuforge.distributed.ranks import leave_process_group
+from tests.helpers.gloo_workers import run_workers
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 JOB_TIMEOUT_S = 150
@@ -140,7 +141,7 @@ def single_rank_group():
         pytest.skip("torch.distributed with gloo is not available in this torch build")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 def test_powersgd_error_feedback_loses_nothing(single_rank_group):

@@ -12,36 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gpuforge.artifact import load_artifact
 from gpuforge.runs import RunDir
-
-# no BatchNorm, no dropout: 2 processes must then compute what 1 does (BatchNorm would see half batches)
-MODEL = """
-from torch import nn
-
-def build(num_labels: int, width: int = 64) -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(),
-                         nn.Linear(width, num_labels))
-"""
-
-
-def write_spec(tmp_path: Path, name: str = "mlp", **sections) -> Path:
-    (tmp_path / "mlp.py").write_text(MODEL)
-    spec = {
-        "name": name,
-        "model": {"source": "python:mlp.py:build", "task": "image-classification"},
-        "data": {"train": "sklearn:digits", "eval_fraction": 0.1},
-        "train": {"max_steps": 12, "batch_size": 32, "lr": 3e-3, "precision": "fp32", "log_every": 1},
-        "resources": {"devices": 2},
-        "distributed": {"strategy": "ddp"},
-    }
-    for section, values in sections.items():
-        spec[section] = {**spec.get(section, {}), **values} if isinstance(values, dict) else values
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+from tests.helpers.ddp_specs import write_ddp_spec as write_spec
 
 
 def gpuforge(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:

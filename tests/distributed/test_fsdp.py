@@ -32,7 +32,7 @@ from gpuforge.distributed.fsdp import (
     local_bytes,
     shard_model,
 )
-from tests.distributed.workers import run_workers
+from tests.helpers.gloo_workers import run_workers
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 JOB_TIMEOUT_S = 120

@@ -7,8 +7,9 @@ import time
 import pytest
 
 from gpuforge.server.local import LocalServer
-from tests.conftest import run_cli, write_spec
-from tests.test_examples import OWN_LINE
+from tests.helpers.cli import run_cli
+from tests.helpers.output import OWN_LINE
+from tests.helpers.specs import write_spec
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from gpuforge.runs import RunDir
-from tests.conftest import image_spec, run_cli, write_spec
+from tests.helpers.cli import run_cli
+from tests.helpers.specs import image_spec, write_spec
 
 STEPS, EVERY = 24, 6
 

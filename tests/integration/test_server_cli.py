@@ -6,7 +6,8 @@ import pytest
 
 from gpuforge.runtime.host import free_port
 from gpuforge.server.local import LocalServer
-from tests.conftest import ROOT, run_cli
+from tests.helpers.cli import run_cli
+from tests.helpers.paths import ROOT
 
 
 @pytest.fixture
@@ -118,7 +119,8 @@ def test_a_store_that_cannot_open_is_one_line(tmp_path):
 
 
 def test_logs_follow_prints_log_and_metrics_lines_until_the_job_stops(tmp_path, monkeypatch):
-    from tests.conftest import TEST_MODELS, image_spec, write_spec
+    from tests.helpers.paths import TEST_MODELS
+    from tests.helpers.specs import image_spec, write_spec
 
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=12, options={"sleep_s": 0.05}))
     with LocalServer(tmp_path / "home", log=tmp_path / "server.log") as server:  # scheduling on
@@ -250,7 +252,7 @@ def test_a_missing_local_file_is_named_as_written_before_anything_is_sent(live_s
 def test_a_runner_refusing_its_input_fails_its_job_once_with_the_users_file_name(tmp_path, monkeypatch):
     import numpy as np
 
-    from tests.conftest import image_spec, write_spec
+    from tests.helpers.specs import image_spec, write_spec
 
     np.savez(tmp_path / "digits.npz", pixels=np.zeros((4, 8, 8)))  # no x/y arrays: only the runner looks
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, data={"train": "digits.npz"}))

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from gpuforge.server.local import LocalServer
-from tests.conftest import TEST_MODELS, image_spec
+from tests.helpers.paths import TEST_MODELS
+from tests.helpers.specs import image_spec
 
 pytestmark = pytest.mark.slow
 

@@ -4,8 +4,8 @@ import json
 
 from gpuforge.runs import RunDir
 from gpuforge.server.local import LocalServer
-from tests.conftest import run_cli
-from tests.distributed.test_ddp_train import write_spec
+from tests.helpers.cli import run_cli
+from tests.helpers.ddp_specs import write_ddp_spec as write_spec
 
 
 def test_a_ddp_job_submitted_to_the_server_runs_on_two_slots(tmp_path, monkeypatch):

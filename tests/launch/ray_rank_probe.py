@@ -1,4 +1,4 @@
-"""One rank for tests/distributed/test_ray_launch.py (not collected by pytest).
+"""One rank for tests/launch/test_ray_ranks.py (not collected by pytest).
 
 python ray_rank_probe.py [--fail-rank R --exit-code N] [--wait] [--ignore-term RANK]
 
@@ -22,6 +22,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from gpuforge.distributed.ranks import leave_process_group
+
 
 def _ip() -> str:
     try:
@@ -42,30 +44,34 @@ def main() -> int:
     if args.ignore_term == rank:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
-    t = torch.tensor([float(rank + 1)])
-    dist.all_reduce(t)
-    info = {
-        "rank": rank,
-        "world": dist.get_world_size(),
-        "sum": t.item(),
-        "local_rank": int(os.environ["LOCAL_RANK"]),
-        "local_world_size": int(os.environ["LOCAL_WORLD_SIZE"]),
-        "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-        "hostname": socket.gethostname(),
-        "ip": _ip(),
-        "cwd": os.getcwd(),
-    }
-    print("probe " + json.dumps(info), flush=True)
-    print(f"stderr line from rank {rank}", file=sys.stderr, flush=True)
-    if args.fail_rank is not None:
-        if rank == args.fail_rank:
-            print(f"rank {rank} fails with {args.exit_code}", flush=True)
-            return args.exit_code
-        time.sleep(600)
-    if args.wait:
-        print("waiting", flush=True)
-        time.sleep(600)
-    dist.destroy_process_group()
+    peers_done = False
+    try:
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        info = {
+            "rank": rank,
+            "world": dist.get_world_size(),
+            "sum": t.item(),
+            "local_rank": int(os.environ["LOCAL_RANK"]),
+            "local_world_size": int(os.environ["LOCAL_WORLD_SIZE"]),
+            "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+            "hostname": socket.gethostname(),
+            "ip": _ip(),
+            "cwd": os.getcwd(),
+        }
+        print("probe " + json.dumps(info), flush=True)
+        print(f"stderr line from rank {rank}", file=sys.stderr, flush=True)
+        if args.fail_rank is not None:
+            if rank == args.fail_rank:
+                print(f"rank {rank} fails with {args.exit_code}", flush=True)
+                return args.exit_code  # its group still goes down (finally): the exit code stays its own
+            time.sleep(600)
+        if args.wait:
+            print("waiting", flush=True)
+            time.sleep(600)
+        peers_done = True
+    finally:
+        leave_process_group(peers_done=peers_done)
     return 0
 
 

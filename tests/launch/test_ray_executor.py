@@ -16,8 +16,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from gpuforge.runs import RunDir  # noqa: E402
 from gpuforge.runtime.host import free_port  # noqa: E402
 from gpuforge.server.local import LocalServer  # noqa: E402
-from tests.conftest import run_cli  # noqa: E402
-from tests.distributed.test_ddp_train import write_spec  # noqa: E402
+from tests.helpers.cli import run_cli  # noqa: E402
+from tests.helpers.ddp_specs import write_ddp_spec as write_spec  # noqa: E402
 
 MB = 1024 * 1024
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuforge.distributed import throttle
+from gpuforge.launch import throttle
 from gpuforge.launch.throttle import ThrottledLink, can_throttle, remove_stale
 
 PROBE = Path(__file__).resolve().parent / "throttle_probe.py"

@@ -1,8 +1,8 @@
-"""Push bytes over one TCP connection and time them, for tests/distributed/test_throttle.py (not collected).
+"""Push bytes over one TCP connection and time them, for tests/launch/test_throttle.py (not collected).
 
-python tests/distributed/throttle_probe.py recv HOST PORT
-python tests/distributed/throttle_probe.py send HOST PORT NBYTES
-python tests/distributed/throttle_probe.py gloo NFLOATS   (RANK, WORLD_SIZE, MASTER_* from the environment)
+python tests/launch/throttle_probe.py recv HOST PORT
+python tests/launch/throttle_probe.py send HOST PORT NBYTES
+python tests/launch/throttle_probe.py gloo NFLOATS   (RANK, WORLD_SIZE, MASTER_* from the environment)
 
 ``recv`` listens, prints ``listening`` once it can take the connection (so the caller knows when to start the
 sender), reads to EOF and prints ``{"bytes": ..., "seconds": ...}``: the time from the accepted connection to
@@ -50,19 +50,23 @@ def gloo(nfloats: int) -> None:
     from gpuforge.distributed.ranks import leave_process_group
 
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=30))
-    rank = dist.get_rank()
-    small = torch.full((4,), float(rank + 1))
-    dist.all_reduce(small)
-    big = torch.ones(nfloats)
-    dist.barrier()
-    start = time.perf_counter()
-    dist.all_reduce(big)
-    seconds = time.perf_counter() - start
-    if rank == 0:
-        big_ok = bool((big == dist.get_world_size()).all())
-        out = {"sum": small.tolist(), "big_ok": big_ok, "seconds": seconds, "bytes": big.numel() * 4}
-        print(json.dumps(out), flush=True)
-    leave_process_group()
+    peers_done = False
+    try:
+        rank = dist.get_rank()
+        small = torch.full((4,), float(rank + 1))
+        dist.all_reduce(small)
+        big = torch.ones(nfloats)
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(big)
+        seconds = time.perf_counter() - start
+        if rank == 0:
+            big_ok = bool((big == dist.get_world_size()).all())
+            out = {"sum": small.tolist(), "big_ok": big_ok, "seconds": seconds, "bytes": big.numel() * 4}
+            print(json.dumps(out), flush=True)
+        peers_done = True
+    finally:
+        leave_process_group(peers_done=peers_done)
 
 
 if __name__ == "__main__":

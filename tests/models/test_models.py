@@ -4,7 +4,7 @@ import torch
 from gpuforge.errors import ModelError, SpecError
 from gpuforge.models import ModelRequest, build_model, load_tokenizer
 from gpuforge.models.tokenizers import byte_tokenizer
-from tests.conftest import TEST_MODELS
+from tests.helpers.paths import TEST_MODELS
 
 
 def test_bundled_minilm_is_the_pretrained_model_with_a_new_head():

@@ -8,7 +8,7 @@ import time
 from gpuforge.child_env import child_environment
 from gpuforge.runtime.host import is_alive
 from gpuforge.scheduler.executor import cancel, launch
-from tests.conftest import image_spec, write_spec
+from tests.helpers.specs import image_spec, write_spec
 
 
 def _wait_for_step(run_dir, step: int, timeout: float = 120) -> None:

@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 
 from gpuforge.server.app import create_app
 from gpuforge.server.settings import Settings
-from tests.conftest import TEST_MODELS, image_spec
+from tests.helpers.paths import TEST_MODELS
+from tests.helpers.specs import image_spec
 
 
 @pytest.fixture
@@ -253,3 +254,127 @@ def test_a_replica_gets_its_owners_policy_and_a_key_the_store_keeps_only_the_dig
             assert hashlib.sha256(env["GPUFORGE_API_KEY"].encode()).hexdigest() == deployment.worker_key
             assert not {"GPUFORGE_ADMIN_KEY", "GPUFORGE_DB"} & set(env)
     engine.dispose()
+
+
+# --- the loop's decisions on a store, no process started (launch is faked) ---
+@pytest.fixture
+def loop_store(tmp_path, monkeypatch):
+    """(a Scheduler on 3 CPU slots and an empty store, the job ids it launched): `launch` starts nothing."""
+    from gpuforge.scheduler import loop
+    from gpuforge.scheduler.allocator import DeviceInfo
+    from gpuforge.scheduler.executor import Launched
+    from gpuforge.store.db import connect, migrate
+
+    launched = []
+
+    def fake_launch(spec_path, run_dir, env):
+        launched.append(int(run_dir.name))
+        return Launched(pid=40_000 + len(launched), process=None)
+
+    monkeypatch.setattr(loop, "launch", fake_launch)
+    engine = connect(f"sqlite:///{tmp_path / 'store.db'}")
+    migrate(engine)
+    slots = [DeviceInfo(f"cpu:{i}", "cpu", "a CPU slot", threads=1) for i in range(3)]
+    yield loop.Scheduler(engine, slots), launched
+    engine.dispose()
+
+
+def _add_job(s, tmp_path, **fields) -> int:
+    from gpuforge.store.models import Job
+
+    job = Job(**{"name": "j", "spec_yaml": "name: j\n", "run_dir": "", **fields})
+    s.add(job)
+    s.flush()
+    job.run_dir = str(tmp_path / "runs" / str(job.id))  # its id: what the fake launch reports
+    return job.id
+
+
+def test_a_cancel_landing_between_the_queue_read_and_the_claim_starts_nothing(
+    loop_store, tmp_path, monkeypatch
+):
+    from gpuforge.scheduler import loop
+    from gpuforge.store import states
+    from gpuforge.store.db import session
+    from gpuforge.store.models import Job
+
+    scheduler, launched = loop_store
+    scheduler.tick()  # the devices' rows made: the next tick writes nothing before its claims (no lock held)
+    with session(scheduler.engine) as s:
+        first, second = _add_job(s, tmp_path), _add_job(s, tmp_path)
+
+    def plan_then_cancel(*args):
+        plan = real_plan(*args)
+        with session(scheduler.engine) as api:  # the API's cancel, after the loop planned to start both
+            states.cancel(api, second, "cancelled by admin")
+        return plan
+
+    real_plan = loop.plan_starts
+    monkeypatch.setattr(loop, "plan_starts", plan_then_cancel)
+    scheduler.tick()
+    assert launched == [first]
+    with session(scheduler.engine) as s:
+        started, cancelled = s.get(Job, first), s.get(Job, second)
+        assert (started.state, started.devices, started.pid) == ("running", "cpu:0", 40_001)
+        assert started.started_at is not None
+        assert (cancelled.state, cancelled.devices, cancelled.pid) == ("cancelled", None, None)
+
+
+def test_a_tick_ends_gone_runners_by_their_last_word_and_restarts_a_silent_one(loop_store, tmp_path):
+    from gpuforge.store.db import session
+    from gpuforge.store.models import Job
+
+    scheduler, launched = loop_store
+    words = {
+        "paused": '{"ts": 1.0, "event": "paused", "reason": "cost.budget_usd 1 spent"}\n',
+        "cancelled": '{"ts": 1.0, "event": "cancelled"}\n',
+        "silent": '{"ts": 1.0, "event": "started"}\n',  # killed: no ending event, no error line
+    }
+    ids = {}
+    with session(scheduler.engine) as s:
+        for i, (name, events) in enumerate(words.items()):
+            ids[name] = _add_job(s, tmp_path, name=name, state="running", devices=f"cpu:{i}", max_restarts=2)
+            run = tmp_path / "runs" / str(ids[name])
+            run.mkdir(parents=True)
+            (run / "events.jsonl").write_text(events)
+        s.get(Job, ids["cancelled"]).cancel_requested = True
+        s.get(Job, ids["cancelled"]).reason = "cancelled by admin"
+    scheduler.tick()
+    with session(scheduler.engine) as s:
+        ended = {name: s.get(Job, job_id) for name, job_id in ids.items()}
+        paused, cancelled, silent = ended["paused"], ended["cancelled"], ended["silent"]
+        assert (paused.state, paused.devices, paused.reason) == ("paused", None, "cost.budget_usd 1 spent")
+        assert (cancelled.state, cancelled.reason) == ("cancelled", "cancelled by admin")
+        assert cancelled.finished_at is not None and paused.finished_at is None
+        # queued again, one restart more, and started again in the same tick on a free slot
+        assert (silent.state, silent.restarts, silent.pid) == ("running", 1, 40_001)
+        assert silent.reason == "process ended without a word (restart 1 of 2)"
+    assert launched == [ids["silent"]]
+
+
+def test_a_tick_fails_a_job_that_can_never_start_and_says_once_why_a_held_one_waits(
+    loop_store, tmp_path, monkeypatch
+):
+    from gpuforge.scheduler.loop import Scheduler
+    from gpuforge.store.db import session
+    from gpuforge.store.models import ApiKey, Job
+
+    scheduler, launched = loop_store
+    monkeypatch.setattr(Scheduler, "_alive", lambda self, job: True)  # its running job's runner goes on
+    with session(scheduler.engine) as s:
+        owner = ApiKey(name="alice", digest="a" * 64, max_running=1)
+        s.add(owner)
+        s.flush()
+        _add_job(s, tmp_path, owner_id=owner.id, state="running", devices="cpu:0", pid=1)
+        held = _add_job(s, tmp_path, owner_id=owner.id)
+        too_big = _add_job(s, tmp_path, devices_wanted=4)
+    scheduler.tick()
+    scheduler.tick()
+    with session(scheduler.engine) as s:
+        waiting, failed = s.get(Job, held), s.get(Job, too_big)
+        assert (waiting.state, waiting.reason) == (
+            "queued",
+            "waiting for quota max_running: its key runs 1 jobs, its limit",
+        )
+        assert (failed.state, failed.reason) == ("failed", "asks for 4 cpu device(s); this server has 3")
+        assert failed.finished_at is not None
+    assert launched == []

@@ -23,7 +23,7 @@ from gpuforge.serve.generate import (
 from gpuforge.serve.openai_api import chat_prompt, create_openai_router
 from gpuforge.spec import load_spec
 from gpuforge.train.engine import train
-from tests.conftest import write_spec
+from tests.helpers.specs import write_spec
 
 GREEDY = {"temperature": 0}
 
@@ -418,9 +418,10 @@ def test_loading_gives_503_and_a_full_queue_429_with_retry_after():
 
 
 def test_the_worker_serves_a_causal_lm_through_the_openai_routes(lm_dir):
-    from gpuforge.serve.worker import ServeConfig, create_worker
+    from gpuforge.serve.options import ServeOptions
+    from gpuforge.serve.worker import create_worker
 
-    with TestClient(create_worker(ServeConfig(lm_dir, precision="fp32", max_batch=4))) as client:
+    with TestClient(create_worker(lm_dir, ServeOptions(precision="fp32", max_batch=4))) as client:
         deadline = time.monotonic() + 60
         while client.get("/readyz").status_code != 200:
             assert time.monotonic() < deadline, client.get("/readyz").json()
@@ -440,9 +441,10 @@ def test_the_worker_serves_a_causal_lm_through_the_openai_routes(lm_dir):
 
 
 def test_completions_are_counted_in_metrics_like_predictions(lm_dir):
-    from gpuforge.serve.worker import ServeConfig, create_worker
+    from gpuforge.serve.options import ServeOptions
+    from gpuforge.serve.worker import create_worker
 
-    with TestClient(create_worker(ServeConfig(lm_dir, precision="fp32", max_batch=4))) as client:
+    with TestClient(create_worker(lm_dir, ServeOptions(precision="fp32", max_batch=4))) as client:
         deadline = time.monotonic() + 60
         while client.get("/readyz").status_code != 200:
             assert time.monotonic() < deadline, client.get("/readyz").json()

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from gpuforge.artifact import Manifest
 from gpuforge.runtime.precision import choose_precision
 from gpuforge.serve.generate import GenerationEngine, SamplingParams
 from gpuforge.serve.predict import Predictor
@@ -19,7 +20,8 @@ def test_a_classifier_batch_runs_on_cuda_in_bf16():
                         intermediate_size=64, num_labels=2)  # fmt: skip
     model = BertForSequenceClassification(config)
     device = torch.device("cuda")
-    manifest = {"task": "sequence-classification", "labels": ["neg", "pos"], "num_labels": 2, "kind": "full"}
+    manifest = Manifest(format="transformers", kind="full", task="sequence-classification", source="hf:x",
+                        labels=["neg", "pos"], num_labels=2)  # fmt: skip
     predictor = Predictor(
         model.to(device).eval(), tok, manifest, device, choose_precision("auto", device), 16
     )

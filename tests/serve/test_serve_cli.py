@@ -3,20 +3,18 @@ finishes the requests it holds when stopped, says where it listens; behind the t
 
 import concurrent.futures
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
-from gpuforge.runtime.host import free_port
-from gpuforge.server.local import LocalServer, wait_until_ready
+from gpuforge.server.local import LocalServer
 from gpuforge.spec import load_spec
 from gpuforge.train.engine import train
-from tests.conftest import ROOT, run_cli
+from tests.helpers.cli import run_cli
+from tests.helpers.paths import ROOT
+from tests.helpers.serving import start_serve as _serve
 
 pytestmark = pytest.mark.slow
 
@@ -26,22 +24,6 @@ def digits_model(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-cli")
     train(load_spec(ROOT / "examples" / "digits-cnn.yaml", ["train.max_steps=10"]), tmp / "run")
     return tmp / "run" / "model"
-
-
-def _serve(model_dir, *options, env=None):
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gpuforge", "serve", str(model_dir), "--port", str(port), *options],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    if wait_until_ready(url, process, 90):
-        return process, url
-    process.kill()
-    raise AssertionError(f"serve did not get ready: {process.stdout.read()}")
 
 
 def test_serve_answers_and_finishes_in_flight_requests_on_sigterm(digits_model):

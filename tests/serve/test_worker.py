@@ -9,10 +9,12 @@ from fastapi.testclient import TestClient
 
 from gpuforge.artifact import built_from, load_artifact
 from gpuforge.runtime import tasks
-from gpuforge.serve.worker import ServeConfig, create_worker
+from gpuforge.serve.options import ServeOptions
+from gpuforge.serve.worker import create_worker
 from gpuforge.spec import load_spec
 from gpuforge.train.engine import train
-from tests.conftest import TOPICS, write_spec
+from tests.helpers.paths import TOPICS
+from tests.helpers.specs import write_spec
 from tests.serve.tiny_runs import train_digits, train_topics
 
 
@@ -26,9 +28,10 @@ def digits_model(tmp_path_factory):
     return train_digits(tmp_path_factory.mktemp("serve-digits"), 10)
 
 
-def _client(model_dir, **options):
-    config = ServeConfig(model_dir, precision="fp32", **options)
-    client = TestClient(create_worker(config))
+def _client(model_dir, adapters=None, api_key=None, **options):
+    options = ServeOptions(precision="fp32", **options)
+    app = create_worker(model_dir, options, adapters=adapters, api_key=api_key)
+    client = TestClient(app)
     client.__enter__()
     deadline = time.monotonic() + 60
     while client.get("/readyz").status_code != 200:
@@ -166,7 +169,7 @@ def test_images_in_the_training_shape(digits_model):
 
 def test_readyz_says_why_a_model_cannot_load(tmp_path):
     (tmp_path / "gpuforge.json").write_text("{}")
-    client = TestClient(create_worker(ServeConfig(tmp_path)))
+    client = TestClient(create_worker(tmp_path))
     with client:
         deadline = time.monotonic() + 30
         while (
@@ -174,7 +177,8 @@ def test_readyz_says_why_a_model_cannot_load(tmp_path):
             and time.monotonic() < deadline
         ):
             time.sleep(0.05)
-        assert client.get("/readyz").status_code == 503 and "KeyError" in detail
+        assert client.get("/readyz").status_code == 503
+        assert "ArtifactError" in detail and "gpuforge.json" in detail  # what is wrong, and where
         assert client.post("/predict", json={"inputs": ["x"]}).status_code == 503
         assert client.get("/healthz").status_code == 200
 
@@ -247,7 +251,7 @@ def test_many_adapters_on_one_base_mixed_in_one_batch(three_adapters):
         with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
             for name, i, output in pool.map(ask, jobs):  # rows of one batch go through their own adapter
                 assert output["score"] == pytest.approx(float(expected[name][i].max()), abs=1e-4), (name, i)
-        adapters = client.app.state.predictor.adapters
+        adapters = client.app.state.backend.predictor.adapters
         assert len(adapters.loaded) <= 3 and adapters.loads >= 2  # b and c on first use
 
         before = adapters.evictions

@@ -13,8 +13,9 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuforge.serve.worker import ServeConfig, create_worker
-from tests.serve.test_serve_cli import _serve
+from gpuforge.serve.options import ServeOptions
+from gpuforge.serve.worker import create_worker
+from tests.helpers.serving import start_serve as _serve
 from tests.serve.tiny_runs import train_digits, train_gpt
 
 KEY = "gf_worker-key-0123456789abcdef"
@@ -71,7 +72,7 @@ def _asgi(app, path, headers, chunk=b"", method="POST"):
     "key_headers", [{}, {"Authorization": "Bearer wrong"}, {"X-API-Key": KEY[:-1]}, {"Authorization": KEY}]
 )
 def test_without_the_key_the_body_is_never_read(lm_model, path, key_headers):
-    app = create_worker(ServeConfig(lm_model, api_key=KEY, max_body_bytes=1024))
+    app = create_worker(lm_model, ServeOptions(max_body_bytes=1024), api_key=KEY)
     for how in ({"Content-Length": str(GIB)}, {"Transfer-Encoding": "chunked"}):
         code, body, awaited, headers = _asgi(app, path, {**key_headers, **how}, b"x" * 4096)
         assert (code, awaited) == (401, 0)  # not 413: nothing of the body, not even its length, counted
@@ -82,7 +83,7 @@ def test_without_the_key_the_body_is_never_read(lm_model, path, key_headers):
 
 
 def test_a_body_over_the_limit_is_refused_by_its_length_or_as_soon_as_it_passes_it(lm_model):
-    app = create_worker(ServeConfig(lm_model, api_key=KEY, max_body_bytes=10_000))
+    app = create_worker(lm_model, ServeOptions(max_body_bytes=10_000), api_key=KEY)
     auth = {"Authorization": f"Bearer {KEY}"}
     for path in ("/predict", "/v1/completions"):
         code, body, awaited, _ = _asgi(app, path, {**auth, "Content-Length": str(GIB)}, b"x")
@@ -94,7 +95,7 @@ def test_a_body_over_the_limit_is_refused_by_its_length_or_as_soon_as_it_passes_
 
 
 def test_without_a_key_configured_only_the_limit_applies(digits_model):
-    app = create_worker(ServeConfig(digits_model, max_body_bytes=1024))
+    app = create_worker(digits_model, ServeOptions(max_body_bytes=1024))
     code, _, awaited, _ = _asgi(app, "/predict", {"Content-Length": str(GIB)})
     assert (code, awaited) == (413, 0)
     code, _, awaited, _ = _asgi(app, "/predict", {"Transfer-Encoding": "chunked"}, b"x" * 1000)
@@ -114,8 +115,8 @@ def _ready(client):
 
 @pytest.mark.parametrize("public", [False, True])
 def test_metrics_and_docs_need_the_key_unless_public(digits_model, public):
-    config = ServeConfig(digits_model, precision="fp32", api_key=KEY, public_metrics=public)
-    with TestClient(create_worker(config)) as client:
+    app = create_worker(digits_model, ServeOptions(precision="fp32"), api_key=KEY, public_metrics=public)
+    with TestClient(app) as client:
         _ready(client)
         for path in ("/metrics", "/docs", "/openapi.json", "/redoc"):
             assert client.get(path).status_code == (200 if public else 401), path
@@ -128,16 +129,16 @@ def test_metrics_and_docs_need_the_key_unless_public(digits_model, public):
 
 def test_with_the_key_and_under_the_limit_everything_answers(digits_model, lm_model):
     image = _image()
-    config = ServeConfig(digits_model, precision="fp32", api_key=KEY, max_body_bytes=2000)
-    with TestClient(create_worker(config), headers={"X-API-Key": KEY}) as client:
+    app = create_worker(digits_model, ServeOptions(precision="fp32", max_body_bytes=2000), api_key=KEY)
+    with TestClient(app, headers={"X-API-Key": KEY}) as client:
         _ready(client)
         assert client.post("/predict", json={"inputs": [image]}).status_code == 200
         assert client.get("/info").json()["task"] == "image-classification"
         over = client.post("/predict", json={"inputs": [image] * 10})  # about 4 KB
         assert over.status_code == 413 and "over the 2000 allowed" in over.json()["detail"]
         assert client.post("/predict", json={"inputs": [image]}).status_code == 200  # and it stays up
-    config = ServeConfig(lm_model, precision="fp32", max_batch=2, api_key=KEY)
-    with TestClient(create_worker(config)) as client:
+    app = create_worker(lm_model, ServeOptions(precision="fp32", max_batch=2), api_key=KEY)
+    with TestClient(app) as client:
         _ready(client)
         body = {"prompt": "def add", "max_tokens": 2, "temperature": 0}
         assert client.post("/v1/completions", json=body).status_code == 401

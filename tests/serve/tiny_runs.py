@@ -6,7 +6,8 @@ from pathlib import Path
 
 from gpuforge.spec import load_spec
 from gpuforge.train.engine import train
-from tests.conftest import ROOT, TOPICS, write_spec
+from tests.helpers.paths import ROOT, TOPICS
+from tests.helpers.specs import write_spec
 
 
 def train_topics(tmp: Path, tiny_bert_dir: Path) -> Path:

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from gpuforge.server.app import create_app
 from gpuforge.server.settings import Settings
-from tests.conftest import TEST_MODELS
+from tests.helpers.paths import TEST_MODELS
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ from sklearn.datasets import load_digits
 
 from gpuforge.server.app import create_app
 from gpuforge.server.settings import Settings
-from tests.conftest import TEST_MODELS, image_spec
+from tests.helpers.paths import TEST_MODELS
+from tests.helpers.specs import image_spec
 
 pytestmark = pytest.mark.slow
 

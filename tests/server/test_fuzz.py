@@ -14,7 +14,7 @@ from schemathesis.python.asgi import get_client
 
 from gpuforge.server.app import create_app
 from gpuforge.server.settings import Settings
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 # Bounded and repeatable: a fixed seed, derandomized generation, up to 25 examples per operation and
 # phase (examples, coverage, fuzzing; positive and negative), no example database on disk.

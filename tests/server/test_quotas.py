@@ -253,7 +253,16 @@ def test_an_upload_past_max_upload_bytes_is_429_and_nothing_is_kept(server, tmp_
 def _finished_job(client, owner: str, run_dir: Path) -> int:
     """A job that finished with a classifier (nothing is run: its model/ is all a deploy reads)."""
     (run_dir / "model").mkdir(parents=True)
-    (run_dir / "model" / "gpuforge.json").write_text(json.dumps({"task": "sequence-classification"}))
+    (run_dir / "model" / "gpuforge.json").write_text(
+        json.dumps(
+            {
+                "format": "state_dict",
+                "kind": "full",
+                "source": "bundled:tiny",
+                "task": "sequence-classification",
+            }
+        )
+    )
     with session(client.app.state.engine) as s:
         key = s.scalar(select(ApiKey).where(ApiKey.name == owner))
         job = Job(name="done", owner_id=key.id, state="finished", spec_yaml="", run_dir=str(run_dir))

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from gpuforge.server.local import LocalServer
-from tests.conftest import TEST_MODELS, TOPICS, run_cli
+from tests.helpers.cli import run_cli
+from tests.helpers.paths import TEST_MODELS, TOPICS
 
 ADMIN_KEY = "gf_" + "a" * 40  # given through GPUFORGE_ADMIN_KEY: the env a job must not see
 

@@ -10,7 +10,7 @@ from gpuforge.store.db import session
 from gpuforge.store.ingest import ingest
 from gpuforge.store.models import Event, Job
 from gpuforge.train.engine import train
-from tests.conftest import image_spec
+from tests.helpers.specs import image_spec
 
 
 @pytest.fixture

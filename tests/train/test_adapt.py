@@ -9,12 +9,14 @@ from gpuforge.errors import SpecError
 from gpuforge.models import ModelRequest, build_model, load_tokenizer
 from gpuforge.models.base import BuiltModel
 from gpuforge.runs import RunDir
+from gpuforge.runtime.evaluate import evaluate
 from gpuforge.runtime.precision import Precision
 from gpuforge.spec import LoraSpec, parse_spec
 from gpuforge.train.adapt import apply_lora, resolve_targets
-from gpuforge.train.engine import evaluate, train
-from tests.conftest import TEST_MODELS, image_spec
-from tests.train.test_engine import SignalAt
+from gpuforge.train.engine import train
+from tests.helpers.paths import TEST_MODELS
+from tests.helpers.reporters import SignalAt
+from tests.helpers.specs import image_spec
 
 
 def _text_job(tiny_bert_dir, topics, precision="fp32", **adapt):

@@ -10,7 +10,8 @@ from gpuforge.runtime.precision import Precision
 from gpuforge.spec import DataSpec, load_spec, parse_spec
 from gpuforge.train.batch import CPU_HEADROOM, longest_first, search_micro_batch
 from gpuforge.train.engine import train
-from tests.conftest import TOPICS, write_spec
+from tests.helpers.paths import TOPICS
+from tests.helpers.specs import write_spec
 
 
 @pytest.fixture(scope="module")

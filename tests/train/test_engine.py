@@ -2,7 +2,6 @@
 
 import json
 import math
-import os
 import signal
 
 import pytest
@@ -10,11 +9,12 @@ import torch
 
 from gpuforge.artifact import load_artifact
 from gpuforge.errors import ModelError, RunDirError, TrainingFailed
-from gpuforge.runs import RunDir
+from gpuforge.runs import RunDir, RunSummary
 from gpuforge.spec import parse_spec
 from gpuforge.train.engine import train
-from gpuforge.train.progress import Reporter
-from tests.conftest import TEST_MODELS, image_spec
+from tests.helpers.paths import TEST_MODELS
+from tests.helpers.reporters import SignalAt
+from tests.helpers.specs import image_spec
 
 METRIC_FIELDS = {
     "step",
@@ -62,6 +62,8 @@ def test_image_job_fills_the_run_directory(tmp_path):
     assert summary["status"] == "finished" and summary["steps"] == 12
     assert SUMMARY_FIELDS <= set(summary) and summary["device"] and summary["precision"] in ("fp32", "bf16")
     assert run.summary() == {k: v for k, v in summary.items() if k != "signal"}
+    # written through runs.RunSummary: every field, nothing else, no schema_version while it is 1
+    assert list(json.loads(run.summary_path.read_text())) == list(RunSummary.model_fields)[1:]
     metrics = run.metrics()
     assert [m["step"] for m in metrics] == list(range(1, 13))
     assert all(METRIC_FIELDS <= set(m) for m in metrics)
@@ -174,17 +176,6 @@ def test_a_spent_budget_pauses_with_a_checkpoint_and_a_higher_one_goes_on(tmp_pa
     assert [m["step"] for m in run.metrics()] == list(range(1, 51))
 
 
-class SignalAt(Reporter):
-    """Sends this process a signal once a given step is logged, as `kill` would."""
-
-    def __init__(self, step, signum=signal.SIGTERM):
-        self.at, self.signum = step, signum
-
-    def step(self, record):
-        if record["step"] == self.at:
-            os.kill(os.getpid(), self.signum)
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_checkpoints_and_a_rerun_resumes_the_same_loss_curve(tmp_path, signum):
     raw = image_spec(tmp_path, max_steps=14, checkpoint_every=5)
@@ -220,6 +211,17 @@ def test_a_run_directory_of_another_spec_is_refused_and_left_alone(tmp_path):
     with pytest.raises(RunDirError, match=r"different spec \(differs in train.lr\)"):
         _train(tmp_path, image_spec(tmp_path, max_steps=2, lr=0.5))
     assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == before
+
+
+def test_an_fp16_run_checkpoints_its_loss_scale_and_resumes_the_same_loss_curve(tmp_path):
+    raw = image_spec(tmp_path, max_steps=8, checkpoint_every=4, precision="fp16")
+    _train(tmp_path, raw, "reference")
+    assert _train(tmp_path, raw, "run", SignalAt(4))["steps"] == 4
+    run = RunDir(tmp_path / "run")
+    state = torch.load(run.checkpoint_path(4) / "training_state.pt", weights_only=False)
+    assert state["scaler"]["scale"] > 0 and "growth_interval" in state["scaler"]  # the GradScaler's state
+    assert _train(tmp_path, raw, "run")["status"] == "finished"
+    assert _losses(tmp_path / "run") == pytest.approx(_losses(tmp_path / "reference"), rel=1e-6)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -10,8 +10,8 @@ from gpuforge.runs import RunDir
 from gpuforge.runtime.precision import choose_precision
 from gpuforge.spec import parse_spec
 from gpuforge.train.engine import train
-from tests.conftest import image_spec
-from tests.train.test_engine import SignalAt
+from tests.helpers.reporters import SignalAt
+from tests.helpers.specs import image_spec
 
 pytestmark = pytest.mark.gpu
 

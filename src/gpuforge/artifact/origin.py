@@ -3,19 +3,16 @@ compression measures its variants on and an endpoint measures load-time quantiza
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuforge.artifact import MANIFEST, load_saved_tokenizer
+from gpuforge.artifact.load import load_saved_tokenizer
+from gpuforge.artifact.manifest import MANIFEST, ArtifactError, Manifest, read_manifest
 from gpuforge.data import prepare_data
-from gpuforge.errors import GpuforgeError
 from gpuforge.spec import JobSpec, load_spec
 
-
-class ArtifactError(GpuforgeError):
-    """A model directory that is not one, or whose run cannot be rebuilt."""
+__all__ = ["ArtifactError", "Source", "open_source"]
 
 
 @dataclass
@@ -23,13 +20,13 @@ class Source:
     """The artifact being compressed and what measuring it needs."""
 
     model_dir: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     spec: JobSpec
     data: Any  # PreparedData of the run (train for recovery, eval for the metric)
 
     @property
     def is_adapter(self) -> bool:
-        return self.manifest["kind"] == "adapter"
+        return self.manifest.is_adapter
 
 
 def open_source(model_dir: str | Path, spec_path: str | Path | None = None) -> Source:
@@ -37,13 +34,13 @@ def open_source(model_dir: str | Path, spec_path: str | Path | None = None) -> S
     model_dir = Path(model_dir)
     if not (model_dir / MANIFEST).is_file():
         raise ArtifactError(f"{model_dir}: not a gpuforge model directory (no {MANIFEST}); pass <run>/model")
-    manifest = json.loads((model_dir / MANIFEST).read_text())
+    manifest = read_manifest(model_dir)
     spec_path = Path(spec_path) if spec_path else model_dir.parent / "spec.yaml"
     if not spec_path.is_file():
         raise ArtifactError(f"{spec_path}: the run's spec is needed for its eval data; pass --spec")
     spec = load_spec(spec_path)
     tokenizer = load_saved_tokenizer(model_dir, manifest)  # the weights are loaded per variant
-    data = prepare_data(spec.data, spec.model.task, tokenizer, spec.train.seed, manifest.get("num_labels"))
+    data = prepare_data(spec.data, spec.model.task, tokenizer, spec.train.seed, manifest.num_labels)
     if data.eval is None or len(data.eval) == 0:
         raise ArtifactError(f"{spec_path}: the run has no eval split (data.eval_fraction 0) to measure on")
     return Source(model_dir, manifest, spec, data)

@@ -11,6 +11,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from gpuforge.settings import as_environment, env_name
+
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
@@ -34,16 +36,16 @@ def _everywhere(
         bool,
         typer.Option(
             "--verbose",
-            envvar="GPUFORGE_VERBOSE",
+            envvar=env_name("verbose"),  # parsed by click, which refuses a word it does not know
             help="also show third-party warnings, log lines and progress bars",
         ),
     ] = False,
 ) -> None:
     """Runs before every verb, so before torch, transformers and the rest are imported."""
-    from gpuforge.quiet import VERBOSE_ENV, quiet_third_party
+    from gpuforge.quiet import quiet_third_party
 
-    if verbose:
-        os.environ[VERBOSE_ENV] = "1"  # the processes this one starts (ranks, a server's runners) too
+    if verbose:  # for the processes this one starts (ranks, a server's runners) too, and models/hf.py here
+        os.environ.update(as_environment(verbose=True))
     else:
         quiet_third_party()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from gpuforge import settings
 from gpuforge.cli.app import (
     EXIT_PAUSED,
     MaxSteps,
@@ -19,7 +19,9 @@ from gpuforge.cli.app import (
     console,
     out_console,
 )
+from gpuforge.compress.options import CompressOptions, flag  # pydantic only: no torch at start-up
 from gpuforge.errors import GpuforgeError
+from gpuforge.runs import RunResult, RunSummary
 
 
 def _default_out(name: str) -> Path:
@@ -38,16 +40,16 @@ def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: boo
     check_spec(current(), job)  # a runner the server started holds to its job's policy, whatever the file
     out = out or _default_out(job.name)
     # several processes, or a server whose jobs run on a Ray cluster: this process launches them and waits
-    if job.distributed.strategy != "none" or os.environ.get("GPUFORGE_EXECUTOR", "local") == "ray":
+    if job.distributed.strategy != "none" or settings.current().executor == "ray":
         from gpuforge.launch.job import launch
 
-        return job, out, launch(job, out)
+        return job, out, RunResult.model_validate(launch(job, out))
     summary = run_training(job, out, Reporter() if quiet else RichReporter(console))
-    return job, out, summary
+    return job, out, RunResult.model_validate(summary)
 
 
-def _describe(summary: dict) -> str:
-    evaluation = summary.get("eval") or {}
+def _describe(summary: RunSummary) -> str:
+    evaluation = summary.eval or {}
     metric = (
         f"eval accuracy {evaluation['accuracy']:.3f}"
         if "accuracy" in evaluation
@@ -55,13 +57,11 @@ def _describe(summary: dict) -> str:
         if "perplexity" in evaluation
         else "no eval"
     )
-    loss = summary.get("final_loss")
-    progress = f"{summary['status']} at step {summary['steps']}/{summary['total_steps']}"
+    loss = summary.final_loss
+    progress = f"{summary.status} at step {summary.steps}/{summary.total_steps}"
     figures = f"loss {loss:.4f}, {metric}, " if loss is not None else ""
-    speed = (
-        f"{summary['samples_per_s'] or 0:.1f} samples/s on {summary['device_type']} ({summary['precision']})"
-    )
-    return f"{progress}, {figures}{speed}, ${summary['cost_usd']:.4f}"
+    speed = f"{summary.samples_per_s or 0:.1f} samples/s on {summary.device_type} ({summary.precision})"
+    return f"{progress}, {figures}{speed}, ${summary.cost_usd:.4f}"
 
 
 @app.command()
@@ -77,17 +77,17 @@ def train(
     overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
     job, out, summary = _run_job(spec, out, overrides)
     out_console.print(f"{_describe(summary)}\nrun directory: {out}")
-    if summary.get("signal"):
-        raise typer.Exit(128 + summary["signal"])
-    if summary["status"] == "paused":
-        out_console.print(f"paused: {summary['reason']}; raise cost.budget_usd and rerun to go on")
+    if summary.signal:
+        raise typer.Exit(128 + summary.signal)
+    if summary.status == "paused":
+        out_console.print(f"paused: {summary.reason}; raise cost.budget_usd and rerun to go on")
         raise typer.Exit(EXIT_PAUSED)
     _compress_after(job, out, summary)
 
 
-def _compress_after(job, out: Path, summary: dict) -> None:
+def _compress_after(job, out: Path, summary: RunSummary) -> None:
     """The spec's `compress:` section, on a run that finished: <run>/compressed and its table."""
-    if summary["status"] != "finished" or not job.compress.requested:
+    if summary.status != "finished" or not job.compress.requested:
         return
     from gpuforge.compress.pipeline import compress_run
     from gpuforge.compress.report import table
@@ -133,12 +133,12 @@ def demo(
         run_dirs.append((job.name, run_dir))
         table.add_row(
             job.name,
-            f"{s['steps']} {s['status']}",
-            f"{s['final_loss']:.4f}" if s["final_loss"] is not None else "-",
-            eval_figure(s.get("eval") or {}),
-            f"{s['samples_per_s'] or 0:.1f}",
-            f"{s['device_type']} {s['precision']}",
-            f"{s['wall_s']:.0f}",
+            f"{s.steps} {s.status}",
+            f"{s.final_loss:.4f}" if s.final_loss is not None else "-",
+            eval_figure(s.eval or {}),
+            f"{s.samples_per_s or 0:.1f}",
+            f"{s.device_type} {s.precision}",
+            f"{s.wall_s:.0f}",
         )
     out_console.print(table)
     for name, run_dir in run_dirs:
@@ -174,22 +174,24 @@ def plan(
         raise GpuforgeError(result.verdict)
 
 
+NOTHING_DONE = CompressOptions()  # the defaults: a variant that changes nothing
+
+
+def _compress_flag(field: str) -> typer.models.OptionInfo:
+    """The flag of a CompressOptions field, with the field's help: compress/options.py defines both."""
+    return typer.Option(flag(field), help=CompressOptions.model_fields[field].description)
+
+
 @app.command()
 def compress(
     model_dir: Annotated[Path, typer.Argument(help="a trained model directory: <run>/model")],
     out: Annotated[Path, typer.Option("--out", help="where the compressed model (or the sweep) goes")],
-    prune: Annotated[
-        float, typer.Option("--prune", help="fraction of weights (or channels) to remove")
-    ] = 0.0,
-    prune_structure: Annotated[
-        str, typer.Option("--prune-structure", help="unstructured | 2:4 | channel")
-    ] = "unstructured",
-    quantize: Annotated[str | None, typer.Option("--quantize", help="int8 | int4 | int8-dynamic")] = None,
-    merge: Annotated[bool, typer.Option("--merge", help="fold a LoRA adapter into its base")] = False,
-    recover_steps: Annotated[
-        int, typer.Option("--recover-steps", help="fine-tune steps after pruning, on the run's data")
-    ] = 0,
-    recover_lr: Annotated[float | None, typer.Option("--recover-lr", help="default: the run's lr")] = None,
+    prune: Annotated[float, _compress_flag("prune")] = NOTHING_DONE.prune,
+    prune_structure: Annotated[str, _compress_flag("prune_structure")] = NOTHING_DONE.prune_structure,
+    quantize: Annotated[str | None, _compress_flag("quantize")] = NOTHING_DONE.quantize,
+    merge: Annotated[bool, _compress_flag("merge")] = NOTHING_DONE.merge,
+    recover_steps: Annotated[int, _compress_flag("recover_steps")] = NOTHING_DONE.recover_steps,
+    recover_lr: Annotated[float | None, _compress_flag("recover_lr")] = NOTHING_DONE.recover_lr,
     sweep: Annotated[
         bool, typer.Option("--sweep", help="try the useful combinations, mark the best")
     ] = False,
@@ -208,8 +210,11 @@ def compress(
     if sweep:
         rows = pipeline.sweep(model_dir, out, recover_steps, force, spec)
     else:
-        options = pipeline.CompressOptions(prune, prune_structure, quantize, merge, recover_steps, recover_lr)
-        if options == pipeline.CompressOptions():
+        options = CompressOptions(
+            prune=prune, prune_structure=prune_structure, quantize=quantize, merge=merge,
+            recover_steps=recover_steps, recover_lr=recover_lr,
+        )  # fmt: skip
+        if options == NOTHING_DONE:
             raise GpuforgeError("compress: nothing to do; pass --prune, --quantize, --merge or --sweep")
         rows = pipeline.compress(model_dir, options, out, force, spec)
     if as_json:

@@ -15,17 +15,25 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import save_model
 from torch import nn
 
-from gpuforge.artifact import MANIFEST, built_from, load_artifact
+from gpuforge.artifact import built_from, load_artifact
+from gpuforge.artifact.manifest import (
+    Compression,
+    Manifest,
+    PruneRecord,
+    QuantizeRecord,
+    RecoverRecord,
+    write_manifest,
+)
 from gpuforge.artifact.origin import Source, open_source
 from gpuforge.compress import report
-from gpuforge.compress.prune import STRUCTURES, check_amount, magnitude_prune, prune_channels
+from gpuforge.compress.options import CompressError, CompressOptions
+from gpuforge.compress.prune import magnitude_prune, prune_channels
 from gpuforge.compress.recover import recover
 from gpuforge.errors import GpuforgeError
 from gpuforge.models.base import BuiltModel
@@ -37,81 +45,33 @@ log = logging.getLogger("gpuforge.compress")
 QUANTIZED_WEIGHTS = "quantized.pt"
 
 
-class CompressError(GpuforgeError):
-    """A compress request that cannot be carried out (bad arguments, not an artifact, output exists)."""
-
-
-@dataclass(frozen=True)
-class CompressOptions:
-    prune: float = 0.0
-    prune_structure: str = "unstructured"
-    quantize: str | None = None
-    merge: bool = False
-    recover_steps: int = 0
-    recover_lr: float | None = None  # default: the run's lr for a full fine-tune, 5e-5 after LoRA
-
-    def check(self) -> None:
-        if self.prune_structure not in STRUCTURES:
-            raise CompressError(
-                f"--prune-structure must be one of {', '.join(STRUCTURES)}: got {self.prune_structure!r}"
-            )
-        check_amount(self.prune)
-        if self.prune_structure == "2:4" and self.prune not in (0.0, 0.5):
-            raise CompressError(
-                f"--prune-structure 2:4 removes exactly half: --prune {self.prune} does not fit"
-            )
-        if self.quantize is not None and self.quantize not in QUANT_KINDS:
-            raise CompressError(f"--quantize must be one of {', '.join(QUANT_KINDS)}: got {self.quantize!r}")
-        if self.recover_steps < 0:
-            raise CompressError(f"--recover-steps must be >= 0: got {self.recover_steps}")
-        if self.recover_steps and not self.prune:
-            raise CompressError("--recover-steps fine-tunes after pruning: add --prune")
-
-    @property
-    def name(self) -> str:
-        """Short and distinct, so a table at 80 columns shows it whole: prune50 (unstructured, 50%),
-        2:4, channel30, each +rec<N> after recovery, then the quantization. An adapter is always merged
-        before pruning or quantizing, so "merged" is named only when it is all that was done."""
-        parts = []
-        if self.prune:
-            percent = f"{self.prune * 100:g}"
-            short = {"unstructured": f"prune{percent}", "2:4": "2:4", "channel": f"channel{percent}"}
-            parts.append(short[self.prune_structure])
-            if self.recover_steps:
-                parts.append(f"rec{self.recover_steps}")
-        if self.quantize:
-            parts.append(self.quantize)
-        return "+".join(parts) or ("merged" if self.merge else "original")
-
-
-def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, Any, dict[str, Any]]:
-    """(the compressed model, its tokenizer, what was done) for `options`, all in memory."""
-    options.check()
+def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, Any, Manifest]:
+    """(the compressed model, its tokenizer, its manifest saying what was done) for `options`, in memory."""
     if source.is_adapter and (options.prune or options.quantize) and not options.merge:
-        options = replace(options, merge=True)  # pruning and quantizing act on plain weights
+        options = options.model_copy(update={"merge": True})  # pruning and quantizing act on plain weights
         log.info("the run trained a LoRA adapter: merging it first")
     if options.merge and not source.is_adapter:
         raise CompressError("--merge: this run trained the full model, there is no adapter to merge")
     module, tokenizer, manifest = load_artifact(
-        source.model_dir, dequantize_base=options.merge and bool(source.manifest.get("quantize_base"))
+        source.model_dir, dequantize_base=options.merge and bool(source.manifest.quantize_base)
     )
-    done: dict[str, Any] = {"from": str(source.model_dir), "options": asdict(options), "name": options.name}
+    done = Compression(from_=str(source.model_dir), options=options.model_dump(), name=options.name)
     if options.merge:
         module = merge_adapter(module)
-        done["merged"] = True
+        done.merged = True
     if options.prune:
         if options.prune_structure == "channel":
             pruned = prune_channels(module, options.prune)
         else:
             pruned = magnitude_prune(module, options.prune, options.prune_structure)
-        done["prune"] = {
-            "structure": pruned.structure,
-            "amount": pruned.amount,
-            "layers": len(pruned.pruned),
-            "skipped": pruned.skipped,
-            "resized": pruned.resized,
-            "config": pruned.config,
-        }
+        done.prune = PruneRecord(
+            structure=pruned.structure,
+            amount=pruned.amount,
+            layers=len(pruned.pruned),
+            skipped=pruned.skipped,
+            resized=pruned.resized,
+            config=pruned.config,
+        )
         if options.recover_steps:
             lr = options.recover_lr or (5e-5 if source.is_adapter else source.spec.train.lr)
             losses = recover(
@@ -122,39 +82,33 @@ def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, 
                 lr,
                 pruned.masks,
             )
-            done["recover"] = {
-                "steps": options.recover_steps,
-                "lr": lr,
-                "first_loss": losses[0],
-                "last_loss": losses[-1],
-            }
+            done.recover = RecoverRecord(
+                steps=options.recover_steps, lr=lr, first_loss=losses[0], last_loss=losses[-1]
+            )
     counts = report.count_parameters(module)
     if options.quantize:
         layers = dict(module.named_modules())
         kinds = (nn.Linear, nn.Embedding, nn.Conv2d)
         before = {name: tensor_bytes(m) for name, m in layers.items() if isinstance(m, kinds)}
         result = quantize_model(module, options.quantize)
-        done["quantize"] = {
-            "kind": result.kind,
-            "layers": len(result.quantized),
-            "skip": list(result.skipped),
-        }
-        done["quantize_skipped"] = result.skipped
+        done.quantize = QuantizeRecord(
+            kind=result.kind, layers=len(result.quantized), skip=list(result.skipped)
+        )
+        done.quantize_skipped = result.skipped
         if result.quantized:
             after = sum(tensor_bytes(module.get_submodule(name)) for name in result.quantized)
-            done["touched_ratio"] = after / sum(before[name] for name in result.quantized)
-    done["params"], done["nonzero_params"] = counts
-    return built_from(module, manifest), tokenizer, {**manifest, "compression": done}
+            done.touched_ratio = after / sum(before[name] for name in result.quantized)
+    done.params, done.nonzero_params = counts
+    return built_from(module, manifest), tokenizer, manifest.model_copy(update={"compression": done})
 
 
-def save_variant(built: BuiltModel, tokenizer, manifest: dict[str, Any], out: Path) -> None:
+def save_variant(built: BuiltModel, tokenizer, manifest: Manifest, out: Path) -> None:
     """Write a variant as a model directory (written beside, then moved into place)."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    done = manifest["compression"]
     module = built.module
-    if "quantize" in done:
+    if manifest.quantization:
         # the float skeleton is rebuilt from its config or builder, then quantized and filled from here
         if built.is_transformers:
             module.config.save_pretrained(str(tmp))
@@ -168,15 +122,15 @@ def save_variant(built: BuiltModel, tokenizer, manifest: dict[str, Any], out: Pa
         weights = "model.safetensors"
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
-    manifest = {
-        **manifest,
+    # a standalone model now: no adapter, no base to load it on
+    standalone = {
         "format": "transformers" if built.is_transformers else "state_dict",
         "kind": "full",
         "base": None,
         "quantize_base": None,
         "weights": weights,
     }
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    write_manifest(tmp, manifest.model_copy(update=standalone))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
 
@@ -199,7 +153,6 @@ def compress(
     model_dir: str | Path, options: CompressOptions, out: str | Path, force: bool = False, spec_path=None
 ) -> list[dict[str, Any]]:
     """One variant, saved to `out`, with report.json holding the original and the variant."""
-    options.check()
     out = Path(out)
     _check_out(out, force)
     source = open_source(model_dir, spec_path)
@@ -212,12 +165,12 @@ def compress(
 def _variant_row(source: Source, options: CompressOptions, out: Path) -> dict[str, Any]:
     built, tokenizer, manifest = make_variant(source, options)
     save_variant(built, tokenizer, manifest, out)
-    done = manifest["compression"]
-    skipped = {**done.get("prune", {}).get("skipped", {}), **done.get("quantize_skipped", {})}
+    done = manifest.compression
+    skipped = {**(done.prune.skipped if done.prune else {}), **(done.quantize_skipped or {})}
     return report.measure(
-        done["name"], built, source.spec.model.task, source.data.eval,
-        (done["params"], done["nonzero_params"]), report.directory_bytes(out),
-        {"path": str(out), "skipped": skipped, "touched_ratio": done.get("touched_ratio")},
+        done.name, built, source.spec.model.task, source.data.eval,
+        (done.params, done.nonzero_params), report.directory_bytes(out),
+        {"path": str(out), "skipped": skipped, "touched_ratio": done.touched_ratio},
     )  # fmt: skip
 
 
@@ -225,16 +178,24 @@ def sweep_options(source: Source, recover_steps: int) -> list[CompressOptions]:
     """The useful combinations: each quantization alone, each pruning (recovered when asked), and the
     two that stack best (channel pruning + int8, 50 % unstructured + int8)."""
     merge = source.is_adapter
-    base = CompressOptions(merge=merge)
-    prune = dict(recover_steps=recover_steps)
-    variants = [base] if merge else []
-    variants += [replace(base, quantize=kind) for kind in QUANT_KINDS]
+
+    def pruned(amount: float, structure: str, quantize: str | None = None) -> CompressOptions:
+        return CompressOptions(
+            prune=amount,
+            prune_structure=structure,
+            quantize=quantize,
+            merge=merge,
+            recover_steps=recover_steps,
+        )
+
+    variants = [CompressOptions(merge=True)] if merge else []
+    variants += [CompressOptions(quantize=kind, merge=merge) for kind in QUANT_KINDS]
     variants += [
-        replace(base, prune=0.5, prune_structure="unstructured", **prune),
-        replace(base, prune=0.5, prune_structure="2:4", **prune),
-        replace(base, prune=0.3, prune_structure="channel", **prune),
-        replace(base, prune=0.3, prune_structure="channel", quantize="int8", **prune),
-        replace(base, prune=0.5, prune_structure="unstructured", quantize="int8", **prune),
+        pruned(0.5, "unstructured"),
+        pruned(0.5, "2:4"),
+        pruned(0.3, "channel"),
+        pruned(0.3, "channel", "int8"),
+        pruned(0.5, "unstructured", "int8"),
     ]
     return variants
 
@@ -282,14 +243,7 @@ def compress_run(spec: JobSpec, run_dir: str | Path) -> list[dict[str, Any]] | N
         steps = wanted.prune.recover_steps if wanted.prune else 0
         rows = sweep(run.model_dir, out, steps, force=True, spec_path=spec_path)
     else:
-        prune = wanted.prune
-        options = CompressOptions(
-            prune=prune.amount if prune else 0.0,
-            prune_structure=prune.structure if prune else "unstructured",
-            quantize=wanted.quantize,
-            merge=wanted.merge,
-            recover_steps=prune.recover_steps if prune else 0,
-        )
+        options = CompressOptions.from_spec(wanted)
         rows = compress(run.model_dir, options, out, force=True, spec_path=spec_path)
     run.event("compressed", path=str(out.relative_to(run.root)), variants=[r["name"] for r in rows[1:]])
     return rows

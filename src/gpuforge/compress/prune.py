@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from gpuforge.errors import GpuforgeError
+from gpuforge.spec import check_sparsity
 from gpuforge.weights.resize import is_conv1d
 
-STRUCTURES = ("unstructured", "2:4", "channel")
 # Layers that are pass-through per channel: a pruned channel stays a pruned channel through them.
 _CHANNELWISE = (
     nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.Dropout, nn.Identity,
@@ -49,8 +49,11 @@ class PruneResult:
 
 
 def check_amount(amount: float) -> None:
-    if not 0.0 <= amount < 1.0:
-        raise PruneError(f"sparsity must be in [0, 1): got {amount}")
+    """The bound the options check (spec.py), again for callers of these functions alone."""
+    try:
+        check_sparsity(amount)
+    except ValueError as err:
+        raise PruneError(str(err)) from None
 
 
 def _linear_like(module: nn.Module) -> list[tuple[str, nn.Module]]:

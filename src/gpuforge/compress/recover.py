@@ -1,9 +1,9 @@
 """A short fine-tune after one-shot pruning, on the run's own training data, keeping pruned weights zero.
 
-It reuses the engine's pieces (micro-batched forward/backward, fused AdamW, the seeded batch order) in a
-plain loop: no checkpoints or run directory, since it lasts seconds to minutes and its result is saved
-as the compressed artifact. After every optimizer step the pruning masks are applied again, because
-AdamW's momentum would otherwise grow the zeros back.
+It reuses the engine's pieces (micro-batched forward/backward, fused AdamW, the guarded optimizer step,
+the seeded batch order) in a plain loop: no checkpoints or run directory, since it lasts seconds to
+minutes and its result is saved as the compressed artifact. After every optimizer step the pruning masks
+are applied again, because AdamW's momentum would otherwise grow the zeros back.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import torch
 from gpuforge.data.batches import BatchOrder
 from gpuforge.errors import TrainingFailed
 from gpuforge.models.base import BuiltModel
-from gpuforge.runtime.precision import choose_precision
+from gpuforge.runtime.precision import MixedPrecision, choose_precision
 from gpuforge.spec import JobSpec
-from gpuforge.train.engine import forward_backward, make_optimizer
 from gpuforge.train.schedule import make_scheduler
 from gpuforge.train.setup import seed_everything
+from gpuforge.train.step import forward_backward, make_optimizer
 
 log = logging.getLogger("gpuforge.compress")
 
@@ -48,16 +48,16 @@ def recover(
     scheduler = make_scheduler(optimizer, max(1, steps // 10), steps, spec.train.min_lr_ratio)
     batch = spec.train.batch_size if isinstance(spec.train.batch_size, int) else RECOVER_BATCH
     order = BatchOrder(len(train_data), batch, spec.train.seed)
-    precision = choose_precision(spec.train.precision, device)
+    # no loss scaling, even for fp16: as this fine-tune has always run (a scaler would change its numerics)
+    amp = MixedPrecision(choose_precision(spec.train.precision, device), device, loss_scaling=False)
     losses = []
     for step in range(steps):
-        loss, *_ = forward_backward(
-            built, spec.model.task, train_data, order.batch(step), batch, precision, device, None
-        )
+        loss, *_ = forward_backward(built, spec.model.task, train_data, order.batch(step), batch, amp)
         if not math.isfinite(loss):
             raise TrainingFailed(f"recovery fine-tune: loss is {loss} at step {step + 1}")
-        torch.nn.utils.clip_grad_norm_(module.parameters(), spec.train.grad_clip or math.inf)
-        optimizer.step()
+        refused = amp.step(optimizer, module.parameters(), spec.train.grad_clip)
+        if refused is not None:
+            raise TrainingFailed(f"recovery fine-tune: {refused} at step {step + 1}")
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         with torch.no_grad():

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from gpuforge.settings import current
+
 
 @dataclass(frozen=True)
 class Ranks:
@@ -40,12 +42,13 @@ class Ranks:
         env = os.environ
         if "RANK" not in env or "WORLD_SIZE" not in env:
             return cls()
+        restart = current(env).restart  # our launcher's count, else torchrun's own
         return cls(
             rank=int(env["RANK"]),
             world=int(env["WORLD_SIZE"]),
             local_rank=int(env.get("LOCAL_RANK", 0)),
             local_world=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
-            restart=int(env.get("GPUFORGE_RESTART", env.get("TORCHELASTIC_RESTART_COUNT", 0))),
+            restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)) if restart is None else restart,
             launched=True,
         )
 
@@ -103,7 +106,7 @@ def leave_process_group(peers_done: bool = True) -> None:
     """Tear this process's group down, every gloo process the same way (product and tests). With
     `peers_done` (every rank got this far), a barrier first: a gloo peer that closes its pairs while
     another still uses them aborts that one ("terminate called without an active exception")."""
-    if not dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()):  # without distributed, no is_initialized
         return
     try:
         if peers_done:

@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 
 from gpuforge.hardware.probe import device_name, synchronize
+from gpuforge.settings import current
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("GPUFORGE_CACHE_DIR") or Path.home() / ".cache" / "gpuforge"
-    return Path(root)
+    return current().cache_dir
 
 
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3) -> float:

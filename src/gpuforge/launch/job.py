@@ -30,6 +30,7 @@ from gpuforge.child_env import passed
 from gpuforge.errors import GpuforgeError, TrainingFailed
 from gpuforge.runs import RunDir
 from gpuforge.runtime.host import usable_cores
+from gpuforge.settings import PREFIX, as_environment, current
 from gpuforge.spec import JobSpec
 
 log = logging.getLogger("gpuforge.launch")
@@ -45,7 +46,7 @@ NOT_RETRIED = {
 # What ranks on other machines need of the server's environment (Ray starts them from the raylet's own),
 # less anything child_env.py would not pass (a token, a key).
 FORWARDED_ENV = (
-    "GPUFORGE_",
+    PREFIX,  # every gpuforge setting
     "HF_",
     "TRANSFORMERS_",
     "TOKENIZERS_",
@@ -86,8 +87,9 @@ def launch(spec: JobSpec, out: str | Path) -> dict[str, Any]:
     """Train `spec` with `resources.devices` processes into `out`, here or on the Ray cluster the server
     names (GPUFORGE_EXECUTOR=ray, GPUFORGE_RAY_ADDRESS); returns rank 0's summary, with the signal that
     stopped the launcher (if any) under `signal`, as `train()` does."""
-    if os.environ.get("GPUFORGE_EXECUTOR", "local") == "ray":
-        return launch_ray(spec, out, os.environ.get("GPUFORGE_RAY_ADDRESS", ""))
+    told = current()
+    if told.executor == "ray":
+        return launch_ray(spec, out, told.ray_address or "")
     return launch_local(spec, out)
 
 
@@ -119,7 +121,7 @@ def launch_local(spec: JobSpec, out: str | Path) -> dict[str, Any]:
         try:
             elastic_launch(config, entrypoint=argv[0])(*argv[1:])
         except ChildFailedError as err:
-            rank, failure = err.get_first_failure()
+            rank, failure = _first_failure(err.failures)
             message = failure.message if isinstance(failure.message, str) else ""
             return _failed(rank, failure.exitcode, message)
         except SignalException as err:
@@ -180,7 +182,7 @@ def supervise(
     spec: JobSpec, out: str | Path, attempt: Callable[[int, list[str], dict[str, str]], Attempt]
 ) -> dict[str, Any]:
     """Run attempts until the ranks end as the job chose, restarting after a crash up to max_restarts."""
-    from gpuforge.train.engine import check_same_job
+    from gpuforge.train.resume import check_same_job
 
     run = RunDir(out)
     run.check_usable()
@@ -195,20 +197,20 @@ def supervise(
         # rank 0 writes this id into summary.json: a summary with it was written by this attempt's ranks
         # (an mtime would mislead across machines whose clocks differ, on a shared filesystem)
         attempt_id = uuid.uuid4().hex
-        outcome = attempt(number, argv, {"GPUFORGE_RESTART": str(number), "GPUFORGE_ATTEMPT": attempt_id})
-        summary = run.summary()
-        fresh = summary is not None and summary.get("launch_attempt") == attempt_id
+        outcome = attempt(number, argv, as_environment(restart=number, attempt=attempt_id))
+        summary = run.read_summary()
+        fresh = summary is not None and summary.launch_attempt == attempt_id
         if outcome.signal is not None:
             if not fresh:
                 name = signal.Signals(outcome.signal).name
                 raise TrainingFailed(f"stopped by {name} before the ranks wrote a summary")
-            return {**summary, "signal": outcome.signal}
+            return summary.as_result(outcome.signal)
         if outcome.failure is None or fresh:
             if summary is None:
                 raise TrainingFailed(f"the ranks ended without a summary in {run.root}")
-            if summary.get("status") == "failed":
-                raise TrainingFailed(f"{summary.get('reason')} (run directory {run.root})")
-            return {**summary, "signal": None}
+            if summary.status == "failed":
+                raise TrainingFailed(f"{summary.reason} (run directory {run.root})")
+            return summary.as_result(signal=None)
         if number < restarts and not outcome.final:
             log.warning(
                 "%s; restart %d of %d from the last checkpoint", outcome.failure, number + 1, restarts
@@ -221,6 +223,22 @@ def supervise(
             raise GpuforgeError(reason)
         raise TrainingFailed(f"{reason} (run directory {run.root})")
     raise AssertionError("unreachable")
+
+
+def _first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
+    """The rank whose failure ended the attempt, of torch's ProcessFailures by rank. Not torch's
+    get_first_failure (the smallest timestamp) alone: timestamps are whole seconds, and a rank that raised
+    because its peer died dates its error file before the polling agent dates that peer's death, which
+    blamed the survivor. So a rank killed outright (SIGKILL, SIGSEGV: not what a peer's failure does to a
+    rank) goes first, then any other failure, then the ranks the agent stopped itself (SIGTERM, or 128+15
+    once a rank caught it); within each, the smallest timestamp, as torch."""
+
+    def order(item: tuple[int, Any]) -> tuple[int, int]:
+        code = item[1].exitcode
+        stopped_by_agent = code in (-signal.SIGTERM, 128 + signal.SIGTERM)
+        return (2 if stopped_by_agent else 0 if code < 0 else 1), item[1].timestamp
+
+    return min(failures.items(), key=order)
 
 
 def _failed(rank: int, code: int | None, message: str = "", where: list[str] = ()) -> Attempt:

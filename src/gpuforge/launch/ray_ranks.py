@@ -387,11 +387,70 @@ def run_ranks(
     :class:`RayLaunchError` when the cluster cannot hold the job or a rank cannot be started.
     """
     ray = _ray()
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from ray.util.placement_group import placement_group
 
     if not ray.is_initialized():
         raise RayLaunchError("not connected to a Ray cluster: call connect(address) first")
+    per_rank = _checked_resources(
+        argv, world_size, strategy, cpus_per_rank, gpus_per_rank, resources_per_rank
+    )
+    _check_fits(world_size, cpus_per_rank, gpus_per_rank, per_rank)
+
+    t0 = time.monotonic()
+    run_dir = Path(run_dir).resolve()
+    logs_dir = run_dir / "logs"
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    workdir = str(Path(cwd).resolve() if cwd is not None else run_dir)
+    stop = stop if stop is not None else threading.Event()
+
+    bundles = [_bundle(cpus_per_rank, gpus_per_rank, res) for res in per_rank]
+    pg = placement_group(bundles, strategy=strategy)
+    # By value: a worker then does not import gpuforge.distributed (and torch, seconds) to host the actor.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    actors: list[Any] = []
+    finished = [False] * world_size
+    result = RanksResult(exit_codes=[None] * world_size)
+    files = []
+    watched = False
+    try:
+        what = f"{world_size} ranks ({bundles[0]} each, strategy {strategy})"
+        if not _wait_for_placement(ray, pg, stop, t0, placement_timeout_s, what):
+            result.stopped = True  # stopped while waiting for room: no rank ever ran
+            result.seconds = time.monotonic() - t0
+            return result
+        actors = _place_actors(ray, pg, cpus_per_rank, gpus_per_rank, per_rank)
+        where = _rendezvous(ray, actors, result)
+        envs = _rank_environments(where, env, gpus_per_rank, result.master_addr, result.master_port)
+        files = [open(logs_dir / f"rank{r}.log", "a", encoding="utf-8") for r in range(world_size)]  # noqa: SIM115
+        _start_ranks(ray, actors, argv, envs, workdir)
+        log.debug(
+            "%d ranks placed on %s and started in %.1f s; rendezvous %s:%d",
+            world_size,
+            result.node_ips,
+            time.monotonic() - t0,
+            result.master_addr,
+            result.master_port,
+        )
+        _watch(ray, actors, files, result.exit_codes, finished, result, stop, grace_s, timeout_s, t0, on_line)
+        watched = True
+    finally:
+        # left by an error (or KeyboardInterrupt) mid-watch: the ranks still running must not outlive the job
+        # (strict=False: no actors yet when the error came before they were placed)
+        left_running = [] if watched else [a for a, done in zip(actors, finished, strict=False) if not done]
+        _tear_down(ray, pg, actors, files, left_running, grace_s)
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _checked_resources(
+    argv: list[str],
+    world_size: int,
+    strategy: str,
+    cpus_per_rank: float,
+    gpus_per_rank: float,
+    resources_per_rank: Mapping[str, float] | Sequence[Mapping[str, float]] | None,
+) -> list[dict[str, float]]:
+    """The custom resources of each rank, once the arguments are known to make sense."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, not {world_size}")
     if not argv:
@@ -403,127 +462,131 @@ def run_ranks(
         raise ValueError(
             "each rank must ask for some resource (cpus_per_rank, gpus_per_rank or a custom one)"
         )
-    _check_fits(world_size, cpus_per_rank, gpus_per_rank, per_rank)
+    return per_rank
 
-    t0 = time.monotonic()
-    run_dir = Path(run_dir).resolve()
-    logs_dir = run_dir / "logs"
-    logs_dir.mkdir(parents=True, exist_ok=True)
-    workdir = str(Path(cwd).resolve() if cwd is not None else run_dir)
-    stop = stop if stop is not None else threading.Event()
 
-    bundles = []
-    for res in per_rank:
-        b = {
-            "CPU": float(cpus_per_rank),
-            "GPU": float(gpus_per_rank),
-            **{k: float(v) for k, v in res.items()},
-        }
-        bundles.append({k: v for k, v in b.items() if v > 0})
-    pg = placement_group(bundles, strategy=strategy)
-    # By value: a worker then does not import gpuforge.distributed (and torch, seconds) to host the actor.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+def _bundle(cpus: float, gpus: float, resources: dict[str, float]) -> dict[str, float]:
+    """One rank's placement-group bundle; Ray refuses zero amounts, so they are left out."""
+    b = {"CPU": float(cpus), "GPU": float(gpus), **{k: float(v) for k, v in resources.items()}}
+    return {k: v for k, v in b.items() if v > 0}
+
+
+def _wait_for_placement(
+    ray: Any, pg: Any, stop: threading.Event, t0: float, placement_timeout_s: float, what: str
+) -> bool:
+    """Wait until the cluster has room for the placement group; False when ``stop`` was set first."""
+    placed = pg.ready()
+    while not ray.wait([placed], timeout=0.5)[0]:
+        if stop.is_set():
+            return False
+        if time.monotonic() - t0 > placement_timeout_s:
+            raise RayLaunchError(
+                f"Ray could not place {what} within {placement_timeout_s:g} s: other jobs hold the "
+                "resources, or no node offers them together"
+            )
+    return True
+
+
+def _place_actors(
+    ray: Any, pg: Any, cpus_per_rank: float, gpus_per_rank: float, per_rank: list[dict[str, float]]
+) -> list[Any]:
+    """One actor per rank, each in its own bundle of the placement group."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
     actor_cls = ray.remote(_RankProcess)
-    actors: list[Any] = []
-    codes: list[int | None] = [None] * world_size
-    finished = [False] * world_size
-    result = RanksResult(exit_codes=codes)
-    files = []
-    watched = False
+    return [
+        actor_cls.options(
+            num_cpus=cpus_per_rank,
+            num_gpus=gpus_per_rank,
+            resources=res or None,
+            max_concurrency=4,  # poll and terminate run side by side
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=r
+            ),
+        ).remote()
+        for r, res in enumerate(per_rank)
+    ]
+
+
+def _rendezvous(ray: Any, actors: list[Any], result: RanksResult) -> list[dict[str, Any]]:
+    """Where each actor runs, and rank 0's address and a free port there (into ``result``)."""
     try:
-        placed = pg.ready()
-        while not ray.wait([placed], timeout=0.5)[0]:
-            if stop.is_set():  # stopped while waiting for room: no rank ever ran
-                result.stopped = True
-                result.seconds = time.monotonic() - t0
-                return result
-            if time.monotonic() - t0 > placement_timeout_s:
-                raise RayLaunchError(
-                    f"Ray could not place {world_size} ranks ({bundles[0]} each, strategy {strategy}) "
-                    f"within {placement_timeout_s:g} s: other jobs hold the resources, or no node offers "
-                    "them together"
-                )
-        for r in range(world_size):
-            actors.append(
-                actor_cls.options(
-                    num_cpus=cpus_per_rank,
-                    num_gpus=gpus_per_rank,
-                    resources=per_rank[r] or None,
-                    max_concurrency=4,  # poll and terminate run side by side
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement_group=pg, placement_group_bundle_index=r
-                    ),
-                ).remote()
-            )
-        try:
-            where = ray.get([a.where.remote() for a in actors], timeout=_CALL_TIMEOUT_S)
-            result.master_port = ray.get(actors[0].free_port.remote(), timeout=_CALL_TIMEOUT_S)
-        except (ray.exceptions.RayError, TimeoutError) as e:
-            raise RayLaunchError(f"the ranks' Ray actors did not start: {type(e).__name__}: {e}") from e
-        result.node_ips = [w["ip"] for w in where]
-        result.node_ids = [w["node_id"] for w in where]
-        result.master_addr = where[0]["ip"]
+        where = ray.get([a.where.remote() for a in actors], timeout=_CALL_TIMEOUT_S)
+        result.master_port = ray.get(actors[0].free_port.remote(), timeout=_CALL_TIMEOUT_S)
+    except (ray.exceptions.RayError, TimeoutError) as e:
+        raise RayLaunchError(f"the ranks' Ray actors did not start: {type(e).__name__}: {e}") from e
+    result.node_ips = [w["ip"] for w in where]
+    result.node_ids = [w["node_id"] for w in where]
+    result.master_addr = where[0]["ip"]
+    return where
 
-        node_order: list[str] = []
-        on_node: dict[str, list[int]] = {}
-        for r, w in enumerate(where):
-            if w["node_id"] not in on_node:
-                node_order.append(w["node_id"])
-                on_node[w["node_id"]] = []
-            on_node[w["node_id"]].append(r)
-        envs = []
-        for r, w in enumerate(where):
-            peers = on_node[w["node_id"]]
-            e = {"PYTHONUNBUFFERED": "1"}  # lines reach the log as they are printed
-            e.update(env or {})
-            e.update(
-                RANK=str(r),
-                WORLD_SIZE=str(world_size),
-                LOCAL_RANK="0" if gpus_per_rank > 0 else str(peers.index(r)),
-                LOCAL_WORLD_SIZE=str(len(peers)),
-                GROUP_RANK=str(node_order.index(w["node_id"])),
-                MASTER_ADDR=result.master_addr,
-                MASTER_PORT=str(result.master_port),
-            )
-            envs.append(e)
 
-        files = [open(logs_dir / f"rank{r}.log", "a", encoding="utf-8") for r in range(world_size)]  # noqa: SIM115
-        starts = [a.start.remote(argv, envs[r], workdir) for r, a in enumerate(actors)]
-        try:
-            ray.get(starts, timeout=_CALL_TIMEOUT_S)
-        except ray.exceptions.RayTaskError as e:
-            cause = e.cause if isinstance(getattr(e, "cause", None), Exception) else e
-            raise RayLaunchError(str(cause)) from e
-        except (ray.exceptions.RayError, TimeoutError) as e:
-            raise RayLaunchError(f"the ranks could not be started: {type(e).__name__}: {e}") from e
-
-        log.debug(
-            "%d ranks placed on %s and started in %.1f s; rendezvous %s:%d",
-            world_size,
-            result.node_ips,
-            time.monotonic() - t0,
-            result.master_addr,
-            result.master_port,
+def _rank_environments(
+    where: list[dict[str, Any]],
+    env: dict[str, str] | None,
+    gpus_per_rank: float,
+    master_addr: str,
+    master_port: int,
+) -> list[dict[str, str]]:
+    """torchrun's variables for each rank (see the module docstring), over ``env``."""
+    node_order: list[str] = []  # nodes in order of their lowest rank
+    on_node: dict[str, list[int]] = {}
+    for r, w in enumerate(where):
+        if w["node_id"] not in on_node:
+            node_order.append(w["node_id"])
+            on_node[w["node_id"]] = []
+        on_node[w["node_id"]].append(r)
+    envs = []
+    for r, w in enumerate(where):
+        peers = on_node[w["node_id"]]
+        e = {"PYTHONUNBUFFERED": "1"}  # lines reach the log as they are printed
+        e.update(env or {})
+        e.update(
+            RANK=str(r),
+            WORLD_SIZE=str(len(where)),
+            LOCAL_RANK="0" if gpus_per_rank > 0 else str(peers.index(r)),
+            LOCAL_WORLD_SIZE=str(len(peers)),
+            GROUP_RANK=str(node_order.index(w["node_id"])),
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
         )
-        _watch(ray, actors, files, codes, finished, result, stop, grace_s, timeout_s, t0, on_line)
-        watched = True
-    finally:
-        try:
-            if actors and not watched and not all(finished):
-                # Raised out of the watch (an error, KeyboardInterrupt): the ranks must not outlive the job.
-                refs = [a.terminate.remote(grace_s) for r, a in enumerate(actors) if not finished[r]]
-                with contextlib.suppress(Exception):
-                    ray.wait(refs, num_returns=len(refs), timeout=grace_s + 10)
-        finally:
-            for f in files:
-                f.close()
-            for a in actors:
-                with contextlib.suppress(Exception):
-                    ray.kill(a, no_restart=True)
+        envs.append(e)
+    return envs
+
+
+def _start_ranks(
+    ray: Any, actors: list[Any], argv: list[str], envs: list[dict[str, str]], workdir: str
+) -> None:
+    starts = [a.start.remote(argv, envs[r], workdir) for r, a in enumerate(actors)]
+    try:
+        ray.get(starts, timeout=_CALL_TIMEOUT_S)
+    except ray.exceptions.RayTaskError as e:
+        cause = e.cause if isinstance(getattr(e, "cause", None), Exception) else e
+        raise RayLaunchError(str(cause)) from e
+    except (ray.exceptions.RayError, TimeoutError) as e:
+        raise RayLaunchError(f"the ranks could not be started: {type(e).__name__}: {e}") from e
+
+
+def _tear_down(
+    ray: Any, pg: Any, actors: list[Any], files: list[Any], stop_first: list[Any], grace_s: float
+) -> None:
+    """Whatever happened: stop the ranks of ``stop_first`` (SIGTERM, SIGKILL after ``grace_s``), then close
+    the logs, kill the actors and remove the placement group."""
+    from ray.util.placement_group import remove_placement_group
+
+    try:
+        if stop_first:
+            refs = [a.terminate.remote(grace_s) for a in stop_first]
             with contextlib.suppress(Exception):
-                remove_placement_group(pg)
-    result.seconds = time.monotonic() - t0
-    return result
+                ray.wait(refs, num_returns=len(refs), timeout=grace_s + 10)
+    finally:
+        for f in files:
+            f.close()
+        for a in actors:
+            with contextlib.suppress(Exception):
+                ray.kill(a, no_restart=True)
+        with contextlib.suppress(Exception):
+            remove_placement_group(pg)
 
 
 def _watch(

@@ -8,10 +8,10 @@ GPUFORGE_CPU_SLOTS (default 1: one CPU job at a time, all cores).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from gpuforge.runtime.host import usable_cores
+from gpuforge.settings import current
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ def inventory(cpu_slots: int | None = None) -> list[DeviceInfo]:
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
             devices.append(DeviceInfo(f"cuda:{i}", "cuda", props.name, props.total_memory))
-    slots = cpu_slots or int(os.environ.get("GPUFORGE_CPU_SLOTS", "1"))
+    configured = current().cpu_slots
+    slots = cpu_slots or (1 if configured is None else configured)
     cores = usable_cores()
     per_slot = max(1, cores // slots)
     for i in range(slots):
@@ -46,7 +47,8 @@ def cluster_inventory(cluster: dict) -> list[DeviceInfo]:
         DeviceInfo(f"cuda:{i}", "cuda", "a GPU of the Ray cluster") for i in range(int(cluster["gpus"]))
     ]
     cpus = int(cluster["cpus"])
-    slots = min(cpus, int(os.environ.get("GPUFORGE_CPU_SLOTS") or cpus))
+    configured = current().cpu_slots  # 0 is a cap too: no CPU jobs on the cluster
+    slots = min(cpus, cpus if configured is None else configured)
     devices += [DeviceInfo(f"cpu:{i}", "cpu", "a CPU core of the Ray cluster", None, 1) for i in range(slots)]
     return devices
 

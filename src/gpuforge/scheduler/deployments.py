@@ -28,21 +28,14 @@ from sqlalchemy.orm import Session
 
 from gpuforge.runtime.host import free_port, is_alive
 from gpuforge.scheduler.allocator import DeviceInfo
+from gpuforge.serve.options import serve_flags
+from gpuforge.store import states
 from gpuforge.store.models import LIVE_DEPLOYMENT_STATES as LIVE
-from gpuforge.store.models import Deployment, utcnow
+from gpuforge.store.models import Deployment, DeploymentState
 
 log = logging.getLogger("gpuforge.scheduler")
 ReplicaEnv = Callable[[Session, Deployment, DeviceInfo], dict[str, str]]
 STOP_GRACE_S = 30.0
-OPTION_FLAGS = {
-    "max_batch": "--max-batch",
-    "max_wait_ms": "--max-wait-ms",
-    "max_queue": "--max-queue",
-    "timeout_s": "--timeout-s",
-    "quantize": "--quantize",
-    "precision": "--precision",
-    "max_length": "--max-length",
-}
 
 
 def held_devices(s: Session) -> set[str]:
@@ -60,33 +53,31 @@ def keep(
     `replica_env`: the whole environment of a replica (Scheduler.replica_env: allow-listed, its key).
 
     The loop alone writes `workers`; the API writes `state` (undeploy: `stopping`). So workers are
-    written as they are, and a state only where the row still has the state this pass read: an undeploy
-    that lands mid-pass is never overwritten. Each launch is committed at once, so a server that dies
-    next still knows the process it started."""
+    written as they are, and a state only by a move of store/states.py, which leaves from the state this
+    pass read alone: an undeploy that lands mid-pass is never overwritten. Each launch is committed at
+    once, so a server that dies next still knows the process it started."""
     rows = s.execute(select(Deployment.id, Deployment.state).where(Deployment.state.in_(LIVE))).all()
     for deployment_id, state in rows:
         deployment = s.get(Deployment, deployment_id, populate_existing=True)
-        if state in ("stopping", "failing"):
+        if state in (DeploymentState.STOPPING, DeploymentState.FAILING):
             workers, done = _stop(deployment)
-            _write(
-                s,
-                deployment,
-                state,
-                workers,
-                ("stopped" if state == "stopping" else "failed") if done else None,
-            )
+            _write_workers(s, deployment, workers)
+            if done and state == DeploymentState.STOPPING:
+                states.deployment_stopped(s, deployment.id)
+            elif done:
+                states.deployment_failed(s, deployment.id)
             continue
         workers = [dict(w) for w in deployment.workers or []]
         while len(workers) < deployment.replicas:
             workers.append({"index": len(workers), "pid": None, "restarts": -1, "ready": False})
         taken = held | held_devices(s)
-        new_state, reason = None, None
+        failure = None  # why it cannot serve
         for worker in workers:
             if worker.get("pid") and is_alive(worker["pid"], deployment.model_dir):
                 ready, error = _ready(worker["port"])
                 worker["ready"] = worker["ready"] or ready
                 if error:  # it answers, and says its model will not load: no restart will help
-                    new_state, reason = "failing", f"replica {worker['index']}: {error}"
+                    failure = f"replica {worker['index']}: {error}"
                 continue
             previous = worker.get("device")
             if worker.get("pid"):
@@ -94,10 +85,7 @@ def keep(
                 log.info("deployment %s: replica %d ended", deployment.name, worker["index"])
             worker.update(pid=None, ready=False, device=None)
             if worker["restarts"] >= deployment.max_restarts:
-                new_state, reason = (
-                    "failing",
-                    f"replica {worker['index']} ended {worker['restarts'] + 1} times",
-                )
+                failure = f"replica {worker['index']} ended {worker['restarts'] + 1} times"
                 break
             free = [
                 d
@@ -113,33 +101,33 @@ def keep(
             env = replica_env(s, deployment, free[0])
             worker.update(_launch(deployment, worker["index"], free[0], logs_dir, env), device=free[0].id)
             worker["restarts"] += 1
-            _write(s, deployment, state, workers, None)
+            _write_workers(s, deployment, workers)
             s.commit()  # the pid is in the store before anything else can fail
-        if new_state is None:
-            new_state = "ready" if all(w["ready"] for w in workers) else "starting"
-        _write(s, deployment, state, workers, new_state, reason)
+        _write_workers(s, deployment, workers)
+        _settle(s, deployment.id, state, failure, all(w["ready"] for w in workers))
 
 
-def _write(
-    s: Session, d: Deployment, read_state: str, workers: list, state: str | None, reason: str | None = None
-):
+def _write_workers(s: Session, d: Deployment, workers: list[dict]) -> None:
     s.execute(update(Deployment).where(Deployment.id == d.id).values(workers=workers))
-    if state is not None and state != read_state:
-        values = {"state": state, **({"reason": reason} if reason else {})}
-        if state in ("stopped", "failed"):
-            values["stopped_at"] = utcnow()
-        s.execute(
-            update(Deployment).where(Deployment.id == d.id, Deployment.state == read_state).values(**values)
-        )
+
+
+def _settle(
+    s: Session, deployment_id: int, read_state: DeploymentState, failure: str | None, all_ready: bool
+) -> None:
+    """The state its replicas say: failing when one cannot serve, else ready once all of them are."""
+    if failure is not None:
+        states.deployment_failing(s, deployment_id, failure)
+    elif all_ready and read_state == DeploymentState.STARTING:
+        states.deployment_ready(s, deployment_id)
+    elif not all_ready and read_state == DeploymentState.READY:
+        states.deployment_starting(s, deployment_id)
 
 
 def _launch(deployment: Deployment, index: int, device: DeviceInfo, logs_dir: Path, env: dict) -> dict:
     port = free_port()
     command = [sys.executable, "-m", "gpuforge", "serve", deployment.model_dir, "--port", str(port),
                "--host", "127.0.0.1", "--device", device.kind]  # fmt: skip
-    for key, flag in OPTION_FLAGS.items():
-        if deployment.options.get(key) is not None:
-            command += [flag, str(deployment.options[key])]
+    command += serve_flags(deployment.options)
     log_path = logs_dir / deployment.name / f"replica-{index}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:

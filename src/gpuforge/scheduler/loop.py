@@ -12,7 +12,8 @@ A tick, in one transaction:
 The store is the truth the next tick reads, so a tick can fail (the store busy, a launch refused) and
 the next one carries on. It is also what a restarted server starts from: a job the store says is running
 is re-attached when its pid still runs its run directory, and otherwise ends or is re-queued as above,
-so a server killed with SIGKILL loses nothing its jobs wrote.
+so a server killed with SIGKILL loses nothing its jobs wrote. Each change of a job's state is a move of
+store/states.py: it happens only while the job is still in the state it leaves (the API writes jobs too).
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from sqlalchemy import case, select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuforge.child_env import child_environment
@@ -38,14 +39,15 @@ from gpuforge.scheduler.allocator import DeviceInfo, job_environment
 from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Launched, launch
 from gpuforge.scheduler.queue import HELD, QueuedJob, plan_starts
 from gpuforge.scheduler.worker_keys import replicas_key
+from gpuforge.settings import as_environment
+from gpuforge.store import states
 from gpuforge.store.db import session
 from gpuforge.store.ingest import bad_input_error, ingest
-from gpuforge.store.models import ApiKey, Deployment, Device, Event, Job, utcnow
+from gpuforge.store.models import ApiKey, Deployment, Device, Event, Job, JobState
 from gpuforge.store.quotas import running_limits
 
 log = logging.getLogger("gpuforge.scheduler")
 TICK_S = 0.5
-ENDINGS = {"finished": "finished", "failed": "failed", "cancelled": "cancelled"}
 
 
 class Scheduler:
@@ -56,8 +58,10 @@ class Scheduler:
         deployments_dir: Path = Path("deployments"),
         policy_of: Callable[[ApiKey | None], Policy] = lambda key: Policy(user_code=False, roots=()),
         worker_secret: bytes | None = None,
+        runner_env: Mapping[str, str] | None = None,
     ):
         self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
+        self.runner_env = dict(runner_env or {})  # where jobs' processes run (Settings.runner_environment)
         self.policy_of = policy_of  # what a key's jobs and replicas may do (server/settings.job_policy)
         # replicas' keys derive from it (scheduler/worker_keys.py); the server passes its kept one
         self.worker_secret = worker_secret or secrets.token_bytes(32)
@@ -95,12 +99,15 @@ class Scheduler:
     def tick(self) -> None:
         began = time.perf_counter()
         with session(self.engine) as s:
-            running = list(s.scalars(select(Job).where(Job.state == "running")))
+            running = list(s.scalars(select(Job).where(Job.state == JobState.RUNNING)))
             self._count_busy(s, running)
             for job in running:
                 self._watch(s, job)
             jobs_hold = {
-                d for job in running if job.state == "running" and job.devices for d in job.devices.split(",")
+                d
+                for job in running
+                if job.state == JobState.RUNNING and job.devices
+                for d in job.devices.split(",")
             }
             deployments.keep(s, self.devices, jobs_hold, self.deployments_dir, self.replica_env)
             self._start_queued(s)
@@ -124,15 +131,16 @@ class Scheduler:
 
     def child_env(self, s: Session, owner_id: int | None, device_ids: list[str]) -> dict[str, str]:
         """The whole environment of a job's runner or a replica: the allow-listed part of the server's
-        (child_env.py), its devices, and its owner's policy (user code, data roots)."""
+        (child_env.py), its devices, its owner's policy (user code, data roots) and the server's executor."""
         by_id = {d.id: d for d in self.devices}
         owner = s.get(ApiKey, owner_id) if owner_id is not None else None
         policy = self.policy_of(owner)
-        return child_environment(job_environment([by_id[d] for d in device_ids]) | policy.environment())
+        own = job_environment([by_id[d] for d in device_ids]) | policy.environment() | self.runner_env
+        return child_environment(own)
 
     def replica_env(self, s: Session, deployment: Deployment, device: DeviceInfo) -> dict[str, str]:
         key = replicas_key(self.worker_secret, deployment)
-        return self.child_env(s, deployment.owner_id, [device.id]) | {"GPUFORGE_API_KEY": key}
+        return self.child_env(s, deployment.owner_id, [device.id]) | as_environment(api_key=key)
 
     def _alive(self, job: Job) -> bool:
         own = self.launched.get(job.id)
@@ -154,29 +162,22 @@ class Scheduler:
             return
         last = s.scalar(  # the runner's last word on its run (a `compressed` event may follow `finished`)
             select(Event)
-            .where(Event.job_id == job.id, Event.kind.in_(["started", "paused", *ENDINGS]))
+            .where(Event.job_id == job.id, Event.kind.in_(["started", *states.RUNNER_ENDINGS]))
             .order_by(Event.seq.desc())
             .limit(1)
         )
         own = self.launched.pop(job.id, None)
         exit_code = own.process.returncode if own is not None and own.process is not None else None
         self.signalled.discard(job.id)
-        job.pid = None
-        if last is not None and last.kind == "paused":
-            job.state, job.devices, job.reason = "paused", None, last.data.get("reason")
-        elif last is not None and last.kind in ENDINGS:
-            job.state = ENDINGS[last.kind]
-            job.finished_at = utcnow()
-            job.reason = job.reason or last.data.get("reason")
+        if last is not None and last.kind in states.RUNNER_ENDINGS:
+            states.end(s, job.id, last.kind, last.data.get("reason"))
         elif (refused := self._refused_input(job, exit_code)) is not None:
-            job.state, job.finished_at, job.reason = "failed", utcnow(), refused
+            states.fail(s, job.id, refused)
         elif job.restarts < job.max_restarts:
-            job.restarts += 1
-            job.state, job.devices = "queued", None
-            job.reason = f"process ended without a word (restart {job.restarts} of {job.max_restarts})"
+            why = f"process ended without a word (restart {job.restarts + 1} of {job.max_restarts})"
+            states.requeue(s, job.id, why)
         else:
-            job.state, job.finished_at = "failed", utcnow()
-            job.reason = f"process ended without a word {job.restarts + 1} times"
+            states.fail(s, job.id, f"process ended without a word {job.restarts + 1} times")
         if job.reason:
             log.info("job %d: %s (%s)", job.id, job.state, job.reason)
         else:
@@ -196,7 +197,7 @@ class Scheduler:
         return None
 
     def _start_queued(self, s: Session) -> None:
-        running = s.execute(select(Job.devices, Job.owner_id).where(Job.state == "running")).all()
+        running = s.execute(select(Job.devices, Job.owner_id).where(Job.state == JobState.RUNNING)).all()
         held = {d for devices, _ in running if devices for d in devices.split(",")}
         held |= deployments.held_devices(s)
         free: dict[str, list[str]] = {}
@@ -206,28 +207,21 @@ class Scheduler:
             if d.id not in held:
                 free.setdefault(d.kind, []).append(d.id)
         columns = (Job.id, Job.priority, Job.device_type, Job.devices_wanted, Job.owner_id)
-        queued = [QueuedJob(*row) for row in s.execute(select(*columns).where(Job.state == "queued"))]
+        queued = [QueuedJob(*row) for row in s.execute(select(*columns).where(Job.state == JobState.QUEUED))]
         owners = Counter(owner for _, owner in running)  # owner -> its jobs running: max_running holds
         plan = plan_starts(queued, free, total, owners, running_limits(s, {j.owner for j in queued}))
         for job_id, why in plan.impossible.items():
-            job = s.get(Job, job_id)
-            job.state, job.reason, job.finished_at = "failed", why, utcnow()
+            states.reject(s, job_id, why)
         for job_id, why in plan.held.items():  # says why it waits (written once, not every tick)
-            job = s.get(Job, job_id)
-            if job.reason != why:
-                job.reason = why
+            if s.get(Job, job_id).reason != why:
+                states.hold(s, job_id, why)
         for job_id, device_ids in plan.starts:
             # Claim it first, only if it is still queued (a cancel may have landed since the read), and
             # commit: the store says `running` before the process exists, never the other way round. A
             # server that dies between the two finds a running job with no pid: restarted, as if killed.
-            claimed = s.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.state == "queued")
-                .values(state="running", pid=None, devices=",".join(device_ids))
-                .values(reason=case((Job.reason.startswith(HELD), None), else_=Job.reason))
-            )
+            claimed = states.claim(s, job_id, device_ids, waiting_reason=HELD)
             s.commit()
-            if claimed.rowcount != 1:
+            if not claimed:
                 continue
             job = s.get(Job, job_id, populate_existing=True)
             run_dir = Path(job.run_dir)
@@ -236,7 +230,6 @@ class Scheduler:
             spec_path.write_text(job.spec_yaml)
             launched = launch(spec_path, run_dir, self.child_env(s, job.owner_id, device_ids))
             self.launched[job.id] = launched
-            job.pid = launched.pid
-            job.started_at = job.started_at or utcnow()
+            states.start(s, job.id, launched.pid)
             s.commit()
             log.info("job %d started on %s (pid %d)", job.id, job.devices, launched.pid)

@@ -11,24 +11,23 @@ name their adapter (`"adapter": "topics"`); without one they get the served mode
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
 
+from gpuforge.artifact import ArtifactError, Manifest, read_manifest
 from gpuforge.errors import GpuforgeError
 
 log = logging.getLogger("gpuforge.serve")
 OWN = "default"  # PEFT's name for the adapter load_artifact loads
 
 
-def check_adapters(model_dir: Path, adapters: dict[str, Path]) -> dict[str, dict[str, Any]]:
+def check_adapters(model_dir: Path, adapters: dict[str, Path]) -> dict[str, Manifest]:
     """Each adapter's manifest, after checking it fits the served base; a GpuforgeError naming the one
     that does not."""
-    base = json.loads((Path(model_dir) / "gpuforge.json").read_text())
-    if adapters and base.get("kind") != "adapter":
+    base = read_manifest(model_dir)
+    if adapters and not base.is_adapter:
         raise GpuforgeError(f"--adapter: {model_dir} is a full model; serve an adapter's model/ to add more")
     manifests = {}
     for name, path in adapters.items():
@@ -36,15 +35,16 @@ def check_adapters(model_dir: Path, adapters: dict[str, Path]) -> dict[str, dict
         if name == OWN:
             raise GpuforgeError(f"{where}: the name {OWN!r} is taken by the served model's own adapter")
         try:
-            manifest = json.loads((Path(path) / "gpuforge.json").read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise GpuforgeError(f"{where}: not a gpuforge model directory ({err})") from None
-        if manifest.get("kind") != "adapter":
+            manifest = read_manifest(path)
+        except ArtifactError as err:
+            raise GpuforgeError(f"{where}: {err}") from None
+        if not manifest.is_adapter:
             raise GpuforgeError(f"{where}: a full model, not a LoRA adapter")
         for key in ("base", "task", "num_labels"):
-            if manifest.get(key) != base.get(key):
+            if getattr(manifest, key) != getattr(base, key):
                 raise GpuforgeError(
-                    f"{where}: its {key} is {manifest.get(key)!r}, the served base's is {base.get(key)!r}"
+                    f"{where}: its {key} is {getattr(manifest, key)!r}, "
+                    f"the served base's is {getattr(base, key)!r}"
                 )
         manifests[name] = manifest
     return manifests
@@ -58,11 +58,11 @@ class Adapters:
         peft_model,
         own_labels: list[str],
         registry: dict[str, Path],
-        manifests: dict[str, dict[str, Any]],
+        manifests: dict[str, Manifest],
         max_loaded: int = 8,
     ):
         self.model, self.registry, self.max_loaded = peft_model, dict(registry), max(1, max_loaded)
-        self.labels = {OWN: own_labels, **{n: m.get("labels") or own_labels for n, m in manifests.items()}}
+        self.labels = {OWN: own_labels, **{n: m.labels or own_labels for n, m in manifests.items()}}
         self.loaded: OrderedDict[str, None] = OrderedDict({OWN: None})  # least recently used first
         self.loads = self.evictions = 0
         self._lock = threading.Lock()

@@ -485,11 +485,11 @@ def load_engine(
 
     torch_device = select_device(device)
     module, tokenizer, manifest = load_artifact(model_dir, torch_device)
-    if manifest["task"] != "causal-lm" or tokenizer is None:
-        raise GpuforgeError(f"{model_dir}: a {manifest['task']} model; generation needs a causal-lm")
+    if manifest.task != "causal-lm" or tokenizer is None:
+        raise GpuforgeError(f"{model_dir}: a {manifest.task} model; generation needs a causal-lm")
     chosen = choose_precision(precision, torch_device)
     engine = GenerationEngine(
-        module, tokenizer, torch_device, chosen, max_batch, max_queue, name=manifest.get("job") or "model"
+        module, tokenizer, torch_device, chosen, max_batch, max_queue, name=manifest.job or "model"
     )
     engine.warm_up()
     log.info("generating with %s on %s, precision %s", model_dir, torch_device, chosen.name)

@@ -38,11 +38,12 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -95,6 +96,10 @@ class _Request(BaseModel):
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
         return stop
+
+    def wants_usage(self) -> bool:
+        """A streamed answer ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
 
     @model_validator(mode="after")
     def _supported(self):
@@ -200,170 +205,166 @@ def create_openai_router(
         prefix="/v1", tags=["openai"], dependencies=list(dependencies), route_class=_OpenAIErrors
     )
 
-    def engine_or_503() -> GenerationEngine:
-        engine = get_engine()
-        if engine is None:
-            raise HTTPException(
-                status.HTTP_503_SERVICE_UNAVAILABLE,
-                "the model is still loading",
-                headers={"Retry-After": "5"},
-            )
-        return engine
-
-    def name(engine: GenerationEngine) -> str:
-        return model_name or engine.name
-
-    def params(
-        engine: GenerationEngine,
-        body: _Request,
-        prompt: list[int],
-        asked: tuple[str, int | None],
-        default: int | None,
-        extra_stop: Sequence[str] = (),
-    ) -> SamplingParams:
-        """How to sample `prompt`; `asked` is the max_tokens field's name and value (None: `default`, or
-        the rest of the context). An answer that cannot fit after the prompt is refused, not cut short."""
-        field_name, max_tokens = asked
-        room = engine.context - len(prompt)  # < 1: the engine refuses the prompt itself (413)
-        if max_tokens is not None and room >= 1 and max_tokens > room:
-            raise OpenAIError(
-                status.HTTP_400_BAD_REQUEST,
-                f"{field_name}: {max_tokens} after the prompt's {len(prompt)} tokens is "
-                f"{len(prompt) + max_tokens}, over the model's context of {engine.context} tokens; ask for "
-                f"at most {room}",
-                param=field_name,
-                code="context_length_exceeded",
-            )
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        return SamplingParams(
-            max_tokens=max_tokens or max(1, min(default or room, room)),
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            stop=[*stops, *extra_stop],
-            seed=body.seed,
-        )
-
-    def submit(engine: GenerationEngine, prompt: str | list[int], sampling: SamplingParams) -> Generation:
-        try:
-            return engine.submit(prompt, sampling)
-        except QueueFull as err:
-            raise HTTPException(
-                status.HTTP_429_TOO_MANY_REQUESTS,
-                str(err),
-                headers={"Retry-After": str(math.ceil(err.retry_after_s))},
-            ) from None
-        except PromptTooLong as err:
-            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"prompt: {err}") from None
-        except ValueError as err:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"prompt: {err}") from None
-
     @router.post("/completions", response_model=CompletionResponse)
     async def completions(body: CompletionRequest, request: Request) -> CompletionResponse | Any:
         """Continue a prompt (OpenAI's completions API); `stream: true` for server-sent events."""
-        engine = engine_or_503()
-        prompt = body.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            if len(prompt) != 1:
-                raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "prompt: one prompt per request")
-            prompt = prompt[0]
-        if not prompt:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "prompt: empty")
-        if isinstance(prompt, str) and len(prompt) > MAX_PROMPT_CHARS:
-            raise HTTPException(
-                status.HTTP_413_CONTENT_TOO_LARGE,
-                f"prompt: {len(prompt)} characters, over the {MAX_PROMPT_CHARS} allowed",
-            )
-        if isinstance(prompt, str):  # off the event loop: a long prompt must not stall other requests
-            prompt = await asyncio.to_thread(engine.encode, prompt)
-        sampling = params(engine, body, prompt, ("max_tokens", body.max_tokens), DEFAULT_COMPLETION_TOKENS)
-        generation = submit(engine, prompt, sampling)
-        answer_id, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), name(engine)
-
-        def chunk(text: str, finish: str | None) -> dict[str, Any]:
-            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-            return {
-                "id": answer_id,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [choice],
-            }
-
-        if body.stream:
-            return _stream(generation, chunk, None, body, answer_id, created, model, "text_completion")
-        result = await _collect(request, generation)
-        if isinstance(result, JSONResponse):
-            return result
-        return CompletionResponse(
-            id=answer_id,
-            created=created,
-            model=model,
-            usage=_usage(result),
-            choices=[CompletionChoice(text=result.text, finish_reason=result.finish_reason)],
-        )
+        engine = _ready(get_engine)
+        return await _complete(engine, body, request, model_name or engine.name)
 
     @router.post("/chat/completions", response_model=ChatCompletionResponse)
     async def chat(body: ChatRequest, request: Request) -> ChatCompletionResponse | Any:
         """Answer a conversation (OpenAI's chat completions API); `stream: true` for server-sent events."""
-        engine = engine_or_503()
-        if not body.messages:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "messages: empty")
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in body.messages
-        ]
-        if sum(len(m["content"]) for m in messages) > MAX_PROMPT_CHARS:
-            raise HTTPException(
-                status.HTTP_413_CONTENT_TOO_LARGE, f"messages: over the {MAX_PROMPT_CHARS} characters allowed"
-            )
-        prompt, extra_stop = await asyncio.to_thread(chat_prompt, engine, messages)  # off the event loop
-        if body.max_completion_tokens is not None:
-            asked = ("max_completion_tokens", body.max_completion_tokens)
-        else:
-            asked = ("max_tokens", body.max_tokens)
-        generation = submit(engine, prompt, params(engine, body, prompt, asked, None, extra_stop))
-        answer_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), name(engine)
-
-        def chunk(text: str | None, finish: str | None) -> dict[str, Any]:
-            delta = (
-                {"role": "assistant", "content": ""} if text is None else {"content": text} if text else {}
-            )
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-            return {
-                "id": answer_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [choice],
-            }
-
-        if body.stream:
-            return _stream(
-                generation, chunk, chunk(None, None), body, answer_id, created, model, "chat.completion.chunk"
-            )
-        result = await _collect(request, generation)
-        if isinstance(result, JSONResponse):
-            return result
-        return ChatCompletionResponse(
-            id=answer_id,
-            created=created,
-            model=model,
-            usage=_usage(result),
-            choices=[
-                ChatChoice(message=ChatMessageOut(content=result.text), finish_reason=result.finish_reason)
-            ],
-        )
+        engine = _ready(get_engine)
+        return await _chat(engine, body, request, model_name or engine.name)
 
     @router.get("/models")
     def models() -> dict[str, Any]:
         """The model this server answers with."""
-        engine = engine_or_503()
+        engine = _ready(get_engine)
         return {
             "object": "list",
-            "data": [{"id": name(engine), "object": "model", "created": 0, "owned_by": "gpuforge"}],
+            "data": [
+                {"id": model_name or engine.name, "object": "model", "created": 0, "owned_by": "gpuforge"}
+            ],
         }
 
     return router
+
+
+async def _complete(
+    engine: GenerationEngine, body: CompletionRequest, request: Request, model: str
+) -> CompletionResponse | Response:
+    prompt = _completion_prompt(body)
+    if isinstance(prompt, str):  # off the event loop: a long prompt must not stall other requests
+        prompt = await asyncio.to_thread(engine.encode, prompt)
+    sampling = _sampling(engine, body, prompt, ("max_tokens", body.max_tokens), DEFAULT_COMPLETION_TOKENS)
+    generation = _submit(engine, prompt, sampling)
+    answer = _Answer(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, "text_completion")
+    if body.stream:
+        return _stream(generation, answer, _completion_choice, body.wants_usage())
+    result = await _collect(request, generation)
+    if isinstance(result, JSONResponse):
+        return result
+    return CompletionResponse(
+        id=answer.id,
+        created=answer.created,
+        model=model,
+        usage=_usage(result),
+        choices=[CompletionChoice(text=result.text, finish_reason=result.finish_reason)],
+    )
+
+
+async def _chat(
+    engine: GenerationEngine, body: ChatRequest, request: Request, model: str
+) -> ChatCompletionResponse | Response:
+    messages = _chat_messages(body)
+    prompt, extra_stop = await asyncio.to_thread(chat_prompt, engine, messages)  # off the event loop
+    if body.max_completion_tokens is not None:
+        asked = ("max_completion_tokens", body.max_completion_tokens)
+    else:
+        asked = ("max_tokens", body.max_tokens)
+    generation = _submit(engine, prompt, _sampling(engine, body, prompt, asked, None, extra_stop))
+    answer = _Answer(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, "chat.completion.chunk")
+    if body.stream:
+        return _stream(generation, answer, _chat_choice, body.wants_usage(), opening=_chat_choice(None, None))
+    result = await _collect(request, generation)
+    if isinstance(result, JSONResponse):
+        return result
+    return ChatCompletionResponse(
+        id=answer.id,
+        created=answer.created,
+        model=model,
+        usage=_usage(result),
+        choices=[ChatChoice(message=ChatMessageOut(content=result.text), finish_reason=result.finish_reason)],
+    )
+
+
+def _ready(get_engine: Callable[[], GenerationEngine | None]) -> GenerationEngine:
+    engine = get_engine()
+    if engine is None:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, "the model is still loading", headers={"Retry-After": "5"}
+        )
+    return engine
+
+
+def _completion_prompt(body: CompletionRequest) -> str | list[int]:
+    """The one prompt of a completion request: text or token ids (422 for none, or for several)."""
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "prompt: one prompt per request")
+        prompt = prompt[0]
+    if not prompt:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "prompt: empty")
+    if isinstance(prompt, str) and len(prompt) > MAX_PROMPT_CHARS:
+        raise HTTPException(
+            status.HTTP_413_CONTENT_TOO_LARGE,
+            f"prompt: {len(prompt)} characters, over the {MAX_PROMPT_CHARS} allowed",
+        )
+    return prompt
+
+
+def _chat_messages(body: ChatRequest) -> list[dict[str, str]]:
+    """The conversation as {"role", "content"} texts (developer counts as system); 422 for none, 413 for
+    one over MAX_PROMPT_CHARS in all."""
+    if not body.messages:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "messages: empty")
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
+    ]
+    if sum(len(m["content"]) for m in messages) > MAX_PROMPT_CHARS:
+        raise HTTPException(
+            status.HTTP_413_CONTENT_TOO_LARGE, f"messages: over the {MAX_PROMPT_CHARS} characters allowed"
+        )
+    return messages
+
+
+def _sampling(
+    engine: GenerationEngine,
+    body: _Request,
+    prompt: list[int],
+    asked: tuple[str, int | None],
+    default: int | None,
+    extra_stop: Sequence[str] = (),
+) -> SamplingParams:
+    """How to sample `prompt`; `asked` is the max_tokens field's name and value (None: `default`, or
+    the rest of the context). An answer that cannot fit after the prompt is refused, not cut short."""
+    field_name, max_tokens = asked
+    room = engine.context - len(prompt)  # < 1: the engine refuses the prompt itself (413)
+    if max_tokens is not None and room >= 1 and max_tokens > room:
+        raise OpenAIError(
+            status.HTTP_400_BAD_REQUEST,
+            f"{field_name}: {max_tokens} after the prompt's {len(prompt)} tokens is "
+            f"{len(prompt) + max_tokens}, over the model's context of {engine.context} tokens; ask for "
+            f"at most {room}",
+            param=field_name,
+            code="context_length_exceeded",
+        )
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return SamplingParams(
+        max_tokens=max_tokens or max(1, min(default or room, room)),
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        stop=[*stops, *extra_stop],
+        seed=body.seed,
+    )
+
+
+def _submit(engine: GenerationEngine, prompt: str | list[int], sampling: SamplingParams) -> Generation:
+    """The engine's Generation; its refusals as HTTP answers (429 queue full, 413, 422)."""
+    try:
+        return engine.submit(prompt, sampling)
+    except QueueFull as err:
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            str(err),
+            headers={"Retry-After": str(math.ceil(err.retry_after_s))},
+        ) from None
+    except PromptTooLong as err:
+        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"prompt: {err}") from None
+    except ValueError as err:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"prompt: {err}") from None
 
 
 def chat_prompt(engine: GenerationEngine, messages: list[dict[str, str]]) -> tuple[list[int], list[str]]:
@@ -402,30 +403,54 @@ async def _collect(request: Request, generation: Generation):
         generation.cancel()
 
 
-def _stream(generation, chunk, first, body, answer_id, created, model, kind) -> StreamingResponse:
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+@dataclass(frozen=True)
+class _Answer:
+    """What every streamed chunk of one answer carries: its id, creation time, model and object kind."""
+
+    id: str
+    created: int
+    model: str
+    kind: str  # "text_completion" or "chat.completion.chunk"
+
+    def chunk(self, choice: dict[str, Any] | None, usage: Usage | None = None) -> dict[str, Any]:
+        """A chunk with `choice`, or (None) the closing one with `usage` and no choice."""
+        head = {"id": self.id, "object": self.kind, "created": self.created, "model": self.model}
+        if choice is None:
+            return {**head, "choices": [], "usage": usage.model_dump()}
+        return {**head, "choices": [choice]}
+
+
+def _completion_choice(text: str, finish: str | None) -> dict[str, Any]:
+    return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+
+
+def _chat_choice(text: str | None, finish: str | None) -> dict[str, Any]:
+    """A chat chunk's choice; text None: the opening one, that names the role."""
+    delta = {"role": "assistant", "content": ""} if text is None else {"content": text} if text else {}
+    return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+
+
+def _stream(
+    generation: Generation,
+    answer: _Answer,
+    choice: Callable[[str, str | None], dict[str, Any]],
+    include_usage: bool,
+    opening: dict[str, Any] | None = None,
+) -> StreamingResponse:
+    """The answer as server-sent events: `opening` first if any, each text delta, the finish reason, the
+    usage if asked for, then `data: [DONE]`."""
 
     async def events() -> AsyncIterator[str]:
         try:
-            if first is not None:
-                yield _sse(first)
+            if opening is not None:
+                yield _sse(answer.chunk(opening))
             async for event in generation:
                 if event.text:
-                    yield _sse(chunk(event.text, None))
+                    yield _sse(answer.chunk(choice(event.text, None)))
                 if event.finish_reason is not None:
-                    yield _sse(chunk("", event.finish_reason))
+                    yield _sse(answer.chunk(choice("", event.finish_reason)))
                     if include_usage:
-                        usage = _usage(event).model_dump()
-                        yield _sse(
-                            {
-                                "id": answer_id,
-                                "object": kind,
-                                "created": created,
-                                "model": model,
-                                "choices": [],
-                                "usage": usage,
-                            }
-                        )
+                        yield _sse(answer.chunk(None, _usage(event)))
             yield "data: [DONE]\n\n"
         except Exception as err:  # the status line is sent already: say it in the stream
             yield _sse({"error": {"message": f"generation failed: {err}", "type": "server_error"}})
@@ -463,7 +488,7 @@ def error_response(
     param: str | None = None,
     error_code: str | None = None,
 ) -> JSONResponse:
-    """An error as OpenAI clients read it; also the worker's 401 and 413 on /v1 (serve/worker.py, Gate)."""
+    """An error as OpenAI clients read it; also the worker's 401 and 413 on /v1 (serve/gate.py)."""
     kind = {429: "rate_limit_error", 401: "authentication_error"}.get(code)
     kind = kind or ("server_error" if code >= 500 else "invalid_request_error")
     error = {"message": message, "type": kind, "param": param, "code": error_code}

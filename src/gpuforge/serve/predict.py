@@ -11,7 +11,6 @@ each input as nested lists of numbers in the training shape (C x H x W, or H x W
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gpuforge.artifact import built_from, load_artifact
+from gpuforge.artifact import Manifest, built_from, load_artifact, read_manifest
 from gpuforge.errors import GpuforgeError
 from gpuforge.hardware.probe import select_device
 from gpuforge.runtime import tasks
@@ -42,7 +41,7 @@ class InputError(GpuforgeError):
 class Predictor:
     module: torch.nn.Module
     tokenizer: Any
-    manifest: dict[str, Any]
+    manifest: Manifest
     device: torch.device
     precision: Any  # train.precision.Precision
     max_length: int | None
@@ -53,16 +52,16 @@ class Predictor:
 
     @property
     def task(self) -> str:
-        return self.manifest["task"]
+        return self.manifest.task
 
     @property
     def labels(self) -> list[str]:
-        n = self.manifest.get("num_labels") or 0
-        return self.manifest.get("labels") or [str(i) for i in range(n)]
+        n = self.manifest.num_labels or 0
+        return self.manifest.labels or [str(i) for i in range(n)]
 
     @property
     def name(self) -> str:
-        return self.manifest.get("job") or "model"
+        return self.manifest.job or "model"
 
     def check(self, raw: Any) -> Any:
         """One input as the model takes it, or an InputError naming what is wrong."""
@@ -77,7 +76,7 @@ class Predictor:
         return raw
 
     def _check_image(self, raw: Any) -> torch.Tensor:
-        shape = tuple(self.manifest.get("sample_shape") or ())
+        shape = tuple(self.manifest.sample_shape or ())
         try:
             pixels = torch.as_tensor(raw, dtype=torch.float32)
         except (TypeError, ValueError, RuntimeError) as err:
@@ -131,7 +130,7 @@ class Predictor:
     def warm_up(self, batch_sizes: tuple[int, ...] = (1, 8)) -> None:
         """Run the model on made-up inputs so the first request does not pay for lazy set-up."""
         if self.task == "image-classification":
-            shape = tuple(self.manifest.get("sample_shape") or ())
+            shape = tuple(self.manifest.sample_shape or ())
             sample = torch.zeros(shape) if shape else None
             if sample is None:
                 return
@@ -162,10 +161,10 @@ def load_predictor(
     if adapters and quantize:
         raise GpuforgeError("--quantize with --adapter: quantizing merges one adapter into the base")
     torch_device = select_device(device)
-    stored = json.loads((model_dir / "gpuforge.json").read_text())
-    merge_qlora = bool(quantize and stored.get("quantize_base"))  # merged onto a dequantized base first
+    stored = read_manifest(model_dir)
+    merge_qlora = bool(quantize and stored.quantize_base)  # merged onto a dequantized base first
     module, tokenizer, manifest = load_artifact(model_dir, torch_device, dequantize_base=merge_qlora)
-    if manifest["task"] == "causal-lm":
+    if manifest.task == "causal-lm":
         raise GpuforgeError(f"{model_dir}: a causal-lm model; this release serves classifiers only")
     chosen = choose_precision(precision, torch_device)
     report = None
@@ -175,29 +174,24 @@ def load_predictor(
         module = _quantize(module, manifest, quantize)
         report = _metric_change(before, _metric(module, manifest, eval_data, chosen, torch_device), eval_data)
         log.info("--quantize %s: %s", quantize, report["summary"])
-    length = max_length or manifest.get("max_length")
+    length = max_length or manifest.max_length
     if length is not None and hasattr(module, "config"):
         positions = getattr(module.config, "max_position_embeddings", None)
         length = min(length, positions) if positions else length
-    log.info("serving %s (%s) on %s, precision %s", model_dir, manifest["task"], torch_device, chosen.name)
-    quantized = quantize or quantization_of(manifest)
+    log.info("serving %s (%s) on %s, precision %s", model_dir, manifest.task, torch_device, chosen.name)
+    quantized = quantize or manifest.quantization
     predictor = Predictor(module, tokenizer, manifest, torch_device, chosen, length, quantized)
     predictor.quantize_report = report
-    if manifest["kind"] == "adapter":  # its own adapter, and any others on the same base
+    if manifest.is_adapter:  # its own adapter, and any others on the same base
         predictor.adapters = Adapters(module, predictor.labels, adapters or {}, manifests, max_adapters)
     return predictor
 
 
-def quantization_of(manifest: dict[str, Any]) -> str | None:
-    """The quantization a compressed variant (`gpuforge compress --quantize`) carries: int8, int4, ..."""
-    return manifest.get("compression", {}).get("quantize", {}).get("kind")
-
-
-def _quantize(module: torch.nn.Module, manifest: dict[str, Any], kind: str) -> torch.nn.Module:
+def _quantize(module: torch.nn.Module, manifest: Manifest, kind: str) -> torch.nn.Module:
     """Post-training weight-only quantization at load (weights/quantize.py); an adapter is merged first."""
-    if manifest.get("compression", {}).get("quantize"):
+    if manifest.quantization:
         raise GpuforgeError("--quantize: this model directory is quantized already (gpuforge compress)")
-    if manifest["kind"] == "adapter":
+    if manifest.is_adapter:
         from gpuforge.weights.merge import merge_adapter
 
         module = merge_adapter(module)
@@ -224,7 +218,7 @@ def _metric(module, manifest, eval_data, precision, device) -> dict[str, float] 
         return None
     from gpuforge.runtime.evaluate import evaluate
 
-    return evaluate(built_from(module, manifest), manifest["task"], eval_data, 32, precision, device)
+    return evaluate(built_from(module, manifest), manifest.task, eval_data, 32, precision, device)
 
 
 def _metric_change(before, after, eval_data) -> dict[str, Any]:

@@ -9,7 +9,6 @@ first start makes the admin key (written to $GPUFORGE_HOME/admin.key, mode 0600,
 from __future__ import annotations
 
 import logging
-import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from gpuforge.server.schemas import Health
 from gpuforge.server.settings import Settings, job_policy
 from gpuforge.store.db import connect, migrate, session
 from gpuforge.store.keys import ensure_admin_key, has_admin_key
-from gpuforge.store.models import JOB_STATES, Device, Job
+from gpuforge.store.models import Device, Job, JobState
 
 log = logging.getLogger("gpuforge.server")
 UPLOADS_PREFIX = uploads.router.prefix + "/"
@@ -55,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.home / "deployments",
             policy_of=lambda key: job_policy(settings, key),
             worker_secret=app.state.worker_secret,
+            runner_env=settings.runner_environment,
         )
         if settings.schedule:
             app.state.scheduler.start()
@@ -104,9 +104,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             counts = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
             for device_id, seconds in s.execute(select(Device.id, Device.busy_seconds)):
                 busy.labels(device_id).set(seconds or 0.0)
-        for state in JOB_STATES:
-            by_state.labels(state).set(counts.get(state, 0))
-        queued.set(counts.get("queued", 0))
+        for state in JobState:
+            by_state.labels(state.value).set(counts.get(state, 0))
+        queued.set(counts.get(JobState.QUEUED, 0))
         for seconds in request.app.state.scheduler.tick_seconds:
             tick.observe(seconds)
         return generate_latest(registry).decode()
@@ -166,14 +166,13 @@ def open_store(settings: Settings):
 
 def devices_of(settings: Settings) -> list:
     """What the scheduler hands out: this machine's devices, or a Ray cluster's (GPUs, and CPUs as slots).
-    With Ray, job runners are told where the cluster is through the environment they inherit."""
+    With Ray, the scheduler tells job runners where the cluster is (Settings.runner_environment)."""
     if settings.executor == "local":
         return inventory()
     from gpuforge.launch.ray_ranks import cluster_devices
     from gpuforge.launch.ray_ranks import connect as connect_ray
 
     connect_ray(settings.ray_address or "")
-    os.environ["GPUFORGE_EXECUTOR"], os.environ["GPUFORGE_RAY_ADDRESS"] = "ray", settings.ray_address or ""
     return cluster_inventory(cluster_devices())
 
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
 
+from gpuforge.serve.options import deployment_options_model
 from gpuforge.store.quotas import QUOTAS, Quota, limits
 
 FilePath = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
@@ -143,16 +144,8 @@ class UploadPublic(BaseModel):
     path: str = Field(description="where the file lies on the server: name it in a spec")
 
 
-class ServeOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    max_batch: int | None = Field(None, ge=1, le=1024)
-    max_wait_ms: float | None = Field(None, ge=0, le=10_000)
-    max_queue: int | None = Field(None, ge=1, le=100_000)
-    timeout_s: float | None = Field(None, gt=0, le=3600)
-    quantize: str | None = Field(None, pattern=r"^(int8|int4|int8-dynamic)$")
-    precision: str | None = Field(None, pattern=r"^(auto|bf16|fp16|fp32)$")
-    max_length: int | None = Field(None, ge=1, le=1_000_000)
+# The options a deployment may set, of `gpuforge serve`'s (serve/options.py); unset: the worker's default
+ServeOptions = deployment_options_model("ServeOptions")
 
 
 class DeploymentCreate(BaseModel):

@@ -1,48 +1,29 @@
 """Server settings: GPUFORGE_* environment variables, or `gpuforge server` options.
 
-GPUFORGE_HOME (default ~/.gpuforge) holds the SQLite file, runs/ and admin.key, made mode 0700.
-GPUFORGE_DATA_ROOTS (os.pathsep-separated) are the only places on the server a spec may read data from.
+Their names, types, defaults and meanings are gpuforge/settings.py's `ServerOptions` (README's table of
+environment variables); this adds what follows from them: the store's URL, the run and upload directories,
+the data roots as paths, and a key's policy.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
-
-from pydantic import field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpuforge.access import is_loopback
 from gpuforge.policy import Policy
+from gpuforge.settings import ServerOptions, as_environment
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GPUFORGE_")
-
-    home: Path = Path("~/.gpuforge").expanduser()
-    host: str = "127.0.0.1"
-    port: int = 8600
-    db: str | None = None  # default: sqlite:///<home>/gpuforge.db
-    data_roots: str = ""  # os.pathsep-separated directories
-    max_body_bytes: int = 64 * 2**20  # uploads above this are refused (413)
-    max_request_bytes: int = 2**20  # any other body: a spec (256 KiB at most), predictions forwarded
-    max_streams_per_key: int = 8  # live log/metrics streams one key holds open at once (429 past it)
-    public_metrics: bool = False  # /metrics, /docs and /openapi.json without a key
-    schedule: bool = True  # run queued jobs (off: an API-only server, for tests of the API alone)
-    admin_key: str | None = None  # the admin key to use on a new store, instead of making admin.key
-    allow_user_code: bool = False  # let any key submit python: models (their code runs as the server's user)
-    executor: Literal["local", "ray"] = "local"  # where a job's processes run: here, or on a Ray cluster
-    ray_address: str | None = None  # the Ray cluster's address (host:port of its head), for executor ray
-
+class Settings(ServerOptions):
     @property
     def loopback_only(self) -> bool:
         return is_loopback(self.host)
 
-    @field_validator("home")
-    @classmethod
-    def _expand(cls, v: Path) -> Path:
-        return v.expanduser().absolute()
+    @property
+    def runner_environment(self) -> dict[str, str]:
+        """What a job's runner is told of where its processes run (launch/job.py reads it back)."""
+        return as_environment(executor=self.executor, ray_address=self.ray_address)
 
     @property
     def db_url(self) -> str:

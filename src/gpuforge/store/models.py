@@ -7,6 +7,7 @@ events it ingested (numbered per job, so ingesting a file twice stores nothing t
 
 from __future__ import annotations
 
+import enum
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,11 +24,47 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-JOB_STATES = ("queued", "running", "paused", "finished", "failed", "cancelled")
-DEPLOYMENT_STATES = ("starting", "ready", "stopping", "failing", "failed", "stopped")
-LIVE_DEPLOYMENT_STATES = ("starting", "ready", "stopping", "failing")  # failing: replicas being stopped
-ACTIVE_STATES = ("queued", "running", "paused")
 MAX_IDEMPOTENCY_KEY = 200  # characters: a UUID is 36
+
+
+class _StoredState(str, enum.Enum):
+    """A state as the store and the API spell it: a member equals, hashes and prints as its string."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class JobState(_StoredState):
+    """Where a job is; store/states.py holds every move from one to another."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    PAUSED = "paused"  # its cost budget spent: resumable with a new one
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class DeploymentState(_StoredState):
+    """Where a deployment is; store/states.py holds every move from one to another."""
+
+    STARTING = "starting"
+    READY = "ready"  # every replica answers /readyz
+    STOPPING = "stopping"  # undeployed: replicas finish what they hold
+    FAILING = "failing"  # a replica cannot serve: replicas being stopped
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+ACTIVE_JOB_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.PAUSED)  # not ended: max_queued counts them
+ENDED_JOB_STATES = (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)  # for good: nothing moves them
+LIVE_DEPLOYMENT_STATES = (
+    DeploymentState.STARTING,
+    DeploymentState.READY,
+    DeploymentState.STOPPING,
+    DeploymentState.FAILING,
+)  # replicas may run: the loop keeps them, max_deployments counts them
+ENDED_DEPLOYMENT_STATES = (DeploymentState.STOPPED, DeploymentState.FAILED)  # its name may be deployed again
 
 
 def utcnow() -> datetime:
@@ -48,6 +85,24 @@ class UTCDateTime(TypeDecorator):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class StateColumn(TypeDecorator):
+    """A state column: the plain string in the store (the values never changed), its enum member in Python.
+    A plain string binds as it is (a filter the API was sent: an unknown state matches nothing)."""
+
+    impl = String(16)
+    cache_ok = True
+
+    def __init__(self, states: type[_StoredState]):
+        super().__init__()
+        self.states = states
+
+    def process_bind_param(self, value, dialect):
+        return value.value if isinstance(value, enum.Enum) else value
+
+    def process_result_value(self, value, dialect):
+        return None if value is None else self.states(value)
 
 
 class Base(DeclarativeBase):
@@ -82,7 +137,7 @@ class Job(Base):
     id: Mapped[int] = mapped_column(primary_key=True)  # also the FIFO order within a priority
     name: Mapped[str] = mapped_column(String(100))
     owner_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
-    state: Mapped[str] = mapped_column(String(16), default="queued")
+    state: Mapped[JobState] = mapped_column(StateColumn(JobState), default=JobState.QUEUED)
     priority: Mapped[int] = mapped_column(default=0)
     device_type: Mapped[str] = mapped_column(String(8), default="cpu")  # what it asked for, resolved
     devices_wanted: Mapped[int] = mapped_column(default=1)
@@ -155,7 +210,9 @@ class Deployment(Base):
     options: Mapped[dict[str, Any]] = mapped_column(default=dict)  # gpuforge serve options
     replicas: Mapped[int] = mapped_column(default=1)
     device_type: Mapped[str] = mapped_column(String(8), default="cpu")
-    state: Mapped[str] = mapped_column(String(16), default="starting")
+    state: Mapped[DeploymentState] = mapped_column(
+        StateColumn(DeploymentState), default=DeploymentState.STARTING
+    )
     reason: Mapped[str | None] = mapped_column(Text)
     # the sha256 of the key its loopback replicas want (derived, never stored: scheduler/worker_keys.py)
     worker_key: Mapped[str] = mapped_column(String(64))

@@ -127,7 +127,7 @@ def check_job(s: Session, key: ApiKey, priority: int) -> None:
     """Before a job of `key` is queued, in the transaction that queues it: max_priority, max_queued."""
     from sqlalchemy import func, select
 
-    from gpuforge.store.models import ACTIVE_STATES, Job
+    from gpuforge.store.models import ACTIVE_JOB_STATES, Job
 
     row = _locked(s, key)
     limit = limits(row)
@@ -135,7 +135,7 @@ def check_job(s: Session, key: ApiKey, priority: int) -> None:
         what = f"may ask for priority {limit['max_priority']} at most, not {priority}"
         raise QuotaExceeded(BY_NAME["max_priority"], row.name, what)
     if limit["max_queued"] is not None:
-        active = select(func.count()).where(Job.owner_id == row.id, Job.state.in_(ACTIVE_STATES))
+        active = select(func.count()).where(Job.owner_id == row.id, Job.state.in_(ACTIVE_JOB_STATES))
         count = s.scalar(active)
         if count >= limit["max_queued"]:
             what = f"has {count} jobs not ended (queued, running or paused), its limit"

@@ -1,4 +1,4 @@
-"""Checkpoints: weights (safetensors), optimizer, scheduler, scaler, RNG states and the data position.
+"""Checkpoints: weights (safetensors), optimizer, scheduler, loss scale, RNG states and the data position.
 
 A checkpoint directory is written under a temporary name and renamed into place, and its meta.json is
 written last, so a process killed mid-save leaves either a whole checkpoint or none.
@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from gpuforge.runs import RunDir
+from gpuforge.runtime.precision import MixedPrecision
 
 
 def rng_state() -> dict[str, Any]:
@@ -47,7 +48,7 @@ def save_checkpoint(
     module: torch.nn.Module,
     optimizer,
     scheduler,
-    scaler,
+    amp: MixedPrecision,
     meta: dict[str, Any],
     keep: int,
     adapter: bool = False,
@@ -71,7 +72,7 @@ def save_checkpoint(
         {
             "optimizer": full_states[1] if full_states is not None else optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict() if scaler is not None else None,
+            "scaler": amp.state_dict(),
             "rng": rng_state(),
             "rng_ranks": rng_ranks,
         },
@@ -90,7 +91,7 @@ def load_checkpoint(
     module: torch.nn.Module,
     optimizer,
     scheduler,
-    scaler,
+    amp: MixedPrecision,
     device: torch.device,
     rank: int = 0,
     world: int = 1,
@@ -118,11 +119,15 @@ def load_checkpoint(
     if not sharded:
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    if scaler is not None and state["scaler"] is not None:
-        scaler.load_state_dict(state["scaler"])
+    amp.load_state_dict(state["scaler"])
     saved_ranks = state.get("rng_ranks")
     if saved_ranks and len(saved_ranks) == world:
         set_rng_state(saved_ranks[rank])
     elif rank == 0:
         set_rng_state(state["rng"])
+    return read_meta(path)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """A checkpoint's meta.json: its step, data position, micro-batch, precision and cost so far."""
     return json.loads((path / "meta.json").read_text())

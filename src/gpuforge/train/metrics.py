@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -51,6 +52,18 @@ class FlopModel:
 
     def step_flops(self, samples: int, tokens: int) -> float:
         return self.per_token * tokens + self.per_sample * samples
+
+
+@dataclass(frozen=True)
+class Meter:
+    """Model FLOPs utilisation: the FLOPs a run's steps do, against what its devices can do."""
+
+    flops: FlopModel
+    device_peak: float  # one device's measured matmul FLOP/s at the run's precision
+    devices: int
+
+    def mfu(self, samples: int, tokens: int, seconds: float) -> float:
+        return self.flops.step_flops(samples, tokens) / seconds / (self.device_peak * self.devices)
 
 
 class StepClock:

@@ -18,6 +18,7 @@ import sys
 from gpuforge import quiet
 from gpuforge.distributed.ranks import Ranks
 from gpuforge.errors import GpuforgeError, TrainingFailed
+from gpuforge.runs import RunResult
 from gpuforge.spec import load_spec
 
 EXIT_OUT_OF_MEMORY = 4
@@ -37,10 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     logger = logging.getLogger("gpuforge")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    from gpuforge.train.engine import is_out_of_memory, train
+    from gpuforge.train.engine import train
+    from gpuforge.train.step import is_out_of_memory
 
     try:
-        summary = train(load_spec(args.spec), args.out)
+        result = RunResult.model_validate(train(load_spec(args.spec), args.out))
         ranks.barrier()  # all past their last collective before any tears its connections down
     except TrainingFailed as err:
         _tell_launcher(err)
@@ -58,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         ranks.stop()
-    if summary.get("signal"):
-        return 128 + summary["signal"]
-    return 3 if summary["status"] == "paused" else 0
+    if result.signal:
+        return 128 + result.signal
+    return 3 if result.status == "paused" else 0
 
 
 def _stop_with_launcher() -> None:

@@ -13,7 +13,6 @@ predictions to a deployment; only its owner (or an admin) sees it in lists and u
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -24,13 +23,23 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
+from gpuforge.artifact.manifest import MANIFEST, ArtifactError, read_manifest
 from gpuforge.scheduler.worker_keys import replicas_key, worker_key
 from gpuforge.server.auth import Key
 from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.schemas import DeploymentCreate, DeploymentPublic
+from gpuforge.store import states
 from gpuforge.store.db import session
 from gpuforge.store.keys import digest
-from gpuforge.store.models import LIVE_DEPLOYMENT_STATES, ApiKey, Deployment, Job, utcnow
+from gpuforge.store.models import (
+    ENDED_DEPLOYMENT_STATES,
+    LIVE_DEPLOYMENT_STATES,
+    ApiKey,
+    Deployment,
+    Job,
+    JobState,
+    utcnow,
+)
 from gpuforge.store.quotas import check_deployment
 
 router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"])
@@ -62,11 +71,15 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
         if job is None or not (key.admin or job.owner_id == key.id):
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {body.job_id}")
         model_dir = Path(job.run_dir) / "model"
-        if job.state != "finished" or not (model_dir / "gpuforge.json").is_file():
+        if job.state != JobState.FINISHED or not (model_dir / MANIFEST).is_file():
             raise HTTPException(
                 status.HTTP_409_CONFLICT, f"job {job.id} is {job.state}: it has no trained model"
             )
-        if json.loads((model_dir / "gpuforge.json").read_text()).get("task") == "causal-lm":
+        try:
+            task = read_manifest(model_dir).task
+        except ArtifactError as err:  # a file anyone with the run directory could have edited
+            raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id}: {err}") from None
+        if task == "causal-lm":
             raise HTTPException(
                 status.HTTP_422_UNPROCESSABLE_CONTENT,
                 f"job {job.id} trained a causal-lm: the server forwards /predict only; run `gpuforge serve` "
@@ -74,7 +87,7 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
             )
         existing = s.scalar(select(Deployment).where(Deployment.name == body.name))
         reusable = existing is None or (
-            existing.state in ("stopped", "failed") and (key.admin or existing.owner_id == key.id)
+            existing.state in ENDED_DEPLOYMENT_STATES and (key.admin or existing.owner_id == key.id)
         )
         if not reusable:
             raise HTTPException(
@@ -136,11 +149,11 @@ def undeploy(name: Name, request: Request, key: Key) -> DeploymentPublic:
     """Stop the replicas (each finishes the requests it holds)."""
     with session(request.app.state.engine) as s:
         deployment = _owned(s, key, name)
-        if deployment.state in ("stopped", "failed"):
+        if not states.undeploy(s, deployment.id):
+            s.refresh(deployment)  # the state that ended it, perhaps since it was read
             raise HTTPException(
                 status.HTTP_409_CONFLICT, f"deployment {name!r} is already {deployment.state}"
             )
-        deployment.state = "stopping"
         public = _public(deployment)
     request.app.state.scheduler.wake()
     return public
@@ -151,7 +164,7 @@ async def predict(name: Name, request: Request, key: Key) -> Response:
     """Forwarded as it is to the least loaded ready replica (body: as `gpuforge serve` takes it)."""
     with session(request.app.state.engine) as s:
         deployment = s.scalar(select(Deployment).where(Deployment.name == name))
-        if deployment is None or deployment.state in ("stopped", "failed"):
+        if deployment is None or deployment.state in ENDED_DEPLOYMENT_STATES:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no deployment {name!r} serving")
         ready = [w for w in deployment.workers or [] if w.get("ready") and w.get("port")]
         key_of_replicas = replicas_key(request.app.state.worker_secret, deployment)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,20 +17,21 @@ from starlette.background import BackgroundTask
 from gpuforge.admission import check_spec
 from gpuforge.data.columns import check_columns
 from gpuforge.errors import GpuforgeError, ModelError
+from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
 from gpuforge.server.follow import REVOKED, follow, log_tail, metrics_page
 from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.schemas import EventPublic, JobCreate, JobPublic, JobResume, LogTail
 from gpuforge.server.settings import job_policy
 from gpuforge.spec import JobSpec, parse_spec
+from gpuforge.store import states
 from gpuforge.store.db import session
 from gpuforge.store.ingest import in_users_names
-from gpuforge.store.models import MAX_IDEMPOTENCY_KEY, ApiKey, Event, Job, utcnow
+from gpuforge.store.models import MAX_IDEMPOTENCY_KEY, ApiKey, Event, Job, JobState
 from gpuforge.store.quotas import INT32, check_job
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 JobId = Annotated[int, PathParam(ge=1, le=INT32, description="the job's id")]
-FINAL_STATES = ("finished", "failed", "cancelled")
 MAX_SPEC_BYTES = 256 * 2**10  # a spec is a page of YAML; its data travel as uploads
 
 
@@ -231,13 +231,10 @@ def cancel_job(job_id: JobId, request: Request, key: Key) -> Job:
     """Cancel a job; a job already ended answers 409 with its state."""
     with session(request.app.state.engine) as s:
         job = _visible(s, key, job_id)
-        if job.state in FINAL_STATES:
+        # queued or paused: cancelled now; running: the loop sends SIGTERM, the runner checkpoints and stops
+        if not states.cancel(s, job.id, f"cancelled by {key.name}"):
+            s.refresh(job)  # the state that ended it, perhaps since it was read
             raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {job.state}")
-        job.reason = f"cancelled by {key.name}"
-        if job.state in ("queued", "paused"):  # no process: it ends here
-            job.state, job.finished_at = "cancelled", utcnow()
-        else:  # running: the scheduler loop sends SIGTERM; the runner checkpoints and stops
-            job.cancel_requested = True
     _wake(request)
     return job
 
@@ -247,7 +244,7 @@ def resume_job(job_id: JobId, body: JobResume, request: Request, key: Key) -> Jo
     """Queue a paused job again, from its last checkpoint, with a new cost budget."""
     with session(request.app.state.engine) as s:
         job = _visible(s, key, job_id)
-        if job.state != "paused":
+        if job.state != JobState.PAUSED:
             raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}, not paused")
         spent = job.cost_usd or 0.0
         if body.budget_usd is not None and body.budget_usd <= spent:
@@ -257,10 +254,11 @@ def resume_job(job_id: JobId, body: JobResume, request: Request, key: Key) -> Jo
             )
         spec = yaml.safe_load(job.spec_yaml)
         spec.setdefault("cost", {})["budget_usd"] = body.budget_usd
-        job.spec_yaml = yaml.safe_dump(spec, sort_keys=False)
-        job.state, job.restarts = "queued", 0
         budget = f"${body.budget_usd:g}" if body.budget_usd is not None else "no budget"
-        job.reason = f"resumed by {key.name} with {budget}"
+        reason = f"resumed by {key.name} with {budget}"
+        if not states.resume(s, job.id, yaml.safe_dump(spec, sort_keys=False), reason):
+            s.refresh(job)  # cancelled since it was read
+            raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}, not paused")
     _wake(request)
     return job
 
@@ -300,9 +298,12 @@ def job_summary(job_id: JobId, request: Request, key: Key) -> dict[str, Any]:
     with session(request.app.state.engine) as s:
         run_dir = Path(_visible(s, key, job_id).run_dir)
     try:
-        return json.loads((run_dir / "summary.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError) as err:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no summary yet") from err
+        summary = RunDir(run_dir).read_summary()
+    except ValueError:  # torn, or not a summary (runs.RunSummary): as good as none
+        summary = None
+    if summary is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no summary yet")
+    return summary.as_dict()
 
 
 @router.get("/{job_id}/logs", response_model=LogTail)

@@ -1,4 +1,4 @@
-"""Run a few worker processes of one gloo job for a test, under a hard timeout (not collected by pytest).
+"""Run a few worker processes of one gloo job for a test, under a hard timeout.
 
 A hang fails the test with the workers' last log lines instead of blocking the suite; a machine where gloo
 cannot start a process group at all skips it."""

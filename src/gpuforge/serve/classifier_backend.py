@@ -1,0 +1,171 @@
+"""A classifier behind POST /predict: a Predictor (serve/predict.py) whose inputs, from every request,
+share batches (serve/batcher.py).
+
+A request is taken whole or refused whole: past the queue's room, 429 with Retry-After; past `timeout_s`,
+504; a client that goes away frees its place (its inputs are dropped before they reach the model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request, status
+from fastapi.responses import JSONResponse, Response
+
+from gpuforge.serve.batcher import Batcher, QueueFull
+from gpuforge.serve.endpoint import Info, LoadState, PredictRequest, freeze_garbage
+from gpuforge.serve.metrics import ServeMetrics
+from gpuforge.serve.options import ServeOptions
+from gpuforge.serve.predict import InputError, Predictor, load_predictor
+
+MAX_INPUTS = 256  # per request (and never more than the queue holds)
+Item = tuple[str | None, Any]  # (adapter name or None, a checked input)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+class ClassifierBackend:
+    """Labels and scores for inputs, in dynamic batches (those within max_wait_ms share one)."""
+
+    def __init__(
+        self, model_dir: Path, options: ServeOptions, metrics: ServeMetrics, adapters: dict[str, Path]
+    ):
+        self.model_dir, self.options, self.metrics, self.adapters = model_dir, options, metrics, adapters
+        self.loading = LoadState(model_dir)
+        self.predictor: Predictor | None = None
+        self.batcher: Batcher | None = None  # set last: the model answers once it is
+
+    def install(self, app: FastAPI) -> None:
+        pass  # /predict is the worker's own route
+
+    async def load(self) -> None:
+        await self.loading.run(self._load)
+
+    async def _load(self) -> None:
+        o = self.options
+        predictor = await asyncio.to_thread(
+            load_predictor, self.model_dir, o.device, o.precision, o.quantize, o.max_length, self.adapters,
+            o.max_adapters,
+        )  # fmt: skip
+        await asyncio.to_thread(predictor.warm_up, (1, min(8, o.max_batch), o.max_batch))
+        freeze_garbage()
+        batcher = Batcher(
+            functools.partial(self._run_batch, predictor), o.max_batch, o.max_wait_ms, o.max_queue,
+            self.metrics.batch_done,
+        )  # fmt: skip
+        await batcher.start()
+        self.predictor, self.batcher = predictor, batcher
+
+    def _run_batch(self, predictor: Predictor, items: list[Item]) -> list[dict[str, Any]]:
+        before = predictor.tokens_read
+        results = predictor.run_batch(items)
+        self.metrics.inputs.inc(len(items))
+        self.metrics.tokens.inc(predictor.tokens_read - before)  # counted by the tokenizer, not guessed
+        return results
+
+    async def stop(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.stop()  # answers what is queued before the process exits
+
+    def ready(self) -> None:
+        if self.batcher is None:
+            raise self.loading.unavailable()
+
+    async def predict(self, body: PredictRequest, request: Request) -> Response:
+        started = time.perf_counter()
+        self.ready()
+        items = self._items(body)
+        self.metrics.in_flight.inc()
+        try:
+            self.batcher.room_for(len(items))  # all of them, or none: a 429 runs nothing
+            outputs = await self._answer(request, items)
+        except QueueFull as err:
+            self.metrics.rejected.labels("queue full").inc()
+            return JSONResponse({"detail": str(err)}, status.HTTP_429_TOO_MANY_REQUESTS,
+                                headers={"Retry-After": str(math.ceil(err.retry_after_s))})  # fmt: skip
+        except ClientGone:
+            return JSONResponse({"detail": "client closed the request"}, 499)  # nobody reads it
+        except TimeoutError:
+            self.metrics.rejected.labels("timeout").inc()
+            timeout = f"no answer within {self.options.timeout_s:g} s"
+            return JSONResponse({"detail": timeout}, status.HTTP_504_GATEWAY_TIMEOUT)
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.queued.set(self.batcher.queued)
+        self.metrics.latency.observe(time.perf_counter() - started)
+        # the outputs are built by our own code in PredictResponse's shape: sent as they are, not validated
+        # again (that cost ~10% of a request's CPU time under load)
+        answer = json.dumps({"model": self.predictor.name, "outputs": outputs}, separators=(",", ":"))
+        return Response(answer, media_type="application/json")
+
+    def _items(self, body: PredictRequest) -> list[Item]:
+        """The request's inputs, each checked, with the adapter it names; an HTTPException for the first
+        thing wrong."""
+        predictor = self.predictor
+        inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        if not inputs:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "inputs: empty; send at least one")
+        allowed = min(MAX_INPUTS, self.options.max_queue)
+        if len(inputs) > allowed:
+            too_many = f"inputs: {len(inputs)} in one request, over the {allowed} allowed"
+            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, too_many)
+        adapter = body.adapter
+        if adapter is not None and not (predictor.adapters and predictor.adapters.known(adapter)):
+            served = ", ".join(predictor.adapters.names()) if predictor.adapters else "none"
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND, f"adapter: unknown adapter {adapter!r} (served: {served})"
+            )
+        items = []
+        for i, raw in enumerate(inputs):
+            try:
+                items.append((adapter, predictor.check(raw)))
+            except InputError as err:
+                raise HTTPException(err.status, f"inputs[{i}]: {err}") from None
+        return items
+
+    async def _answer(self, request: Request, items: list[Item]) -> list[dict[str, Any]]:
+        """The batcher's results for `items`; a client that disconnects first cancels them. The body is
+        read, so the next ASGI message is the disconnect: one waiting task per request, no polling."""
+        timeout_s = self.options.timeout_s
+        if len(items) == 1:
+            work = asyncio.ensure_future(self.batcher.submit(items[0], timeout_s))
+        else:
+            work = asyncio.ensure_future(asyncio.gather(*(self.batcher.submit(i, timeout_s) for i in items)))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not work.done():
+            work.cancel()
+            self.metrics.rejected.labels("client gone").inc()
+            raise ClientGone
+        result = work.result()
+        return [result] if len(items) == 1 else result
+
+    def info(self) -> Info:
+        self.ready()
+        p, o = self.predictor, self.options
+        return Info(
+            model=p.name, task=p.task, labels=p.labels, device=str(p.device), precision=p.precision.name,
+            quantized=p.quantized, max_length=p.max_length, batching="dynamic", max_batch=o.max_batch,
+            max_wait_ms=o.max_wait_ms, max_queue=o.max_queue,
+            adapters=p.adapters.names() if p.adapters else [], quantize_report=p.quantize_report,
+        )  # fmt: skip
+
+    def update_metrics(self) -> None:
+        if self.batcher is not None:
+            self.metrics.queued.set(self.batcher.queued)
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,191 @@
+"""Every move of a job or a deployment from one state to another, one named function each.
+
+Jobs (the API submits them `queued`):
+
+    queued   --claim-->            running   (the loop picked it: devices given, no process yet)
+    running  --start-->            running   (its process exists: its pid)
+    running  --end-->              paused | finished | failed | cancelled   (its runner's last event;
+                                              paused: its cost budget spent)
+    running  --requeue-->          queued    (its process died without a word: resumed from a checkpoint)
+    running  --fail-->             failed    (it refused its input, or died once too often)
+    queued   --reject-->           failed    (it can never start: more devices than exist)
+    queued   --hold-->             queued    (its reason says why it waits: a quota)
+    queued | paused --cancel-->    cancelled (no process: it ends at once)
+    running  --cancel-->           running   (cancel_requested: the loop stops its runner, whose
+                                              `cancelled` event ends it)
+    paused   --resume-->           queued
+
+Deployments (the API makes them `starting`):
+
+    starting --deployment_ready-->     ready      (every replica answers)
+    ready    --deployment_starting-->  starting   (a replica is being started again)
+    starting | ready --deployment_failing-->  failing  (a replica cannot serve: its replicas are stopped)
+    live     --undeploy-->             stopping
+    stopping --deployment_stopped-->   stopped    (no replica left)
+    failing  --deployment_failed-->    failed     (no replica left)
+
+The API and the scheduling loop write the same rows from different transactions, so each move is one
+UPDATE that holds only while the row is still in a state it may leave from: a cancel is never overwritten
+by a runner's late `finished`, a claim that lands after a cancel starts nothing. Each function says
+whether the move happened; the rows loaded in the session see its new values. Nothing is committed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from sqlalchemy import case, func, update
+from sqlalchemy.orm import Session
+
+from gpuforge.store.models import (
+    LIVE_DEPLOYMENT_STATES,
+    Deployment,
+    DeploymentState,
+    Job,
+    JobState,
+    utcnow,
+)
+
+# the runner's events (runs.py) that end its process, and the state each leaves its job in
+RUNNER_ENDINGS = {
+    "paused": JobState.PAUSED,
+    "finished": JobState.FINISHED,
+    "failed": JobState.FAILED,
+    "cancelled": JobState.CANCELLED,
+}
+
+
+def _move(s: Session, row: type[Job | Deployment], row_id: int, sources: Collection, values: dict) -> bool:
+    """Set `values` on the row if its state is one of `sources` at this moment; whether it was."""
+    moved = s.execute(
+        update(row)
+        .where(row.id == row_id, row.state.in_(sources))
+        .values(**values)
+        .execution_options(synchronize_session="fetch")  # what the store did, not what the session guessed
+    )
+    return moved.rowcount == 1
+
+
+def _move_job(s: Session, job_id: int, sources: Collection[JobState], **values: Any) -> bool:
+    return _move(s, Job, job_id, sources, values)
+
+
+def _move_deployment(
+    s: Session, deployment_id: int, sources: Collection[DeploymentState], **values: Any
+) -> bool:
+    return _move(s, Deployment, deployment_id, sources, values)
+
+
+# --- jobs ---
+_QUEUED, _RUNNING, _PAUSED = (JobState.QUEUED,), (JobState.RUNNING,), (JobState.PAUSED,)  # to leave from
+
+
+def claim(s: Session, job_id: int, device_ids: list[str], waiting_reason: str) -> bool:
+    """queued → running on `device_ids`, before its process exists (no pid yet); a reason that says why it
+    waited (it starts with `waiting_reason`) is cleared, any other kept."""
+    kept_reason = case((Job.reason.startswith(waiting_reason), None), else_=Job.reason)
+    devices = ",".join(device_ids)
+    return _move_job(
+        s, job_id, _QUEUED, state=JobState.RUNNING, pid=None, devices=devices, reason=kept_reason
+    )
+
+
+def start(s: Session, job_id: int, pid: int) -> bool:
+    """A claimed job's process exists: its pid, and when it first started (a restart keeps that)."""
+    return _move_job(s, job_id, _RUNNING, pid=pid, started_at=func.coalesce(Job.started_at, utcnow()))
+
+
+def end(s: Session, job_id: int, event: str, reason: str | None) -> bool:
+    """running → the state its runner's last event names (RUNNER_ENDINGS), for `reason`: paused gives its
+    devices back and stays resumable; finished, failed and cancelled take `reason` only where the job has
+    none yet (a cancel's "cancelled by ..." stays)."""
+    ending = RUNNER_ENDINGS.get(event)
+    if ending is None:
+        raise ValueError(f"a runner's `{event}` event ends nothing (endings: {', '.join(RUNNER_ENDINGS)})")
+    if ending is JobState.PAUSED:
+        return _move_job(s, job_id, _RUNNING, state=ending, pid=None, devices=None, reason=reason)
+    first_reason = func.coalesce(Job.reason, reason)
+    return _move_job(s, job_id, _RUNNING, state=ending, pid=None, finished_at=utcnow(), reason=first_reason)
+
+
+def requeue(s: Session, job_id: int, reason: str) -> bool:
+    """running → queued, one restart more: its process died without a word; the next one resumes from
+    its last checkpoint."""
+    return _move_job(
+        s,
+        job_id,
+        _RUNNING,
+        state=JobState.QUEUED,
+        pid=None,
+        devices=None,
+        restarts=Job.restarts + 1,
+        reason=reason,
+    )
+
+
+def fail(s: Session, job_id: int, reason: str) -> bool:
+    """running → failed, for `reason`: its runner refused its input, or died once too often."""
+    return _move_job(
+        s, job_id, _RUNNING, state=JobState.FAILED, pid=None, finished_at=utcnow(), reason=reason
+    )
+
+
+def reject(s: Session, job_id: int, reason: str) -> bool:
+    """queued → failed, for `reason`: it can never start here."""
+    return _move_job(s, job_id, _QUEUED, state=JobState.FAILED, finished_at=utcnow(), reason=reason)
+
+
+def hold(s: Session, job_id: int, reason: str) -> bool:
+    """A queued job stays queued, saying why."""
+    return _move_job(s, job_id, _QUEUED, reason=reason)
+
+
+def cancel(s: Session, job_id: int, reason: str) -> bool:
+    """queued or paused → cancelled at once (no process to stop); running: cancel_requested, and the
+    loop stops its runner, whose `cancelled` event ends it. False when it has ended already."""
+    waiting = _QUEUED + _PAUSED
+    if _move_job(s, job_id, waiting, state=JobState.CANCELLED, finished_at=utcnow(), reason=reason):
+        return True
+    return _move_job(s, job_id, _RUNNING, cancel_requested=True, reason=reason)  # claimed since it was read
+
+
+def resume(s: Session, job_id: int, spec_yaml: str, reason: str) -> bool:
+    """paused → queued with `spec_yaml` (its new budget) and all its restarts again."""
+    return _move_job(
+        s, job_id, _PAUSED, state=JobState.QUEUED, spec_yaml=spec_yaml, restarts=0, reason=reason
+    )
+
+
+# --- deployments ---
+def deployment_ready(s: Session, deployment_id: int) -> bool:
+    """starting → ready: every replica answers /readyz."""
+    return _move_deployment(s, deployment_id, [DeploymentState.STARTING], state=DeploymentState.READY)
+
+
+def deployment_starting(s: Session, deployment_id: int) -> bool:
+    """ready → starting: a replica is being started again."""
+    return _move_deployment(s, deployment_id, [DeploymentState.READY], state=DeploymentState.STARTING)
+
+
+def deployment_failing(s: Session, deployment_id: int, reason: str) -> bool:
+    """starting or ready → failing, for `reason`: a replica cannot serve; the loop stops the others."""
+    serving = [DeploymentState.STARTING, DeploymentState.READY]
+    return _move_deployment(s, deployment_id, serving, state=DeploymentState.FAILING, reason=reason)
+
+
+def undeploy(s: Session, deployment_id: int) -> bool:
+    """Any live state → stopping: its replicas finish what they hold, then stop. False once it has ended."""
+    return _move_deployment(s, deployment_id, LIVE_DEPLOYMENT_STATES, state=DeploymentState.STOPPING)
+
+
+def deployment_stopped(s: Session, deployment_id: int) -> bool:
+    """stopping → stopped: no replica is left."""
+    stopping = [DeploymentState.STOPPING]
+    return _move_deployment(s, deployment_id, stopping, state=DeploymentState.STOPPED, stopped_at=utcnow())
+
+
+def deployment_failed(s: Session, deployment_id: int) -> bool:
+    """failing → failed: no replica is left."""
+    failing = [DeploymentState.FAILING]
+    return _move_deployment(s, deployment_id, failing, state=DeploymentState.FAILED, stopped_at=utcnow())

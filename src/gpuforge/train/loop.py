@@ -1,0 +1,330 @@
+"""The training loop's parts: what stays fixed from the first step to the last (Trainer), what changes
+from step to step (LoopState), and what happens at each step: the optimizer step, evaluation, the metrics
+line, checkpoints and the decision to stop. engine.py strings them together.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpuforge.distributed.parallel import Parallel, wrap
+from gpuforge.distributed.ranks import Ranks
+from gpuforge.errors import SpecError
+from gpuforge.hardware.bench import peak_flops
+from gpuforge.hardware.probe import peak_memory_bytes, reset_peak_memory
+from gpuforge.runs import RunDir
+from gpuforge.runtime.evaluate import evaluate, to_device
+from gpuforge.runtime.precision import MixedPrecision
+from gpuforge.spec import JobSpec
+from gpuforge.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from gpuforge.train.metrics import FlopModel, Meter, StepClock, usd
+from gpuforge.train.progress import Reporter
+from gpuforge.train.schedule import make_scheduler
+from gpuforge.train.setup import Job, seed_everything
+from gpuforge.train.signals import StopFlag
+from gpuforge.train.step import forward_backward, is_out_of_memory, make_optimizer, release_memory
+
+log = logging.getLogger("gpuforge.train")
+
+
+@dataclass
+class LoopState:
+    """What the loop changes as it goes; the summary is made from it."""
+
+    micro: int  # examples per forward/backward; an out-of-memory error halves it
+    start_step: int = 0  # steps done before this process: the checkpoint it resumed from
+    resumed_from: int | None = None
+    cost_before: float = 0.0  # dollars the processes before this one spent
+    step: int = 0  # the step under way; after the loop, the last one begun
+    status: str = "finished"  # failed | cancelled | paused when the loop ended early, with a reason
+    reason: str | None = None
+    loss: float = math.nan  # of the last step
+    last_eval: dict[str, float] | None = None
+    samples_done: int = 0  # in this process's steps, every rank's
+    tokens_done: int = 0
+    comm_bytes_done: int = 0
+    train_seconds: float = 0.0  # in steps only, evaluation and checkpoints left out
+    clock: StepClock = field(default_factory=StepClock)
+
+    @property
+    def done_step(self) -> int:
+        """The last step whose update is good: a failed step's is not."""
+        return self.step - 1 if self.status == "failed" else self.step
+
+    def end(self, status: str, reason: str) -> None:
+        self.status, self.reason = status, reason
+
+    def count(self, seconds: float, samples: int, tokens: int, comm_bytes: int) -> None:
+        self.clock.add(seconds)
+        self.train_seconds += seconds
+        self.samples_done, self.tokens_done = self.samples_done + samples, self.tokens_done + tokens
+        self.comm_bytes_done += comm_bytes
+
+
+@dataclass
+class StepResult:
+    """One optimizer step's figures (summed over the ranks) and the decisions its all-reduce shared."""
+
+    lr: float
+    loss: float
+    samples: int
+    tokens: int
+    data_wait: float  # seconds spent fetching data
+    seconds: float
+    comm: dict[str, int]  # bytes handed to DDP's all-reduces, with compression and without
+    stopping: bool  # a signal reached some process before the all-reduce
+    over_budget: bool
+
+
+@dataclass
+class Trainer:
+    """The parts of a run that stay from its first step to its last, and what they do at each step."""
+
+    job: Job
+    ranks: Ranks
+    run: RunDir
+    reporter: Reporter
+    started: float  # time.perf_counter() when this process began: its cost and wall time count from it
+    parallel: Parallel
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    amp: MixedPrecision
+    trained: list[torch.Tensor]  # the optimizer's parameters (LoRA: a few of many), whose norm is clipped
+
+    @classmethod
+    def build(cls, job: Job, ranks: Ranks, run: RunDir, reporter: Reporter, started: float) -> Trainer:
+        """Join the other processes and wrap (DDP) or shard (FSDP) the model before the optimizer sees it;
+        then the optimizer, the schedule and the loss scaling."""
+        spec, device = job.spec, job.device
+        if ranks.launched and spec.distributed.strategy != "none":  # a single rank too: NCCL/gloo, hooks
+            ranks.start(device, spec.distributed.timeout_s)
+        if ranks.world > 1:
+            if job.order.global_batch < ranks.world:  # BatchOrder caps the batch at the data set's size
+                raise SpecError(
+                    f"data.train: {len(job.data.train)} examples, fewer than the {ranks.world} processes "
+                    "(resources.devices) that would share each step's batch"
+                )
+            # the same micro-batch everywhere (an automatic search may differ by rank): FSDP's forwards
+            # all-gather, so every rank must run as many of them a step
+            job.micro = int(ranks.minimum(job.micro, device))
+        parallel = wrap(job.module, spec.distributed, ranks, device, seed=spec.train.seed)
+        if ranks.rank > 0:
+            seed_everything(spec.train.seed + ranks.rank)  # weights alike already; dropout masks must differ
+        optimizer = make_optimizer(parallel.model, spec.train.lr, spec.train.weight_decay, device)
+        scheduler = make_scheduler(
+            optimizer, warmup_steps(spec, job.total_steps), job.total_steps, spec.train.min_lr_ratio
+        )
+        trained = [p for group in optimizer.param_groups for p in group["params"]]
+        amp = MixedPrecision(job.precision, device)
+        return cls(job, ranks, run, reporter, started, parallel, optimizer, scheduler, amp, trained)
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.job.spec
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The model itself (sharded in place by FSDP): what checkpoints and evaluation read."""
+        return self.parallel.model
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.spec.cost.usd_per_hour * self.ranks.world  # the price of one device, times those held
+
+    # --- the start ------------------------------------------------------------------------------------
+
+    def resume(self, checkpoint: tuple[int, Path] | None) -> LoopState:
+        """The loop's state at its start: fresh, or restored with the weights, optimizer, schedule, loss
+        scale and RNG from `checkpoint` (step, path)."""
+        state = LoopState(micro=self.job.micro)
+        if checkpoint is not None:
+            meta = load_checkpoint(
+                checkpoint[1], self.module, self.optimizer, self.scheduler, self.amp, self.job.device,
+                self.ranks.rank, self.ranks.world, sharded=self.parallel.strategy == "fsdp",
+            )  # fmt: skip
+            state.start_step = state.step = state.resumed_from = meta["step"]
+            state.cost_before = meta.get("cost_usd", 0.0)
+        return state
+
+    def start_meter(self) -> Meter:
+        """FLOPs of a step (measured on the first micro-batch where no formula gives them) against the
+        device's peak; the memory peak counts from here."""
+        job = self.job
+        first_batch = to_device(job.data.train.collate(job.order.batch(0)[: job.micro]), job.device)
+        flops = FlopModel(job.built, job.task, first_batch, job.precision)
+        meter = Meter(flops, peak_flops(job.device, job.precision.name), self.ranks.world)
+        reset_peak_memory(job.device)
+        return meter
+
+    # --- one step -------------------------------------------------------------------------------------
+
+    def step(self, state: LoopState, step: int, stop: StopFlag) -> StepResult | None:
+        """One optimizer step: forward/backward over the step's global batch, then clip and update. None
+        when the step failed (state.reason says why): no update was made."""
+        state.step = step
+        began = time.perf_counter()
+        lr = self.scheduler.get_last_lr()[0]
+        gradients = self._gradients(state, step)
+        if gradients is None:
+            state.end("failed", f"out of memory at step {step} even with a micro-batch of 1")
+            return None
+        loss, samples, tokens, data_wait = gradients
+        stopping, over_budget = stop.signal_name is not None, self.over_budget(state)
+        if self.ranks.world > 1:  # one all-reduce: the step's figures, and decisions every rank shares
+            loss, samples, tokens, stops, overs = self.ranks.sum(
+                [loss, samples, tokens, float(stopping), float(over_budget)], self.job.device
+            )
+            samples, tokens, stopping, over_budget = int(samples), int(tokens), stops > 0, overs > 0
+        state.loss = loss
+        if not math.isfinite(loss):
+            state.end("failed", f"loss is {loss} at step {step}")
+            return None
+        refused = self.amp.step(self.optimizer, self.trained, self.spec.train.grad_clip)
+        if refused is not None:
+            state.end("failed", f"{refused} at step {step}")
+            return None
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        comm = self.parallel.pop_comm()
+        seconds = time.perf_counter() - began
+        state.count(seconds, samples, tokens, comm.get("comm_bytes", 0))
+        return StepResult(lr, loss, samples, tokens, data_wait, seconds, comm, stopping, over_budget)
+
+    def _gradients(self, state: LoopState, step: int) -> tuple[float, int, int, float] | None:
+        """forward_backward over this process's share of the step's batch. Out of memory in a process
+        alone, the step runs again in micro-batches half as big (the same global batch and dropout masks,
+        so the same loss curve); None when not even one example fits."""
+        job = self.job
+        indices, rng_at_start = self.ranks.share(job.order.batch(step - 1)), rng_state()
+        while True:
+            try:
+                return forward_backward(
+                    job.built, job.task, job.data.train, indices, state.micro, self.amp, self.parallel,
+                    job.order.global_batch,
+                )  # fmt: skip
+            except Exception as err:
+                if not is_out_of_memory(err) or self.ranks.world > 1:
+                    raise  # several processes: a retry on one alone would desynchronise them
+            # out of the except block: the error's traceback no longer holds the failed step's tensors
+            self.optimizer.zero_grad(set_to_none=True)
+            release_memory(job.device)
+            if state.micro == 1:
+                return None
+            state.micro //= 2  # the same global batch in more micro-batches
+            set_rng_state(rng_at_start)  # the retried step draws the same dropout masks
+            accum = math.ceil(job.order.global_batch / state.micro)
+            self.run.event(
+                "retry", step=step, reason="out of memory", micro_batch=state.micro, grad_accum=accum
+            )
+            log.warning("out of memory at step %d: retrying with micro-batch %d", step, state.micro)
+
+    # --- after the step: evaluate, log, checkpoint, stop ---------------------------------------------
+
+    def evaluate_if_due(self, state: LoopState) -> dict[str, float] | None:
+        """The eval set's figures every eval_every steps and at the last step; None at other steps."""
+        job, every = self.job, self.spec.train.eval_every
+        due = state.step == job.total_steps or (every and state.step % every == 0)
+        if job.data.eval is None or not due:
+            return None
+        eval_shards = self.ranks if self.parallel.strategy == "ddp" else None  # FSDP: every rank every batch
+        state.last_eval = evaluate(
+            job.built, job.task, job.data.eval, state.micro, job.precision, job.device, eval_shards
+        )
+        self.module.train()
+        return state.last_eval
+
+    def log_if_due(
+        self, state: LoopState, result: StepResult, evaluation: dict[str, float] | None, meter: Meter
+    ) -> None:
+        """A metrics.jsonl line every log_every steps, after an evaluation and at the last step."""
+        step, seconds = state.step, result.seconds
+        if not (step % self.spec.train.log_every == 0 or evaluation or step == self.job.total_steps):
+            return
+        record = {
+            "step": step,
+            "loss": result.loss,
+            "lr": result.lr,
+            "samples_per_s": result.samples / seconds,
+            "tokens_per_s": result.tokens / seconds if result.tokens else None,
+            "step_time_s": seconds,
+            "data_wait_frac": result.data_wait / seconds,
+            "peak_mem_bytes": peak_memory_bytes(self.job.device),
+            "mfu": meter.mfu(result.samples, result.tokens, seconds),
+            "cost_usd": self.spent(state),
+            "step_cost_usd": usd(seconds, self.usd_per_hour),
+            "eta_s": state.clock.eta(self.job.total_steps - step),
+            **result.comm,
+        }
+        if evaluation:
+            record.update({f"eval_{k}": v for k, v in evaluation.items()})
+        self.run.metric(record)
+        self.reporter.step(record)
+
+    def checkpoint_if_due(self, state: LoopState) -> None:
+        """Every checkpoint_every steps; the last step's checkpoint is the end's (summary.py)."""
+        every = self.spec.train.checkpoint_every
+        if every and state.step % every == 0 and state.step != self.job.total_steps:
+            self.checkpoint(state, state.step)
+
+    def checkpoint(self, state: LoopState, at_step: int) -> None:
+        """Every rank takes part (RNG states, FSDP's shards); rank 0 writes."""
+        rng_ranks = self.ranks.gather(rng_state()) if self.ranks.world > 1 else None
+        full = self.parallel.full_states(self.optimizer)  # FSDP: gathered to rank 0
+        if not self.ranks.is_main:
+            return
+        job = self.job
+        meta = {
+            "data_position": at_step,  # steps done; each step's global batch is fixed (batches.py)
+            "micro_batch": state.micro,
+            "global_batch": job.order.global_batch,
+            "examples_seen": at_step * job.order.global_batch,
+            "cost_usd": self.spent(state),
+            "precision": job.precision.name,
+            "processes": self.ranks.world,  # micro_batch was sized for this many shares
+        }
+        path = save_checkpoint(
+            self.run, at_step, self.module, self.optimizer, self.scheduler, self.amp, meta,
+            keep=self.spec.train.keep_checkpoints, adapter=job.built.adapter, rng_ranks=rng_ranks,
+            full_states=full,
+        )  # fmt: skip
+        self.run.event("checkpoint", step=at_step, path=str(path.relative_to(self.run.root)))
+
+    def should_stop(self, state: LoopState, result: StepResult, stop: StopFlag) -> bool:
+        """Stop after this step for a signal (cancelled) or a spent budget (paused: the same run directory
+        with a higher budget goes on); a budget spent by the last step changes nothing."""
+        alone = self.ranks.world == 1  # one process: decide as of now, not as of the step's all-reduce
+        stopping = stop.signal_name is not None if alone else result.stopping
+        if stopping:
+            by = stop.signal_name or "a signal to another process of the job"
+            state.end("cancelled", f"stopped by {by} at step {state.step}")
+            return True
+        over_budget = self.over_budget(state) if alone else result.over_budget
+        if over_budget and state.step != self.job.total_steps:
+            budget, spent = self.spec.cost.budget_usd, self.spent(state)
+            state.end("paused", f"cost.budget_usd {budget:g} spent (${spent:.4f}) at step {state.step}")
+            return True
+        return False
+
+    # --- cost -----------------------------------------------------------------------------------------
+
+    def spent(self, state: LoopState) -> float:
+        """Dollars so far: the processes before this one, and this one's time on its devices."""
+        return state.cost_before + usd(time.perf_counter() - self.started, self.usd_per_hour)
+
+    def over_budget(self, state: LoopState) -> bool:
+        budget = self.spec.cost.budget_usd
+        return budget is not None and self.spent(state) >= budget
+
+
+def warmup_steps(spec: JobSpec, total_steps: int) -> int:
+    """train.warmup_steps, or train.warmup_ratio of the run's steps."""
+    if spec.train.warmup_steps is not None:
+        return spec.train.warmup_steps
+    return round(spec.train.warmup_ratio * total_steps)

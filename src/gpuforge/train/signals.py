@@ -1,0 +1,36 @@
+"""How a signal stops a training process: at the end of a step, after a checkpoint, never mid-write."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class StopFlag:
+    """SIGTERM/SIGINT set a flag the loop checks after each step; a second SIGINT interrupts at once."""
+
+    def __init__(self):
+        self.signal_number: int | None = None
+
+    @property
+    def signal_name(self) -> str | None:
+        return signal.Signals(self.signal_number).name if self.signal_number else None
+
+    def _handle(self, signum, frame):
+        if self.signal_number == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_number = signum
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach only the main thread; a thread-run job is stopped by its owner
+            return
+        previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)

@@ -1,0 +1,63 @@
+"""The layer contracts cover the whole package: a new top-level module or package must be placed in a
+layer of pyproject.toml, or `lint-imports` would let it import anything and be imported by anything."""
+
+from __future__ import annotations
+
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import gpuforge
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def _contracts() -> list[dict]:
+    return tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
+
+
+def _layered_names() -> set[str]:
+    (layers,) = [c for c in _contracts() if c["type"] == "layers"]
+    return {name.strip() for line in layers["layers"] for name in line.split("|")}
+
+
+def test_every_top_level_module_sits_in_a_layer():
+    top_level = {f"gpuforge.{m.name}" for m in pkgutil.iter_modules(gpuforge.__path__)}
+    assert top_level, "gpuforge has no modules?"
+    assert top_level - _layered_names() == set(), "place these in the layers of pyproject.toml"
+    assert _layered_names() - top_level == set(), "these layers name modules that do not exist"
+
+
+def test_the_rules_the_design_names_are_contracts():
+    forbidden = {
+        c["id"]: (c["source_modules"], c["forbidden_modules"])
+        for c in _contracts()
+        if c["type"] == "forbidden"
+    }
+    sources, targets = forbidden["serve-not-train"]
+    assert sources == ["gpuforge.serve"] and "gpuforge.train" in targets
+    sources, targets = forbidden["train-no-service"]
+    assert "gpuforge.train" in sources and {"gpuforge.server", "gpuforge.store", "gpuforge.scheduler"} <= set(
+        targets
+    )
+    sources, targets = forbidden["store-below-service"]
+    assert sources == ["gpuforge.store"] and {"gpuforge.server", "gpuforge.scheduler"} <= set(targets)
+
+
+def test_the_server_and_the_cli_start_without_torch():
+    """The API process answers from the store: torch (seconds to import, hundreds of MB) stays out of it,
+    and out of a CLI verb that only talks to a server. A lazy import moved up a layer shows here."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gpuforge.server.app, gpuforge.cli, gpuforge.artifact.manifest\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]"
