@@ -34,7 +34,7 @@ def test_a_written_manifest_reads_back_the_same_and_keeps_its_keys_in_order(tmp_
     manifest = Manifest(**BEFORE_VERSIONS, compression=done, weights="quantized.pt")
     write_manifest(tmp_path, manifest)
     on_disk = json.loads((tmp_path / MANIFEST).read_text())
-    assert list(on_disk) == ["schema_version", *BEFORE_VERSIONS, "compression", "weights"]
+    assert list(on_disk) == [*BEFORE_VERSIONS, "compression", "weights"]  # version 1: no schema_version
     assert on_disk["compression"]["from"] == "/runs/a/model" and "recover" not in on_disk["compression"]
     read = read_manifest(tmp_path)
     assert read == manifest and read.to_dict() == on_disk
@@ -49,7 +49,7 @@ def test_a_manifest_from_before_schema_versions_loads_and_is_rewritten_unchanged
     )
     assert manifest["job"] == "digits-cnn" and not manifest.is_adapter
     # no key it lacked (compression, weights) appears; only the version is added
-    assert manifest.to_dict() == {"schema_version": 1, **BEFORE_VERSIONS}
+    assert manifest.to_dict() == BEFORE_VERSIONS
 
 
 def test_a_newer_manifest_loads_and_keeps_what_this_version_does_not_know(tmp_path, caplog):

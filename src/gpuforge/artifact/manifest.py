@@ -1,8 +1,8 @@
 """gpuforge.json, the manifest of a model directory: what the model is and how to load it (contract).
 
 Written by training (save.py) and by compression (compress/pipeline.py: with a `compression` record),
-read by load.py, compress/ and serve/. The file keeps the keys it has always had; `schema_version` says
-which layout it follows. A file is read as it is: keys this version does not know (a newer writer's) are
+read by load.py, compress/ and serve/. The file keeps the keys it has always had; `schema_version` (absent: 1)
+says which layout it follows. A file is read as it is: keys this version does not know (a newer writer's) are
 kept and written back, and keys an older writer left out stay out. A manifest is a file that may have been
 edited, so what it says is checked where it matters: the weights it names (weights_path) and the builder
 options (load.py, under the current policy).
@@ -119,9 +119,10 @@ class Manifest(Record):
 
     def to_dict(self) -> dict[str, Any]:
         """The file's content: the keys that were read or set (an old file's missing ones stay missing),
-        under their JSON names, schema_version first."""
-        content = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
-        return {"schema_version": self.schema_version, **content}
+        under their JSON names. As in summary.json (runs.py), a file without schema_version is version 1:
+        it is written from version 2 on, first, so that version 1's files stay as they have always been."""
+        content = self.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"schema_version"})
+        return content if self.schema_version == 1 else {"schema_version": self.schema_version, **content}
 
     def __getitem__(self, key: str) -> Any:
         """The value under a key of the file, as JSON (nested records as dicts), for code that checks the
