@@ -61,3 +61,16 @@ def test_the_server_and_the_cli_start_without_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_the_cli_starts_without_pydantic():
+    """Every verb, `gpuforge jobs` included, pays for what `import gpuforge.cli` imports: the verbs' flags
+    are written out (tests keep them equal to the pydantic models) so that pydantic (~100 ms with the
+    settings table) is imported only by the verbs that use it."""
+    import subprocess
+    import sys
+
+    wanted = "('pydantic', 'sqlalchemy')"
+    code = f"import sys, gpuforge.cli\nprint(sorted(m for m in {wanted} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr

@@ -215,3 +215,31 @@ def test_the_progress_bar_shows_the_latest_eval(tmp_path):
     assert result.returncode == 0, result.stderr
     bar = [line for line in result.stderr.splitlines() if line.startswith("step     4/4")]
     assert len(bar) == 1 and re.search(r" loss \d\.\d{4} eval acc \d\.\d{3} ", bar[0]), result.stderr
+
+
+def test_the_compress_flags_are_the_compress_options_with_their_defaults_and_help():
+    """`gpuforge compress` writes its flags out (no pydantic at start-up): they must stay CompressOptions'."""
+    import typer
+
+    from gpuforge.cli import app
+    from gpuforge.compress.options import CompressOptions, flag
+
+    params = {p.name: p for p in typer.main.get_command(app).commands["compress"].params}
+    for name, field in CompressOptions.model_fields.items():
+        param = params[name]
+        assert param.opts == [flag(name)], name
+        assert (param.default, param.help) == (field.default, field.description), name
+        assert _plain(field.annotation) == param.type_descriptor.annotation, name
+
+
+def _plain(annotation):
+    """The type a flag parses to: Literal["a", "b"] as str, X | None as X."""
+    import types
+    import typing
+
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return type(args[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return _plain(args[0]) if len(args) == 1 else annotation
+    return annotation

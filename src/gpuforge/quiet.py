@@ -13,8 +13,6 @@ import logging
 import os
 import warnings
 
-from gpuforge.settings import current
-
 # read by the libraries when they are imported or draw a bar; a value the user set stays
 QUIET_ENV = {
     "TQDM_DISABLE": "1",  # every tqdm bar (transformers' "Loading weights", "Writing model shards")
@@ -38,6 +36,8 @@ THIRD_PARTY_LOGGERS = (
 
 def verbose() -> bool:
     """Whether the user asked to see third-party output (GPUFORGE_VERBOSE=1; --verbose sets it)."""
+    from gpuforge.settings import current  # here: pydantic is no cost a verb should pay at start-up
+
     return current().verbose
 
 

@@ -11,8 +11,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gpuforge.settings import as_environment, env_name
-
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
@@ -36,7 +34,7 @@ def _everywhere(
         bool,
         typer.Option(
             "--verbose",
-            envvar=env_name("verbose"),  # parsed by click, which refuses a word it does not know
+            envvar="GPUFORGE_VERBOSE",  # settings.py: `verbose`; click refuses a word it does not know
             help="also show third-party warnings, log lines and progress bars",
         ),
     ] = False,
@@ -45,6 +43,8 @@ def _everywhere(
     from gpuforge.quiet import quiet_third_party
 
     if verbose:  # for the processes this one starts (ranks, a server's runners) too, and models/hf.py here
+        from gpuforge.settings import as_environment
+
         os.environ.update(as_environment(verbose=True))
     else:
         quiet_third_party()

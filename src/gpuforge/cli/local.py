@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from gpuforge import settings
 from gpuforge.cli.app import (
     EXIT_PAUSED,
     MaxSteps,
@@ -19,9 +18,10 @@ from gpuforge.cli.app import (
     console,
     out_console,
 )
-from gpuforge.compress.options import CompressOptions, flag  # pydantic only: no torch at start-up
 from gpuforge.errors import GpuforgeError
-from gpuforge.runs import RunResult, RunSummary
+
+if TYPE_CHECKING:
+    from gpuforge.runs import RunSummary
 
 
 def _default_out(name: str) -> Path:
@@ -32,6 +32,8 @@ def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: boo
     # imported here so `gpuforge --help` stays fast (torch and transformers take seconds to import)
     from gpuforge.admission import check_spec
     from gpuforge.policy import current
+    from gpuforge.runs import RunResult
+    from gpuforge.settings import current as environment
     from gpuforge.spec import load_spec
     from gpuforge.train.engine import train as run_training
     from gpuforge.train.progress import Reporter, RichReporter
@@ -40,7 +42,7 @@ def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: boo
     check_spec(current(), job)  # a runner the server started holds to its job's policy, whatever the file
     out = out or _default_out(job.name)
     # several processes, or a server whose jobs run on a Ray cluster: this process launches them and waits
-    if job.distributed.strategy != "none" or settings.current().executor == "ray":
+    if job.distributed.strategy != "none" or environment().executor == "ray":
         from gpuforge.launch.job import launch
 
         return job, out, RunResult.model_validate(launch(job, out))
@@ -174,24 +176,24 @@ def plan(
         raise GpuforgeError(result.verdict)
 
 
-NOTHING_DONE = CompressOptions()  # the defaults: a variant that changes nothing
-
-
-def _compress_flag(field: str) -> typer.models.OptionInfo:
-    """The flag of a CompressOptions field, with the field's help: compress/options.py defines both."""
-    return typer.Option(flag(field), help=CompressOptions.model_fields[field].description)
-
-
 @app.command()
 def compress(
     model_dir: Annotated[Path, typer.Argument(help="a trained model directory: <run>/model")],
     out: Annotated[Path, typer.Option("--out", help="where the compressed model (or the sweep) goes")],
-    prune: Annotated[float, _compress_flag("prune")] = NOTHING_DONE.prune,
-    prune_structure: Annotated[str, _compress_flag("prune_structure")] = NOTHING_DONE.prune_structure,
-    quantize: Annotated[str | None, _compress_flag("quantize")] = NOTHING_DONE.quantize,
-    merge: Annotated[bool, _compress_flag("merge")] = NOTHING_DONE.merge,
-    recover_steps: Annotated[int, _compress_flag("recover_steps")] = NOTHING_DONE.recover_steps,
-    recover_lr: Annotated[float | None, _compress_flag("recover_lr")] = NOTHING_DONE.recover_lr,
+    # CompressOptions' fields, written out so that no verb pays for pydantic at start-up;
+    # tests/test_cli.py keeps their flags, defaults and help equal to compress/options.py's
+    prune: Annotated[
+        float, typer.Option("--prune", help="fraction of weights (or channels) to remove")
+    ] = 0.0,
+    prune_structure: Annotated[
+        str, typer.Option("--prune-structure", help="unstructured | 2:4 | channel")
+    ] = "unstructured",
+    quantize: Annotated[str | None, typer.Option("--quantize", help="int8 | int4 | int8-dynamic")] = None,
+    merge: Annotated[bool, typer.Option("--merge", help="fold a LoRA adapter into its base")] = False,
+    recover_steps: Annotated[
+        int, typer.Option("--recover-steps", help="fine-tune steps after pruning, on the run's data")
+    ] = 0,
+    recover_lr: Annotated[float | None, typer.Option("--recover-lr", help="default: the run's lr")] = None,
     sweep: Annotated[
         bool, typer.Option("--sweep", help="try the useful combinations, mark the best")
     ] = False,
@@ -205,6 +207,7 @@ def compress(
     import json
 
     from gpuforge.compress import pipeline
+    from gpuforge.compress.options import CompressOptions
     from gpuforge.compress.report import table
 
     if sweep:
@@ -214,7 +217,7 @@ def compress(
             prune=prune, prune_structure=prune_structure, quantize=quantize, merge=merge,
             recover_steps=recover_steps, recover_lr=recover_lr,
         )  # fmt: skip
-        if options == NOTHING_DONE:
+        if options == CompressOptions():  # the defaults: a variant that changes nothing
             raise GpuforgeError("compress: nothing to do; pass --prune, --quantize, --merge or --sweep")
         rows = pipeline.compress(model_dir, options, out, force, spec)
     if as_json:

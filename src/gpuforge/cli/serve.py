@@ -11,24 +11,17 @@ and `gpuforge serve: stopped` once it has answered what it held.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
 from gpuforge.access import is_loopback
 from gpuforge.cli.app import app, run_announced
 from gpuforge.errors import GpuforgeError
 from gpuforge.secret_files import read_secret_file
-from gpuforge.serve.options import ServeOptions, lower_bound, refusal
-from gpuforge.settings import current
 
-DEFAULTS = ServeOptions()
-
-
-def _option(name: str) -> Any:
-    """The flag of serving option `name`: its help and least value as ServeOptions defines them."""
-    return typer.Option(help=ServeOptions.model_fields[name].description, min=lower_bound(name))
+if TYPE_CHECKING:
+    from gpuforge.serve.options import ServeOptions
 
 
 @app.command()
@@ -36,29 +29,36 @@ def serve(
     model_dir: Annotated[Path, typer.Argument(help="a run's model/ directory (or a compressed variant)")],
     host: Annotated[str, typer.Option(help="without an API key: loopback only")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8700,
-    max_batch: Annotated[int, _option("max_batch")] = DEFAULTS.max_batch,
-    max_wait_ms: Annotated[float, _option("max_wait_ms")] = DEFAULTS.max_wait_ms,
-    max_queue: Annotated[int, _option("max_queue")] = DEFAULTS.max_queue,
-    timeout_s: Annotated[float, _option("timeout_s")] = DEFAULTS.timeout_s,
-    quantize: Annotated[str | None, _option("quantize")] = DEFAULTS.quantize,
-    precision: Annotated[str, _option("precision")] = DEFAULTS.precision,
-    device: Annotated[str, _option("device")] = DEFAULTS.device,
-    max_length: Annotated[int | None, _option("max_length")] = DEFAULTS.max_length,
+    # ServeOptions' fields, written out so that no verb pays for pydantic at start-up;
+    # tests/serve/test_options.py keeps their names, defaults, help and bounds equal to serve/options.py's
+    max_batch: Annotated[int, typer.Option(help="inputs per batch at most", min=1)] = 32,
+    max_wait_ms: Annotated[float, typer.Option(help="how long a batch waits to fill", min=0)] = 5.0,
+    max_queue: Annotated[int, typer.Option(help="inputs waiting at most; past it 429", min=1)] = 256,
+    timeout_s: Annotated[float, typer.Option(help="per request; past it 504", min=0.1)] = 30.0,
+    quantize: Annotated[str | None, typer.Option(help="int8 | int4 | int8-dynamic, at load")] = None,
+    precision: Annotated[str, typer.Option(help="auto | bf16 | fp16 | fp32")] = "auto",
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | mps")] = "auto",
+    max_length: Annotated[
+        int | None, typer.Option(help="tokens per text input (default: as trained)")
+    ] = None,
     api_key_file: Annotated[
         Path | None,
         typer.Option(help="the key clients must present: this file's first line (else $GPUFORGE_API_KEY)"),
     ] = None,
-    max_body_bytes: Annotated[int, _option("max_body_bytes")] = DEFAULTS.max_body_bytes,
+    max_body_bytes: Annotated[int, typer.Option(help="a request body over it: 413", min=1)] = 1048576,
     adapter: Annotated[
         list[str] | None, typer.Option("--adapter", help="NAME=DIR: another LoRA adapter on the same base")
     ] = None,
-    max_adapters: Annotated[int, _option("max_adapters")] = DEFAULTS.max_adapters,
+    max_adapters: Annotated[int, typer.Option(help="adapters loaded at once (LRU past it)", min=1)] = 8,
 ) -> None:
     """Serve a trained model: POST /predict (a causal LM: /v1/completions), batching, Prometheus /metrics."""
     # the parameters named as ServeOptions' fields (tests/serve/test_options.py keeps the two equal)
+    from gpuforge.serve.options import ServeOptions
+
     given = {name: value for name, value in locals().items() if name in ServeOptions.model_fields}
     from gpuforge.serve.adapters import check_adapters
     from gpuforge.serve.worker import create_worker
+    from gpuforge.settings import current
 
     if api_key_file is not None:
         api_key = read_secret_file(api_key_file, "--api-key-file", "the API key")
@@ -81,6 +81,10 @@ def serve(
 def _serve_options(given: dict[str, Any]) -> ServeOptions:
     """The options from their flags; typer checked the bounds, so what is left to refuse is a value
     outside its choices (--quantize, --precision)."""
+    from pydantic import ValidationError
+
+    from gpuforge.serve.options import ServeOptions, refusal
+
     try:
         return ServeOptions(**given)
     except ValidationError as err:
