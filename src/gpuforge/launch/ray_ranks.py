@@ -418,7 +418,7 @@ def run_ranks(
             result.stopped = True  # stopped while waiting for room: no rank ever ran
             result.seconds = time.monotonic() - t0
             return result
-        actors = _place_actors(ray, pg, cpus_per_rank, gpus_per_rank, per_rank)
+        _place_actors(ray, pg, cpus_per_rank, gpus_per_rank, per_rank, actors)
         where = _rendezvous(ray, actors, result)
         envs = _rank_environments(where, env, gpus_per_rank, result.master_addr, result.master_port)
         files = [open(logs_dir / f"rank{r}.log", "a", encoding="utf-8") for r in range(world_size)]  # noqa: SIM115
@@ -488,24 +488,29 @@ def _wait_for_placement(
 
 
 def _place_actors(
-    ray: Any, pg: Any, cpus_per_rank: float, gpus_per_rank: float, per_rank: list[dict[str, float]]
-) -> list[Any]:
-    """One actor per rank, each in its own bundle of the placement group."""
+    ray: Any,
+    pg: Any,
+    cpus_per_rank: float,
+    gpus_per_rank: float,
+    per_rank: list[dict[str, float]],
+    actors: list[Any],
+) -> None:
+    """One actor per rank, each in its own bundle of the placement group, appended to `actors` as it is
+    made: should one fail, the caller still holds (and kills) those made before it."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     actor_cls = ray.remote(_RankProcess)
-    return [
-        actor_cls.options(
-            num_cpus=cpus_per_rank,
-            num_gpus=gpus_per_rank,
-            resources=res or None,
-            max_concurrency=4,  # poll and terminate run side by side
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=r
-            ),
-        ).remote()
-        for r, res in enumerate(per_rank)
-    ]
+    for r, res in enumerate(per_rank):
+        strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=r)
+        actors.append(
+            actor_cls.options(
+                num_cpus=cpus_per_rank,
+                num_gpus=gpus_per_rank,
+                resources=res or None,
+                max_concurrency=4,  # poll and terminate run side by side
+                scheduling_strategy=strategy,
+            ).remote()
+        )
 
 
 def _rendezvous(ray: Any, actors: list[Any], result: RanksResult) -> list[dict[str, Any]]:

@@ -19,9 +19,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from gpuforge.store.models import ENDED_JOB_STATES, JobState
+
 POLL_S = 0.25
 KEEPALIVE_S = 15.0
-STOPPED = ("finished", "failed", "cancelled", "paused")
+STOPPED = (*ENDED_JOB_STATES, JobState.PAUSED)  # a stream ends with its job, or its budget
 REVOKED = "revoked"  # the stream's key was revoked: it ends now, whatever its job does
 
 
