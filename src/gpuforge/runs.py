@@ -170,6 +170,11 @@ class RunDir:
     def logs_dir(self) -> Path:
         return self.root / "logs"
 
+    @property
+    def compressed_dir(self) -> Path:
+        """Where the spec's compress section puts its variant (or sweep) and report.json."""
+        return self.root / "compressed"
+
     def checkpoint_path(self, step: int) -> Path:
         return self.checkpoints_dir / f"step-{step:06d}"
 

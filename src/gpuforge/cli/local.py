@@ -1,4 +1,4 @@
-"""Verbs that run on this machine with no server: train, demo, plan, compress, hw."""
+"""Verbs that run on this machine with no server: train, demo, plan, compress, hw, dashboard."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from gpuforge.cli.app import (
     app,
     console,
     out_console,
+    run_announced,
 )
 from gpuforge.errors import GpuforgeError
 
@@ -243,3 +244,22 @@ def hw() -> None:
             f"  {precision}: {peak_flops(device, precision) / 1e12:.3f} TFLOP/s (measured matmul)"
         )
     out_console.print(f"precision auto -> {choose_precision('auto', device).name}")
+
+
+@app.command()
+def dashboard(
+    runs_dir: Annotated[Path, typer.Argument(help="a run directory, or a folder of them (e.g. runs/)")],
+    port: Annotated[int, typer.Option(help="the loopback port to listen on")] = 8700,
+    host: Annotated[str, typer.Option(help="loopback only: the runs are served without a key")] = "127.0.0.1",
+) -> None:
+    """Serve the web dashboard's job, compare and report pages over local run directories, read-only."""
+    from gpuforge.access import is_loopback
+    from gpuforge.dashboard.local import create_local_app, find_runs
+
+    if not is_loopback(host):
+        raise GpuforgeError(f"--host {host}: the dashboard asks for no key, so it listens on loopback only")
+    if not runs_dir.is_dir():
+        raise GpuforgeError(f"{runs_dir}: no such directory")
+    found = len(find_runs(runs_dir.resolve()))
+    what = f"{found} run{'s' if found != 1 else ''} under {runs_dir.resolve()}"
+    run_announced(create_local_app(runs_dir), "dashboard", host, port, what)

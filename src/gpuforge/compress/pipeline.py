@@ -237,7 +237,7 @@ def compress_run(spec: JobSpec, run_dir: str | Path) -> list[dict[str, Any]] | N
     if not wanted.requested:
         return None
     run = RunDir(run_dir)
-    out = run.root / "compressed"
+    out = run.compressed_dir
     spec_path = run.root / "spec.yaml"
     if wanted.sweep:
         steps = wanted.prune.recover_steps if wanted.prune else 0

@@ -18,13 +18,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, Gauge, Summary, generate_latest
 from sqlalchemy import func, select, text
 
+from gpuforge.dashboard.pages import add_pages
 from gpuforge.errors import GpuforgeError
 from gpuforge.scheduler.allocator import cluster_inventory, inventory
 from gpuforge.scheduler.loop import Scheduler
 from gpuforge.scheduler.worker_keys import load_secret
 from gpuforge.secret_files import shown_url
 from gpuforge.server.auth import RequireKey
-from gpuforge.server.routes import deployments, jobs, keys, uploads
+from gpuforge.server.routes import deployments, jobs, keys, overview, uploads
 from gpuforge.server.schemas import Health
 from gpuforge.server.settings import Settings, job_policy
 from gpuforge.store.db import connect, migrate, session
@@ -59,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.schedule:
             app.state.scheduler.start()
         app.state.replica_load = {}  # (deployment, replica) -> requests forwarded and not yet answered
+        app.state.replica_readings = {}  # (deployment, replica) -> its counters at the last look (stats)
         async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=5)) as app.state.http:
             yield
         app.state.scheduler.stop()
@@ -67,8 +69,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
     app.state.settings, app.state.known_keys, app.state.revoked_keys = settings, {}, set()
     app.state.open_streams = {}  # key id -> live streams it holds (routes/jobs.py)
-    for routes in (jobs, keys, uploads, deployments):
+    for routes in (jobs, keys, uploads, deployments, overview):
         app.include_router(routes.router)
+    add_pages(app)
 
     app.add_middleware(
         RefuseLargeBodies, limit=settings.max_request_bytes, upload_limit=settings.max_body_bytes

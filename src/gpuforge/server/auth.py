@@ -19,7 +19,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from gpuforge.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, presented_key
+from gpuforge.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, is_page_path, presented_key
 from gpuforge.store.db import session
 from gpuforge.store.keys import find_key
 from gpuforge.store.models import ApiKey
@@ -54,7 +54,7 @@ class RequireKey:
         self.open = OPEN_PATHS | (DOCUMENT_PATHS if public_documents else frozenset())
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in self.open:
+        if scope["type"] != "http" or scope["path"] in self.open or is_page_path(scope["path"]):
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         given = presented_key(

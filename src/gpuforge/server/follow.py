@@ -1,4 +1,4 @@
-"""Reading a run directory while its runner writes it: metrics pages, log tails, and live streams.
+"""Live streams of a run directory while its runner writes it (the reading itself: run_files.py).
 
 Metrics and logs are served from the run directory itself (the runner's own record, DESIGN), not from
 the store: the runner already drops metrics lines a killed process logged past its checkpoint, so what
@@ -19,69 +19,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from gpuforge.run_files import READ_CHUNK, json_line, read_lines
 from gpuforge.store.models import ENDED_JOB_STATES, JobState
 
 POLL_S = 0.25
 KEEPALIVE_S = 15.0
 STOPPED = (*ENDED_JOB_STATES, JobState.PAUSED)  # a stream ends with its job, or its budget
 REVOKED = "revoked"  # the stream's key was revoked: it ends now, whatever its job does
-
-
-READ_CHUNK = 1 << 20  # a stream reads at most this much a poll: a huge log never stalls the server
-
-
-def read_lines(path: Path, offset: int, limit: int | None = None) -> tuple[list[bytes], int]:
-    """Complete lines after byte `offset` (within `limit` bytes), and the offset past the last one. A file
-    shorter than `offset` was rewritten (the runner trims metrics on resume): start it again from the top."""
-    try:
-        with path.open("rb") as f:
-            f.seek(0, 2)
-            if f.tell() < offset:
-                offset = 0
-            f.seek(offset)
-            chunk = f.read() if limit is None else f.read(limit)
-    except FileNotFoundError:
-        return [], offset
-    end = chunk.rfind(b"\n") + 1
-    return chunk[:end].split(b"\n")[:-1], offset + end
-
-
-def metrics_page(path: Path, after_step: int, limit: int) -> list[dict[str, Any]]:
-    """Up to `limit` metrics records whose step is past `after_step`, in step order; the file is read a
-    chunk at a time, and no further than the page needs."""
-    records, offset = [], 0
-    while True:
-        lines, end = read_lines(path, offset, READ_CHUNK)
-        for line in lines:
-            record = _json(line)
-            if record is not None and record.get("step", 0) > after_step:
-                records.append(record)
-                if len(records) == limit:
-                    return records
-        if end == offset or not lines:  # the end of the file, or a line longer than a chunk: stop there
-            return records
-        offset = end
-
-
-def log_tail(path: Path, lines: int) -> tuple[list[str], int]:
-    """The last `lines` complete lines of a log (read from its end, at most ~1 KiB a line), and the byte
-    offset to follow it from."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return [], 0
-    start = max(0, size - max(lines, 1) * 1024)
-    found, end = read_lines(path, start)
-    if start > 0:
-        found = found[1:]  # the first one is likely cut
-    return [line.decode(errors="replace").rstrip() for line in found[-lines:]] if lines else [], end
-
-
-def _json(line: bytes) -> dict[str, Any] | None:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError:  # a torn line from a killed writer
-        return None
 
 
 def sse(event: str, data: Any) -> str:
@@ -111,7 +55,7 @@ async def follow(
                 read_lines, metrics_path, metrics_offset, READ_CHUNK
             )
             for line in lines:
-                record = _json(line)
+                record = json_line(line)
                 if record is not None and record.get("step", 0) > after_step:
                     after_step = record["step"]
                     sent = True

@@ -35,6 +35,7 @@ class JobPublic(BaseModel):
 
     id: int
     name: str
+    owner: str | None = Field(description="the name of the key that submitted it")
     state: str
     priority: int
     device_type: str
@@ -44,6 +45,8 @@ class JobPublic(BaseModel):
     total_steps: int | None
     loss: float | None
     samples_per_s: float | None
+    mfu: float | None = Field(description="model FLOPs utilisation at the latest logged step")
+    eta_s: float | None = Field(description="seconds left, at the latest logged step's pace")
     cost_usd: float | None
     restarts: int = Field(description="times its process was started again after dying")
     max_restarts: int
@@ -61,6 +64,25 @@ class EventPublic(BaseModel):
     ts: float
     kind: str
     data: dict[str, Any]
+
+
+class JobSpecPublic(BaseModel):
+    yaml: str = Field(description="the resolved spec, as the run directory stores it")
+    spec: dict[str, Any]
+
+
+class Series(BaseModel):
+    records: int = Field(description="metrics records the run wrote")
+    metrics: dict[str, dict[str, list[int | float]]] = Field(
+        description="{metric: {step: [...], value: [...]}}, each at most max_points long (min and max of "
+        "each bucket of steps past that)"
+    )
+
+
+class WhoAmI(BaseModel):
+    name: str
+    admin: bool
+    read_only: bool = Field(False, description="true under `gpuforge dashboard`: nothing can be changed")
 
 
 class Health(BaseModel):
@@ -181,3 +203,46 @@ class DeploymentPublic(BaseModel):
     options: dict[str, Any]
     created_at: datetime
     stopped_at: datetime | None
+
+
+class ReplicaStats(BaseModel):
+    index: int
+    ready: bool
+    requests_per_s: float | None = Field(None, description="since the server last looked (null at first)")
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    refused: float | None = Field(None, description="requests the replica refused since the last look")
+    in_flight: float | None = None
+
+
+class DeploymentStats(BaseModel):
+    name: str
+    replicas: list[ReplicaStats]
+
+
+class Comparison(BaseModel):
+    jobs: list[dict[str, Any]] = Field(description="{id, name, state, owner} of each, in the order asked")
+    spec_diff: list[dict[str, Any]] = Field(description="{key, values}: only the keys that differ")
+    finals: list[dict[str, Any]] = Field(description="{id, status, eval, final_loss, samples_per_s, ...}")
+
+
+class DevicePublic(BaseModel):
+    id: str
+    kind: str
+    name: str
+    memory_bytes: int | None
+    memory_used_bytes: int | None = Field(description="the holding job's latest peak, where it reports it")
+    held_by: str | None = Field(description="job, replica, or null when free")
+    job: dict[str, Any] | None = Field(description="{id, name, owner} when the key may see that job")
+    deployment: dict[str, Any] | None = Field(description="{name, replica} when the key may see it")
+    busy_s_last_hour: float
+    busy_seconds: float = Field(description="since the server first counted it")
+
+
+class CostsPublic(BaseModel):
+    since: str
+    until: str
+    days: list[str]
+    keys: list[str]
+    rows: list[dict[str, Any]] = Field(description="{day, key, usd, jobs}: one a day and key that spent")
+    total_usd: float

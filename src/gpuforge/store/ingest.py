@@ -22,7 +22,7 @@ from gpuforge.store.models import Event, Job
 
 ERROR_PREFIX = "gpuforge: error: "  # what cli.py main() prints before exit 2
 LOG_TAIL_BYTES = 64 * 2**10  # the error line is among the log's last ones: never read a whole log
-FIGURES = {"step": "step", "loss": "loss", "samples_per_s": "samples_per_s", "cost_usd": "cost_usd"}
+FIGURES = ("step", "loss", "samples_per_s", "cost_usd", "mfu", "eta_s")  # metrics keys = Job columns
 
 
 def _new_lines(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
@@ -57,9 +57,9 @@ def ingest(s: Session, job: Job) -> list[Event]:
     metrics, job.metrics_offset = _new_lines(run / "metrics.jsonl", job.metrics_offset)
     if metrics:
         latest = metrics[-1]
-        for key, column in FIGURES.items():
+        for key in FIGURES:
             if latest.get(key) is not None:
-                setattr(job, column, latest[key])
+                setattr(job, key, latest[key])
     for event in new:
         if event.kind == "started" and event.data.get("total_steps"):
             job.total_steps = event.data["total_steps"]

@@ -21,8 +21,9 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    select,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column, relationship
 
 MAX_IDEMPOTENCY_KEY = 200  # characters: a UUID is 36
 
@@ -158,6 +159,8 @@ class Job(Base):
     loss: Mapped[float | None] = mapped_column()
     samples_per_s: Mapped[float | None] = mapped_column()
     cost_usd: Mapped[float | None] = mapped_column()
+    mfu: Mapped[float | None] = mapped_column()
+    eta_s: Mapped[float | None] = mapped_column()
     # how far the run directory's files were read (ingest.py): bytes, and lines of events.jsonl so far
     events_offset: Mapped[int] = mapped_column(BigInteger, default=0)
     events_read: Mapped[int] = mapped_column(default=0)
@@ -165,6 +168,11 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
+
+    # the name of the key that submitted it, read with the job (a subquery: no second round trip a row)
+    owner: Mapped[str | None] = column_property(
+        select(ApiKey.name).where(ApiKey.id == owner_id).correlate_except(ApiKey).scalar_subquery()
+    )
 
     events: Mapped[list[Event]] = relationship(
         back_populates="job", order_by="Event.seq", cascade="all, delete-orphan", passive_deletes=True

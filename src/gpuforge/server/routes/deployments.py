@@ -27,7 +27,8 @@ from gpuforge.artifact.manifest import MANIFEST, ArtifactError, read_manifest
 from gpuforge.scheduler.worker_keys import replicas_key, worker_key
 from gpuforge.server.auth import Key
 from gpuforge.server.refusals import quota_refusal
-from gpuforge.server.schemas import DeploymentCreate, DeploymentPublic
+from gpuforge.server.replica_stats import read_metrics, replica_figures
+from gpuforge.server.schemas import DeploymentCreate, DeploymentPublic, DeploymentStats, ReplicaStats
 from gpuforge.store import states
 from gpuforge.store.db import session
 from gpuforge.store.keys import digest
@@ -194,3 +195,33 @@ async def predict(name: Name, request: Request, key: Key) -> Response:
     headers = {k: v for k, v in answer.headers.items() if k.lower() in FORWARDED_HEADERS}
     headers["x-gpuforge-replica"] = str(worker["index"])
     return Response(answer.content, answer.status_code, headers=headers)
+
+
+@router.get("/{name}/stats", response_model=DeploymentStats)
+async def deployment_stats(name: Name, request: Request, key: Key) -> DeploymentStats:
+    """Each replica's requests/s, p50/p99 latency (ms) and refusals since the last look at it (over its
+    whole life at the first look), read from the replica's own /metrics."""
+    with session(request.app.state.engine) as s:
+        deployment = _owned(s, key, name)
+        workers = list(deployment.workers or [])
+        key_of_replicas = replicas_key(request.app.state.worker_secret, deployment)
+    readings = request.app.state.replica_readings  # (deployment, replica index) -> last Reading
+    replicas = []
+    for worker in workers:
+        figures = {}
+        if worker.get("ready") and worker.get("port"):
+            try:
+                answer = await request.app.state.http.get(
+                    f"http://127.0.0.1:{worker['port']}/metrics",
+                    headers={"authorization": f"Bearer {key_of_replicas}"},
+                    timeout=2,
+                )
+                answer.raise_for_status()
+                now = read_metrics(answer.text)
+                slot = (name, worker["index"])
+                figures = replica_figures(now, readings.get(slot))
+                readings[slot] = now
+            except (httpx.HTTPError, ValueError):  # a replica restarting: no figures this time
+                figures = {}
+        replicas.append(ReplicaStats(index=worker["index"], ready=bool(worker.get("ready")), **figures))
+    return DeploymentStats(name=name, replicas=replicas)

@@ -9,7 +9,7 @@ import yaml
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
 from starlette.background import BackgroundTask
@@ -17,11 +17,20 @@ from starlette.background import BackgroundTask
 from gpuforge.admission import check_spec
 from gpuforge.data.columns import check_columns
 from gpuforge.errors import GpuforgeError, ModelError
+from gpuforge.run_files import log_tail, metrics_page, read_report, series
 from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
-from gpuforge.server.follow import REVOKED, follow, log_tail, metrics_page
+from gpuforge.server.follow import REVOKED, follow
 from gpuforge.server.refusals import quota_refusal
-from gpuforge.server.schemas import EventPublic, JobCreate, JobPublic, JobResume, LogTail
+from gpuforge.server.schemas import (
+    EventPublic,
+    JobCreate,
+    JobPublic,
+    JobResume,
+    JobSpecPublic,
+    LogTail,
+    Series,
+)
 from gpuforge.server.settings import job_policy
 from gpuforge.spec import JobSpec, parse_spec
 from gpuforge.store import states
@@ -150,6 +159,7 @@ def submit(
             s.add(job)
             s.flush()
             job.run_dir = str(request.app.state.settings.runs_dir / f"job-{job.id}")
+            s.refresh(job, ["owner"])  # read by the answer, after the session has closed
     except IntegrityError:  # the unique (owner, idempotency key) held against a submit at the same moment
         if idempotency_key is None or (earlier := _earlier(request, key, idempotency_key)) is None:
             raise
@@ -204,19 +214,25 @@ def _visible(s, key, job_id: int) -> Job:
 @router.get("", response_model=list[JobPublic])
 async def list_jobs(
     request: Request,
+    response: Response,
     key: Key,
-    state: Annotated[str | None, Query(description="only jobs in this state")] = None,
+    state: Annotated[str | None, Query(description="only jobs in this state", max_length=20)] = None,
+    owner: Annotated[str | None, Query(description="only this key's jobs (its name)", max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=INT32)] = 0,
 ) -> list[Job]:
-    """Jobs, newest first: your own, or everyone's with an admin key."""
-    query = select(Job).order_by(Job.id.desc()).limit(limit).offset(offset)
+    """Jobs, newest first: your own, or everyone's with an admin key. X-Total-Count: how many match."""
+    which = select(Job.id)
     if not key.admin:
-        query = query.where(Job.owner_id == key.id)
+        which = which.where(Job.owner_id == key.id)
     if state:
-        query = query.where(Job.state == state)
+        which = which.where(Job.state == state)
+    if owner:
+        which = which.where(Job.owner_id == select(ApiKey.id).where(ApiKey.name == owner).scalar_subquery())
     with session(request.app.state.engine) as s:
-        return list(s.scalars(query))
+        response.headers["X-Total-Count"] = str(s.scalar(select(func.count()).select_from(which.subquery())))
+        page = which.order_by(Job.id.desc()).limit(limit).offset(offset)
+        return list(s.scalars(select(Job).where(Job.id.in_(page)).order_by(Job.id.desc())))
 
 
 @router.get("/{job_id}", response_model=JobPublic)
@@ -318,6 +334,39 @@ def job_logs(
         run_dir = Path(_visible(s, key, job_id).run_dir)
     lines, offset = log_tail(run_dir / "logs" / "process.log", tail)
     return LogTail(lines=lines, offset=offset)
+
+
+@router.get("/{job_id}/spec", response_model=JobSpecPublic)
+def job_spec(job_id: JobId, request: Request, key: Key) -> JobSpecPublic:
+    """The resolved spec the job runs (defaults filled in, paths absolute)."""
+    with session(request.app.state.engine) as s:
+        text = _visible(s, key, job_id).spec_yaml
+    return JobSpecPublic(yaml=text, spec=yaml.safe_load(text) or {})
+
+
+@router.get("/{job_id}/series", response_model=Series)
+def job_series(
+    job_id: JobId,
+    request: Request,
+    key: Key,
+    max_points: Annotated[int, Query(ge=10, le=20_000, description="points a metric at most")] = 1000,
+) -> dict[str, Any]:
+    """The job's metrics as one series a metric, for charts: a long run is downsampled here (the min and
+    max of each bucket of steps), never sent whole."""
+    with session(request.app.state.engine) as s:
+        run_dir = Path(_visible(s, key, job_id).run_dir)
+    return series(run_dir / "metrics.jsonl", max_points)
+
+
+@router.get("/{job_id}/report", response_model=dict[str, Any])
+def job_report(job_id: JobId, request: Request, key: Key) -> dict[str, Any]:
+    """The compression report of the run (compressed/report.json), where it has one."""
+    with session(request.app.state.engine) as s:
+        run_dir = Path(_visible(s, key, job_id).run_dir)
+    report = read_report(run_dir)
+    if report is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no compression report")
+    return report
 
 
 SSE = {200: {"content": {"text/event-stream": {}}, "description": "server-sent events"}}

@@ -1,0 +1,204 @@
+"""Reading a run directory's append-only files while its runner writes them: lines past an offset, pages
+of metrics, the tail of a log, and a run's metrics as downsampled series for charts.
+
+Shared by the server (its routes and live streams) and `gpuforge dashboard` (run directories without a
+server). A line without its newline yet is left for the next read; a file shorter than the offset read
+so far, or another file at the same path (the runner replaces metrics.jsonl when it trims it on resume),
+is read again from the top.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from gpuforge.runs import RunDir
+
+READ_CHUNK = 1 << 20  # a reader takes at most this much a call: a huge log never stalls the server
+
+
+def read_lines(path: Path, offset: int, limit: int | None = None) -> tuple[list[bytes], int]:
+    """Complete lines after byte `offset` (within `limit` bytes), and the offset past the last one. A file
+    shorter than `offset` was rewritten (the runner trims metrics on resume): start it again from the top."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            if f.tell() < offset:
+                offset = 0
+            f.seek(offset)
+            chunk = f.read() if limit is None else f.read(limit)
+    except FileNotFoundError:
+        return [], offset
+    end = chunk.rfind(b"\n") + 1
+    return chunk[:end].split(b"\n")[:-1], offset + end
+
+
+def json_line(line: bytes) -> dict[str, Any] | None:
+    """One JSON object line; None for a torn line from a killed writer, or anything not an object."""
+    try:
+        value = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def metrics_page(path: Path, after_step: int, limit: int) -> list[dict[str, Any]]:
+    """Up to `limit` metrics records whose step is past `after_step`, in step order; the file is read a
+    chunk at a time, and no further than the page needs."""
+    records, offset = [], 0
+    while True:
+        lines, end = read_lines(path, offset, READ_CHUNK)
+        for line in lines:
+            record = json_line(line)
+            if record is not None and record.get("step", 0) > after_step:
+                records.append(record)
+                if len(records) == limit:
+                    return records
+        if end == offset or not lines:  # the end of the file, or a line longer than a chunk: stop there
+            return records
+        offset = end
+
+
+def log_tail(path: Path, lines: int) -> tuple[list[str], int]:
+    """The last `lines` complete lines of a log (read from its end, at most ~1 KiB a line), and the byte
+    offset to follow it from."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return [], 0
+    start = max(0, size - max(lines, 1) * 1024)
+    found, end = read_lines(path, start)
+    if start > 0:
+        found = found[1:]  # the first one is likely cut
+    return [line.decode(errors="replace").rstrip() for line in found[-lines:]] if lines else [], end
+
+
+def last_record(path: Path) -> dict[str, Any] | None:
+    """The last whole JSON line of a file (read from its end): a run's latest metrics record."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - 16 * 1024))
+            tail = f.read()
+    except FileNotFoundError:
+        return None
+    for line in reversed(tail[: tail.rfind(b"\n") + 1].split(b"\n")):
+        if line.strip() and (record := json_line(line)) is not None:
+            return record
+    return None
+
+
+def events_page(path: Path, after: int, limit: int) -> list[dict[str, Any]]:
+    """events.jsonl as the server's event records ({seq, ts, kind, data}), seq being the line number."""
+    found = []
+    lines, _ = read_lines(path, 0)
+    for seq, line in enumerate(lines):
+        record = json_line(line)
+        if seq <= after or record is None:
+            continue
+        kind, ts = str(record.pop("event", "unknown")), record.pop("ts", 0.0)
+        found.append({"seq": seq, "ts": float(ts) if isinstance(ts, int | float) else 0.0, "kind": kind})
+        found[-1]["data"] = record
+        if len(found) == limit:
+            break
+    return found
+
+
+def read_report(run_dir: Path) -> dict[str, Any] | None:
+    """The run's compression report (report.json of its compressed/ folder); None where there is none,
+    or where it is torn."""
+    try:
+        report = json.loads((RunDir(run_dir).compressed_dir / "report.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None
+
+
+class _Columns:
+    """A metrics file read so far: each numeric metric as (steps, values), and where reading stopped."""
+
+    def __init__(self, identity: tuple[int, int]):
+        self.identity, self.offset, self.records = identity, 0, 0
+        self.metrics: dict[str, tuple[list[int], list[float]]] = {}
+
+    def add(self, record: dict[str, Any]) -> None:
+        step = record.get("step")
+        if not isinstance(step, int):
+            return
+        self.records += 1
+        for name, value in record.items():
+            if name == "step" or isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if not math.isfinite(value):
+                continue
+            steps, values = self.metrics.setdefault(name, ([], []))
+            steps.append(step)
+            values.append(float(value))
+
+
+_CACHE_SIZE = 64  # runs whose columns stay parsed: a page polled every 2 s reads only what was appended
+_cache: OrderedDict[Path, _Columns] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _columns(path: Path) -> _Columns | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    identity = (stat.st_dev, stat.st_ino)
+    with _cache_lock:
+        columns = _cache.get(path)
+        if columns is None or columns.identity != identity or stat.st_size < columns.offset:
+            columns = _Columns(identity)  # new, or replaced by a trim: from the top
+        _cache[path] = columns
+        _cache.move_to_end(path)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+        while True:
+            lines, end = read_lines(path, columns.offset, READ_CHUNK)
+            for line in lines:
+                if (record := json_line(line)) is not None:
+                    columns.add(record)
+            if end == columns.offset:
+                return columns
+            columns.offset = end
+
+
+def series(path: Path, max_points: int) -> dict[str, Any]:
+    """The metrics file as one series a metric ({step: [...], value: [...]}), each at most `max_points`
+    long: past that, the steps are cut into max_points/2 buckets and each keeps its min and its max (in
+    step order), so that a spike is never averaged away."""
+    columns = _columns(path)
+    if columns is None:
+        return {"records": 0, "metrics": {}}
+    with _cache_lock:
+        return {
+            "records": columns.records,
+            "metrics": {
+                name: downsample(steps, values, max_points)
+                for name, (steps, values) in columns.metrics.items()
+            },
+        }
+
+
+def downsample(steps: list[int], values: list[float], max_points: int) -> dict[str, list]:
+    """At most `max_points` points of (steps, values): the first and the last, and between them the min
+    and the max of each of (max_points - 2) / 2 buckets, in step order."""
+    n = len(steps)
+    if n <= max_points:
+        return {"step": list(steps), "value": list(values)}
+    buckets = max(1, (max_points - 2) // 2)
+    kept = {0, n - 1}
+    for b in range(buckets):
+        lo, hi = 1 + b * (n - 2) // buckets, 1 + (b + 1) * (n - 2) // buckets
+        if lo < hi:
+            window = range(lo, hi)
+            kept.add(min(window, key=values.__getitem__))
+            kept.add(max(window, key=values.__getitem__))
+    order = sorted(kept)
+    return {"step": [steps[i] for i in order], "value": [values[i] for i in order]}

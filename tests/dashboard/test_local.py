@@ -1,0 +1,67 @@
+"""`gpuforge dashboard RUNS_DIR`'s API over real `gpuforge train` run directories: the runs listed by start,
+their series, events, logs, summary and a comparison, read-only and without a key."""
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gpuforge.dashboard.local import create_local_app
+from tests.helpers.cli import run_cli
+from tests.helpers.specs import image_spec, write_spec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("local-runs")
+    for lr in (0.01, 0.03):
+        spec = write_spec(tmp / f"lr-{lr}.yaml", {**image_spec(tmp, lr=lr, max_steps=8), "name": f"lr-{lr}"})
+        done = run_cli("train", str(spec), "--out", str(tmp / "runs" / f"lr-{lr}"))
+        assert done.returncode == 0, done.stderr
+    (tmp / "runs" / "not-a-run").mkdir()
+    return tmp / "runs"
+
+
+def test_runs_are_listed_by_start_with_their_figures(runs):
+    client = TestClient(create_local_app(runs))
+    assert client.get("/api/v1/whoami").json() == {"name": "local", "admin": True, "read_only": True}
+    listed = client.get("/api/v1/jobs")
+    assert listed.headers["X-Total-Count"] == "2"
+    newest, oldest = listed.json()
+    assert (oldest["id"], oldest["name"], newest["id"], newest["name"]) == (1, "lr-0.01", 2, "lr-0.03")
+    assert oldest["state"] == "finished" and oldest["step"] == oldest["total_steps"] == 8
+    assert oldest["loss"] > 0 and oldest["started_at"] and oldest["finished_at"]
+    assert client.get("/api/v1/jobs", params={"state": "failed"}).json() == []
+    # the same run directory served alone
+    alone = TestClient(create_local_app(runs / "lr-0.03")).get("/api/v1/jobs").json()
+    assert [j["name"] for j in alone] == ["lr-0.03"]
+
+
+def test_a_runs_pages_data_and_a_comparison(runs):
+    client = TestClient(create_local_app(runs))
+    assert client.get("/api/v1/jobs/1/series").json()["metrics"]["loss"]["step"] == list(range(1, 9))
+    kinds = [e["kind"] for e in client.get("/api/v1/jobs/1/events").json()]
+    assert kinds[0] == "started" and kinds[-1] == "finished"
+    assert client.get("/api/v1/jobs/1/summary").json()["status"] == "finished"
+    assert client.get("/api/v1/jobs/1/spec").json()["spec"]["train"]["lr"] == 0.01
+    assert client.get("/api/v1/jobs/1/report").status_code == 404
+    compared = client.get("/api/v1/compare", params={"ids": "1,2"}).json()
+    assert {"key": "train.lr", "values": [0.01, 0.03]} in compared["spec_diff"]
+    assert all(f["samples_per_s"] > 0 for f in compared["finals"])
+    assert client.get("/api/v1/jobs/3").status_code == 404
+    assert client.get("/api/v1/compare", params={"ids": "1,9"}).status_code == 404
+    assert client.get("/").status_code == 200 and client.get("/jobs/1").status_code == 200
+
+
+def test_it_changes_nothing(runs):
+    client = TestClient(create_local_app(runs))
+    assert client.post("/api/v1/jobs", json={"spec": "name: x"}).status_code == 405
+    assert client.post("/api/v1/jobs/1/cancel").status_code == 404
+    assert client.get("/api/v1/devices").status_code == 404
+
+
+def test_it_listens_on_loopback_only(tmp_path):
+    refused = run_cli("dashboard", str(tmp_path), "--host", "0.0.0.0")
+    assert refused.returncode == 2 and "loopback only" in refused.stderr
+    missing = run_cli("dashboard", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "no such directory" in missing.stderr

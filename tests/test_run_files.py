@@ -1,0 +1,56 @@
+"""Reading run files while they are written: downsampled series (min and max kept, the span kept, a
+replaced file read afresh), the last record, events as the server stores them."""
+
+import json
+import os
+
+from gpuforge.run_files import downsample, events_page, last_record, series
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_downsampling_keeps_the_span_and_each_buckets_extremes():
+    steps = list(range(1, 10_001))
+    values = [float((i * 7919) % 1000) for i in steps]
+    values[5000] = 1e6  # one spike: an average would hide it
+    out = downsample(steps, values, 100)
+    assert len(out["step"]) <= 100 and out["step"] == sorted(out["step"])
+    assert out["step"][0] == 1 and out["step"][-1] == 10_000
+    assert 1e6 in out["value"] and min(values) in out["value"]
+    assert downsample([1, 2, 3], [1.0, 2.0, 3.0], 100) == {"step": [1, 2, 3], "value": [1.0, 2.0, 3.0]}
+
+
+def test_series_reads_what_was_appended_and_a_replaced_file_afresh(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    _write(path, [{"step": s, "loss": 1.0 / s, "tokens_per_s": None} for s in range(1, 6)])
+    first = series(path, 1000)
+    assert first["records"] == 5 and first["metrics"]["loss"]["step"] == [1, 2, 3, 4, 5]
+    assert "tokens_per_s" not in first["metrics"]  # nulls are not points
+    with path.open("a") as f:
+        f.write(json.dumps({"step": 6, "loss": 0.1}) + "\n" + '{"step": 7, "lo')  # the last line unfinished
+    assert series(path, 1000)["metrics"]["loss"]["step"] == [1, 2, 3, 4, 5, 6]
+    # the runner trims on resume by writing a new file in place of the old one (os.replace)
+    trimmed = tmp_path / "trimmed.jsonl"
+    _write(trimmed, [{"step": s, "loss": 2.0} for s in range(1, 4)])
+    os.replace(trimmed, path)
+    again = series(path, 1000)
+    assert again["records"] == 3 and again["metrics"]["loss"]["value"] == [2.0, 2.0, 2.0]
+    assert series(tmp_path / "none.jsonl", 1000) == {"records": 0, "metrics": {}}
+
+
+def test_the_last_record_and_events(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    _write(metrics, [{"step": 1, "peak_mem_bytes": 10}, {"step": 2, "peak_mem_bytes": 20}])
+    with metrics.open("a") as f:
+        f.write('{"step": 3, "pe')  # being written
+    assert last_record(metrics) == {"step": 2, "peak_mem_bytes": 20}
+    assert last_record(tmp_path / "none") is None
+    events = tmp_path / "events.jsonl"
+    _write(events, [{"ts": 1.5, "event": "started", "step": 0}, {"ts": 2.5, "event": "finished", "step": 3}])
+    assert events_page(events, -1, 10) == [
+        {"seq": 0, "ts": 1.5, "kind": "started", "data": {"step": 0}},
+        {"seq": 1, "ts": 2.5, "kind": "finished", "data": {"step": 3}},
+    ]
+    assert [e["seq"] for e in events_page(events, 0, 10)] == [1]
