@@ -35,6 +35,10 @@ def demo_via_server(specs: list[Path], home: Path, overrides: list[str], console
     console.print(f"starting a gpuforge server (GPUFORGE_HOME={home}, log {home / 'server.log'})")
     with LocalServer(home, log=home / "server.log") as server:
         client = server.client()
+        console.print(
+            f"dashboard: {server.url}/ (sign in with the key in {home / 'admin.key'}) while the demo runs",
+            soft_wrap=True, highlight=False,
+        )  # fmt: skip
         ids, tasks = [], {}
         for spec_path in specs:
             spec = load_spec(spec_path, overrides)
@@ -53,6 +57,11 @@ def demo_via_server(specs: list[Path], home: Path, overrides: list[str], console
     for job in jobs:
         console.print(f"job {job['id']} {job['name']}: {job['run_dir']}", soft_wrap=True, highlight=False)
     console.print(f"the server stopped; its store and runs stay in {home}", soft_wrap=True, highlight=False)
+    console.print(
+        f"see them again in the dashboard: gpuforge server (GPUFORGE_HOME={home}), or read-only: "
+        f"gpuforge dashboard {home / 'runs'}",
+        soft_wrap=True, highlight=False,
+    )  # fmt: skip
 
 
 def _follow(client, job_id: int, console: Console) -> None:

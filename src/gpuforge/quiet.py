@@ -20,6 +20,7 @@ QUIET_ENV = {
     "TRANSFORMERS_VERBOSITY": "error",  # transformers resets its logger's level from this on import
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "HF_HUB_VERBOSITY": "error",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",  # mlflow sets its logger's level from this on import (tracking:)
 }
 # loggers of the libraries gpuforge loads; their errors still show
 THIRD_PARTY_LOGGERS = (

@@ -231,6 +231,12 @@ class Environment(ServerOptions):
         read_by="tests",
         kind="development",
     )
+    require_browser: str | None = setting(
+        None,
+        meaning="1: the dashboard's browser tests fail, rather than skip, without Chromium (as under CI)",
+        read_by="tests",
+        kind="development",
+    )
     pg_dir: str | None = setting(
         None,
         meaning="the directory of the tests' PostgreSQL cluster",

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import unquote, urlparse
 
 import yaml
 from pydantic import (
@@ -248,6 +249,45 @@ class CostSpec(Section):
     budget_usd: float | None = Field(None, gt=0, description="pause (with a checkpoint) once spent")
 
 
+class MlflowSpec(Section):
+    uri: str = Field(
+        min_length=1,
+        description="tracking URI: a file store (file:<dir> or a plain path), sqlite:///<file> or http(s)://",
+    )
+    experiment: str = Field("gpuforge", min_length=1, max_length=500)
+
+
+class TrackingSpec(Section):
+    """Where the metrics go besides metrics.jsonl (needs `pip install 'gpuforge[tracking]'`)."""
+
+    tensorboard: bool = Field(False, description="event files in <run>/tensorboard/")
+    mlflow: MlflowSpec | None = Field(
+        None, description="params, metrics, the summary and the model to an MLflow run named after the job"
+    )
+
+
+def mlflow_local_path(uri: str) -> str | None:
+    """What an MLflow tracking URI writes on this machine: a file store's directory (`file:` or a plain
+    path) or an SQLite database (`sqlite:///`); None for anything else (a server)."""
+    scheme = urlparse(uri).scheme
+    if not scheme:
+        return uri
+    if scheme == "file":
+        return unquote(urlparse(uri).path)
+    if scheme == "sqlite" and uri.startswith("sqlite:///"):
+        return uri[len("sqlite:///") :]
+    return None
+
+
+def _resolve_tracking_uri(uri: str, base: Path) -> str:
+    """A file store's or SQLite database's relative path made absolute, like the spec's other paths."""
+    path = mlflow_local_path(uri)
+    if not path or Path(path).is_absolute():  # a server, or absolute already
+        return uri
+    resolved, scheme = _resolve_path(path, base), urlparse(uri).scheme
+    return Path(resolved).as_uri() if scheme == "file" else f"sqlite:///{resolved}" if scheme else resolved
+
+
 class JobSpec(Section):
     name: str = Field("job", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
     model: ModelSpec
@@ -258,6 +298,7 @@ class JobSpec(Section):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     distributed: DistributedSpec = Field(default_factory=DistributedSpec)
     cost: CostSpec = Field(default_factory=CostSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     priority: int = Field(0, ge=-1000, le=1000, description="higher runs first (server)")
 
     @model_validator(mode="after")
@@ -547,6 +588,9 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
             module, fn = rest.split(":")
             if module.endswith(".py"):
                 model["source"] = f"python:{_resolve_path(module, base)}:{fn}"
+    mlflow = raw["tracking"].get("mlflow") if isinstance(raw.get("tracking"), dict) else None
+    if isinstance(mlflow, dict) and isinstance(mlflow.get("uri"), str):
+        mlflow["uri"] = _resolve_tracking_uri(mlflow["uri"], base)
 
 
 def parse_spec(

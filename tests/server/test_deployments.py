@@ -64,6 +64,15 @@ def test_a_finished_job_served_by_two_replicas_behind_the_server(api, tmp_path):
     bad = api.post("/api/v1/deployments/digits/predict", json={"inputs": []})
     assert bad.status_code == 422  # the replica's own answer, passed through
 
+    # the dashboard's figures, from each replica's own metrics: over its life at the first look, then
+    # over the time since the last look
+    stats = api.get("/api/v1/deployments/digits/stats").json()["replicas"]
+    assert [(r["index"], r["ready"]) for r in stats] == [(0, True), (1, True)]
+    assert all(r["p50_ms"] > 0 and r["p99_ms"] >= r["p50_ms"] and r["requests_per_s"] is None for r in stats)
+    assert api.post("/api/v1/deployments/digits/predict", json={"inputs": images}).status_code == 200
+    stats = api.get("/api/v1/deployments/digits/stats").json()["replicas"]
+    assert sum(r["requests_per_s"] for r in stats) > 0 and all(r["in_flight"] == 0 for r in stats)
+
     pid = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _serves(int(p), ready["model_dir"]))
     os.kill(pid, signal.SIGKILL)
 

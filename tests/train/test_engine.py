@@ -6,6 +6,7 @@ import signal
 
 import pytest
 import torch
+import yaml
 
 from gpuforge.artifact import load_artifact
 from gpuforge.errors import ModelError, RunDirError, TrainingFailed
@@ -211,6 +212,17 @@ def test_a_run_directory_of_another_spec_is_refused_and_left_alone(tmp_path):
     with pytest.raises(RunDirError, match=r"different spec \(differs in train.lr\)"):
         _train(tmp_path, image_spec(tmp_path, max_steps=2, lr=0.5))
     assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == before
+
+
+def test_a_run_stored_before_the_tracking_section_existed_still_resumes(tmp_path):
+    raw = image_spec(tmp_path, max_steps=2)
+    _train(tmp_path, raw)
+    stored = RunDir(tmp_path / "run").spec_path
+    older = yaml.safe_load(stored.read_text())
+    del older["tracking"]  # as an older gpuforge wrote it
+    stored.write_text(yaml.safe_dump(older, sort_keys=False))
+    raw["train"]["max_steps"] = 3
+    assert _train(tmp_path, raw)["steps"] == 3
 
 
 def test_an_fp16_run_checkpoints_its_loss_scale_and_resumes_the_same_loss_curve(tmp_path):

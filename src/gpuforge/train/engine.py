@@ -30,6 +30,7 @@ from gpuforge.train.resume import check_not_past, check_same_job, finished_alrea
 from gpuforge.train.setup import build_job
 from gpuforge.train.signals import StopFlag
 from gpuforge.train.summary import finish
+from gpuforge.train.tracking import NoTracking, make_tracker
 
 __all__ = ["train"]
 
@@ -45,6 +46,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     run = RunDir(out) if ranks.is_main else ReaderRunDir(out)
     run.check_usable()
     check_same_job(run, spec)
+    tracker = make_tracker(spec.tracking) if ranks.is_main else NoTracking()  # a missing package: stop now
     latest = run.latest_checkpoint()
 
     # --- device, precision, data, model, batch: everything that can fail on bad input, before any write ---
@@ -61,7 +63,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     run.truncate_metrics_after(state.start_step)  # steps logged past the checkpoint run again
 
     stop = StopFlag()
-    with _running(run, spec, stop, ranks):
+    with _running(run, spec, stop, ranks), tracker.opened(run, spec, state.resumed_from):
         _announce(trainer, state)
         meter = trainer.start_meter()
         trainer.reporter.start(job.total_steps, state.start_step)
@@ -71,11 +73,13 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                 if result is None:
                     break  # failed: state.reason says why
                 evaluation = trainer.evaluate_if_due(state)
-                trainer.log_if_due(state, result, evaluation, meter)
+                record = trainer.log_if_due(state, result, evaluation, meter)
+                tracker.metric(record)  # TensorBoard, MLflow: what the spec's tracking section asks for
                 trainer.checkpoint_if_due(state)
                 if trainer.should_stop(state, result, stop):  # a signal, or the budget spent
                     break
         summary = finish(trainer, state, meter)  # the last checkpoint, the model, summary.json, the event
+        tracker.finish(summary.as_dict(), run.model_dir)
     return summary.as_result(stop.signal_number)
 
 

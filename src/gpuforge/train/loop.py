@@ -242,11 +242,12 @@ class Trainer:
 
     def log_if_due(
         self, state: LoopState, result: StepResult, evaluation: dict[str, float] | None, meter: Meter
-    ) -> None:
-        """A metrics.jsonl line every log_every steps, after an evaluation and at the last step."""
+    ) -> dict[str, Any] | None:
+        """A metrics.jsonl line every log_every steps, after an evaluation and at the last step: the record,
+        or None at the steps between."""
         step, seconds = state.step, result.seconds
         if not (step % self.spec.train.log_every == 0 or evaluation or step == self.job.total_steps):
-            return
+            return None
         record = {
             "step": step,
             "loss": result.loss,
@@ -266,6 +267,7 @@ class Trainer:
             record.update({f"eval_{k}": v for k, v in evaluation.items()})
         self.run.metric(record)
         self.reporter.step(record)
+        return record
 
     def checkpoint_if_due(self, state: LoopState) -> None:
         """Every checkpoint_every steps; the last step's checkpoint is the end's (summary.py)."""

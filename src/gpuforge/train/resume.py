@@ -1,7 +1,8 @@
 """Going on with a run directory: only the same job, and only forward from its newest checkpoint.
 
 A run directory holds one job. Running `gpuforge train` again on it resumes from its newest checkpoint;
-a spec that differs in anything but the keys of RESUMABLE_CHANGES is refused before anything is written.
+a spec that differs in anything but the keys of RESUMABLE_CHANGES (and RESUMABLE_SECTIONS) is refused
+before anything is written.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ RESUMABLE_CHANGES = {
     ("distributed", "max_restarts"),
     ("distributed", "timeout_s"),
 }
+# Sections that may differ as a whole: where a run's figures are also sent does not change the run (and a
+# run stored before the section existed has none)
+RESUMABLE_SECTIONS = {"tracking"}
 
 
 def check_same_job(run: RunDir, spec: JobSpec) -> None:
@@ -35,7 +39,11 @@ def check_same_job(run: RunDir, spec: JobSpec) -> None:
         return
     stored = yaml.safe_load(run.spec_path.read_text()) or {}
     current = spec.model_dump(mode="json")
-    differing = [key for key in _diff_keys(stored, current) if key not in RESUMABLE_CHANGES]
+    differing = [
+        key
+        for key in _diff_keys(stored, current)
+        if key not in RESUMABLE_CHANGES and key[0] not in RESUMABLE_SECTIONS
+    ]
     if differing:
         names = ", ".join(".".join(k) for k in differing[:5])
         raise RunDirError(
