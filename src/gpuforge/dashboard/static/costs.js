@@ -1,0 +1,93 @@
+// Costs (/costs): spend per key per day over a period (the last 30 days unless the URL says otherwise),
+// as a table with totals and a bar a day.
+
+import { api, onLeave, SignedOut } from "/static/app.js";
+import { costChart } from "/static/charts.js";
+import { detailText, el, fill } from "/static/dom.js";
+import * as f from "/static/format.js";
+
+const DAY_MS = 86400 * 1000;
+const isoDay = (d) => d.toISOString().slice(0, 10); // the server counts days in UTC
+const DAY = /^\d{4}-\d{2}-\d{2}$/;
+
+export async function render(root, { params }) {
+  const today = new Date();
+  const since = el("input", { type: "date", name: "since", required: true });
+  const until = el("input", { type: "date", name: "until", required: true });
+  since.value = DAY.test(params.get("since") ?? "") ? params.get("since") : isoDay(new Date(today - 29 * DAY_MS));
+  until.value = DAY.test(params.get("until") ?? "") ? params.get("until") : isoDay(today);
+  const form = el(
+    "form",
+    { id: "costs-period", class: "toolbar" },
+    el("label", {}, "From ", since),
+    el("label", {}, "to ", until),
+    el("button", { type: "submit", text: "Show" }),
+  );
+  const error = el("p", { class: "error", role: "alert" });
+  const out = el("div");
+  root.replaceChildren(el("h1", { text: "Costs" }), form, error, out);
+
+  let chart = null;
+  onLeave(() => chart?.destroy());
+
+  async function load() {
+    const q = new URLSearchParams({ since: since.value, until: until.value });
+    history.replaceState(null, "", `/costs?${q}`); // a reload or a shared link shows the same period
+    const answer = await api(`/api/v1/costs?${q}`);
+    chart?.destroy();
+    chart = null;
+    if (!answer.ok) {
+      error.textContent = detailText(answer);
+      out.replaceChildren();
+      return;
+    }
+    error.textContent = "";
+    const { keys = [], days = [], rows = [], total_usd: total } = answer.data;
+    const cell = new Map(rows.map((r) => [`${r.day}\n${r.key}`, r]));
+    const dayTotal = (day) => keys.reduce((n, k) => n + (cell.get(`${day}\n${k}`)?.usd ?? 0), 0);
+    const keyTotal = (key) => rows.filter((r) => r.key === key).reduce((n, r) => n + (r.usd ?? 0), 0);
+    const money = (usd, jobs) => el("td", { class: "num", text: usd ? f.dollars(usd) : "—", title: jobs ? `${jobs} job${jobs === 1 ? "" : "s"}` : null });
+
+    const table = el(
+      "table",
+      { id: "costs" },
+      el("thead", {}, el("tr", {}, el("th", { text: "day" }), keys.map((k) => el("th", { class: "num", text: k })), el("th", { class: "num", text: "total" }))),
+      el(
+        "tbody",
+        {},
+        days.map((day) =>
+          el(
+            "tr",
+            { "data-day": day },
+            el("th", { scope: "row", text: day }),
+            keys.map((k) => {
+              const r = cell.get(`${day}\n${k}`);
+              return money(r?.usd, r?.jobs);
+            }),
+            el("td", { class: "num total", text: dayTotal(day) ? f.dollars(dayTotal(day)) : "—" }),
+          ),
+        ),
+      ),
+      el(
+        "tfoot",
+        {},
+        el("tr", { class: "total" }, el("th", { scope: "row", text: "total" }), keys.map((k) => el("td", { class: "num", text: f.dollars(keyTotal(k)) })), el("td", { class: "num", "data-field": "total_usd", text: f.dollars(total ?? keys.reduce((n, k) => n + keyTotal(k), 0)) })),
+      ),
+    );
+    const div = el("div", { class: "chart wide", "data-metric": "costs", "data-points": days.length });
+    fill(out,
+      keys.length ? null : el("p", { class: "muted", text: "nothing spent in this period" }),
+      days.length ? el("div", { class: "charts" }, div) : null,
+      el("div", { class: "table-wrap" }, table),
+    );
+    if (days.length) chart = costChart(div, days, days.map(dayTotal));
+  }
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    load().catch((err) => {
+      if (!(err instanceof SignedOut)) error.textContent = `cannot reach the server (${err.message})`;
+    });
+  });
+  await load();
+}

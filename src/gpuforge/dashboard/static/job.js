@@ -1,0 +1,250 @@
+// A job's page (/jobs/<id>): its header, a chart per metric, the timeline, the log's tail, the spec, the
+// summary and the compression report. Polled every 2 s until the job has ended; then one last refresh
+// (its summary, its last metrics) and the page stays as it is.
+
+import { api, onLeave, poll } from "/static/app.js";
+import { chartedMetrics, lineChart, reportChart } from "/static/charts.js";
+import { badge, detailText, el, notFound, setText } from "/static/dom.js";
+import * as f from "/static/format.js";
+
+const ENDED = new Set(["finished", "failed", "cancelled", "stopped"]); // stopped: a local run that ended unsaid
+
+export async function render(root, { id }) {
+  const first = await api(`/api/v1/jobs/${id}`);
+  if (first.status === 404 || first.status === 422) return notFound(root); // 422: an id past int32
+  if (!first.ok) {
+    root.replaceChildren(el("p", { class: "error", text: detailText(first) }));
+    return;
+  }
+
+  const head = el("dl", { class: "job-head" });
+  const chartsBox = el("div", { class: "charts" });
+  const noCharts = el("p", { class: "muted", text: "no metrics yet" });
+  const timeline = el("ul", { id: "timeline" });
+  const log = el("pre", { id: "log", tabindex: "0" });
+  const summary = el("div", { id: "summary" });
+  const spec = el("pre", { id: "spec" });
+  const title = el("h1", { id: "job-title" });
+  const reportSlot = el("div"); // #report goes here once the job has one
+  root.replaceChildren(
+    el("p", { class: "crumbs" }, el("a", { href: "/", text: "Jobs" }), ` / job ${id}`),
+    title,
+    head,
+    el("section", {}, el("h2", { text: "Metrics" }), noCharts, chartsBox),
+    el(
+      "div",
+      { class: "two-col" },
+      el("section", {}, el("h2", { text: "Timeline" }), timeline),
+      el("section", {}, el("h2", { text: "Log" }), log),
+    ),
+    el("section", {}, el("h2", { text: "Summary" }), summary),
+    reportSlot,
+    el("section", {}, el("h2", { text: "Spec" }), spec),
+  );
+
+  const charts = new Map(); // metric → {div, chart}
+  let records = null; // the series' record count at the last draw: unchanged, nothing to redraw
+  let lastSeq = -1;
+  let logOffset = -1;
+  let lastState = null;
+  let report = null; // {chart} while drawn
+  onLeave(() => {
+    for (const c of charts.values()) c.chart.destroy();
+    report?.chart.destroy();
+  });
+
+  drawHead(first.data);
+  loadSpec();
+  poll(refresh);
+
+  async function refresh() {
+    const answer = await api(`/api/v1/jobs/${id}`);
+    if (answer.status === 404) {
+      notFound(root); // deleted, or no longer this key's to see
+      return false;
+    }
+    if (!answer.ok) throw new Error(detailText(answer));
+    const job = answer.data;
+    drawHead(job);
+    // read after the job: when it says ended, these hold everything its run wrote (the last refresh)
+    const reads = [series(), events(), logs()];
+    if (job.state !== lastState) reads.push(loadSummary(), loadReport()); // written when a run stops
+    lastState = job.state;
+    await Promise.all(reads);
+    return !ENDED.has(job.state);
+  }
+
+  function drawHead(job) {
+    setText(title, job.name);
+    document.title = `${job.name} · gpuforge`;
+    const owner = job.owner && typeof job.owner === "object" ? job.owner.name : job.owner;
+    const items = [
+      ["state", badge(job.state)],
+      ["owner", owner ?? "—"],
+      ["devices", job.devices || (job.devices_wanted ? `${job.devices_wanted} × ${job.device_type}` : "—")],
+      ["step", job.step == null && job.total_steps == null ? "—" : `${job.step ?? 0}/${job.total_steps ?? "?"}`],
+      ["loss", f.sig4(job.loss)],
+      ["cost", f.dollars(job.cost_usd)],
+      ["ETA", ENDED.has(job.state) ? "—" : f.duration(job.eta_s)],
+      ["restarts", job.restarts == null ? null : `${job.restarts} of ${job.max_restarts}`],
+      ["reason", job.reason],
+    ];
+    head.replaceChildren(
+      ...items
+        .filter(([, v]) => v !== null && v !== undefined && v !== "")
+        .map(([k, v]) => el("div", {}, el("dt", { text: k }), el("dd", { "data-field": k.toLowerCase() }, v))),
+    );
+  }
+
+  // --- charts: created as metrics appear (eval_* at the first eval), updated in place ---
+  async function series() {
+    const answer = await api(`/api/v1/jobs/${id}/series?max_points=1000`);
+    if (!answer.ok) return;
+    const metrics = answer.data.metrics || {};
+    const names = chartedMetrics(Object.keys(metrics));
+    const same = typeof records === "number" && answer.data.records === records && names.length === charts.size;
+    if (same) return;
+    records = answer.data.records;
+    noCharts.hidden = names.length > 0;
+    for (const name of names) {
+      let c = charts.get(name);
+      if (!c) {
+        const div = el("div", { class: "chart", "data-metric": name, "data-points": 0 });
+        chartsBox.append(div); // in the page first: the chart takes the div's width
+        c = { div, chart: lineChart(div, { title: name, metric: name, labels: [name], sync: `job-${id}` }) };
+        charts.set(name, c);
+      }
+      const { step, value } = metrics[name];
+      c.chart.setData([step, value]);
+      c.div.dataset.points = String(step.length);
+    }
+    // keep the charts in order when a new one came in between (eval_accuracy after eval_loss, ...)
+    const order = names.map((n) => charts.get(n).div);
+    if (order.some((div, i) => chartsBox.children[i] !== div)) chartsBox.append(...order);
+  }
+
+  // --- the timeline: only the events after the last one shown ---
+  async function events() {
+    const answer = await api(`/api/v1/jobs/${id}/events?after=${lastSeq}`);
+    if (!answer.ok || answer.data.length === 0) return;
+    const follow = nearBottom(timeline);
+    for (const e of answer.data) {
+      lastSeq = Math.max(lastSeq, e.seq);
+      timeline.append(
+        el(
+          "li",
+          { "data-event": e.kind, title: JSON.stringify(e.data ?? {}) },
+          el("time", { text: f.when(e.ts) }),
+          el("span", { class: "kind", text: e.kind }),
+          el("span", { class: "what", text: eventText(e.data ?? {}) }),
+        ),
+      );
+      if (e.kind === "compressed") loadReport(); // the report lands with this event
+    }
+    if (follow) timeline.scrollTop = timeline.scrollHeight;
+  }
+
+  // --- the log's tail, following unless the reader scrolled up ---
+  async function logs() {
+    const answer = await api(`/api/v1/jobs/${id}/logs?tail=200`);
+    if (!answer.ok || answer.data.offset === logOffset) return;
+    const follow = logOffset === -1 || nearBottom(log);
+    logOffset = answer.data.offset;
+    log.textContent = answer.data.lines.join("\n");
+    if (follow) log.scrollTop = log.scrollHeight;
+  }
+
+  async function loadSpec() {
+    const answer = await api(`/api/v1/jobs/${id}/spec`);
+    spec.textContent = answer.ok ? answer.data.yaml : detailText(answer);
+  }
+
+  async function loadSummary() {
+    const answer = await api(`/api/v1/jobs/${id}/summary`);
+    if (answer.status === 404) {
+      summary.replaceChildren(el("p", { class: "muted", text: "no summary yet" }));
+    } else if (answer.ok) {
+      const rows = flatten(answer.data).map(([k, v]) =>
+        el("tr", { "data-key": k }, el("th", { scope: "row", text: k }), el("td", { text: f.byKey(k, v), title: v === null ? "" : typeof v === "object" ? JSON.stringify(v) : String(v) })),
+      );
+      summary.replaceChildren(el("table", { class: "kv" }, el("tbody", {}, rows)));
+    }
+  }
+
+  // --- the compression report: a table and size-against-metric points; no section without one ---
+  async function loadReport() {
+    const answer = await api(`/api/v1/jobs/${id}/report`);
+    report?.chart.destroy();
+    report = null;
+    if (!answer.ok || !Array.isArray(answer.data?.variants)) {
+      reportSlot.replaceChildren();
+      return;
+    }
+    const variants = answer.data.variants;
+    const metricName = variants.find((v) => v.metric?.name)?.metric.name ?? "metric";
+    const rows = variants.map((v) =>
+      el(
+        "tr",
+        { "data-variant": v.name, class: v.pareto ? "pareto" : null },
+        el("td", { text: v.name }),
+        el("td", { class: "num", text: f.num(v.params) }),
+        el("td", { class: "num", text: f.bytes(v.disk_bytes) }),
+        el("td", { class: "num", text: f.bytes(v.memory_bytes) }),
+        el("td", { class: "num", text: f.sig4(v.latency_ms_b1) }),
+        el("td", { class: "num", text: f.sig4(v.latency_ms_b32) }),
+        el("td", { class: "num", text: f.sig4(v.metric?.value) }),
+        el("td", { text: v.pareto ? "yes" : "" }),
+      ),
+    );
+    const head = ["variant", "params", "disk", "memory", "ms (batch 1)", "ms (batch 32)", metricName, "Pareto"];
+    const numeric = (i) => i >= 1 && i <= 6;
+    const table = el(
+      "table",
+      { class: "report" },
+      el("thead", {}, el("tr", {}, head.map((h, i) => el("th", { text: h, class: numeric(i) ? "num" : null })))),
+      el("tbody", {}, rows),
+    );
+    const div = el("div", { class: "chart", "data-metric": "report", "data-points": 0 });
+    reportSlot.replaceChildren(
+      el(
+        "section",
+        { id: "report" },
+        el("h2", { text: "Compression report" }),
+        el("div", { class: "table-wrap" }, table),
+        el("div", { class: "charts" }, div),
+      ),
+    );
+    report = reportChart(div, variants);
+    div.dataset.points = String(report.points);
+  }
+}
+
+// What an event says, in a few words: its step, attempt, path, variants, reason.
+function eventText(d) {
+  const parts = [];
+  if (d.step != null) parts.push(d.total_steps != null ? `step ${d.step}/${d.total_steps}` : `step ${d.step}`);
+  if (d.attempt != null) parts.push(`attempt ${d.attempt}`);
+  if (d.resumed_from != null) parts.push(`resumed from ${d.resumed_from}`);
+  if (d.devices) parts.push(String(d.devices));
+  if (d.device) parts.push(String(d.device));
+  if (d.path) parts.push(String(d.path));
+  if (Array.isArray(d.variants)) parts.push(`variants: ${d.variants.join(", ")}`);
+  if (d.cost_usd != null) parts.push(f.dollars(d.cost_usd));
+  if (d.reason) parts.push(String(d.reason));
+  const text = parts.join(" · ");
+  return text.length > 300 ? `${text.slice(0, 300)}…` : text;
+}
+
+// {a: {b: 1}, c: [1, 2]} → [["a.b", 1], ["c", [1, 2]]]: a summary's nested dicts as one key a row.
+function flatten(obj, prefix = "") {
+  return Object.entries(obj).flatMap(([k, v]) =>
+    v && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length
+      ? flatten(v, `${prefix}${k}.`)
+      : [[`${prefix}${k}`, v]],
+  );
+}
+
+// Whether a scrolled box shows its end (then new lines keep it there).
+function nearBottom(box) {
+  return box.scrollTop + box.clientHeight >= box.scrollHeight - 8;
+}
