@@ -4,6 +4,8 @@ cli/serve.py); nothing heavy imported, so a worker does not pull in the store.""
 
 from __future__ import annotations
 
+import ipaddress
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # always open: probes carry no key
 # the schema, its pages and Prometheus' text: with a key, unless opened (GPUFORGE_PUBLIC_METRICS=true)
@@ -21,7 +23,14 @@ def is_page_path(path: str) -> bool:
 
 
 def is_loopback(host: str) -> bool:
-    return host in LOOPBACK or host.startswith("127.")
+    """An address, or `localhost`, that only this machine reaches (not a name that merely starts with
+    127., which DNS may send anywhere)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def presented_key(authorization: str | None, x_api_key: str | None) -> str | None:

@@ -21,6 +21,8 @@ QUIET_ENV = {
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "HF_HUB_VERBOSITY": "error",
     "MLFLOW_LOGGING_LEVEL": "WARNING",  # mlflow sets its logger's level from this on import (tracking:)
+    "MLFLOW_DISABLE_TELEMETRY": "true",  # mlflow 3 reports usage to its makers unless told not to
+    "DO_NOT_TRACK": "true",
 }
 # loggers of the libraries gpuforge loads; their errors still show
 THIRD_PARTY_LOGGERS = (

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
+from array import array
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -119,11 +121,14 @@ def read_report(run_dir: Path) -> dict[str, Any] | None:
 
 
 class _Columns:
-    """A metrics file read so far: each numeric metric as (steps, values), and where reading stopped."""
+    """A metrics file read so far: each numeric metric as (steps, values) in compact arrays (8 bytes a
+    number, not a Python float's 24 and its pointer), and where reading stopped. Its own lock: a long
+    first read of one run holds up no other run's."""
 
     def __init__(self, identity: tuple[int, int]):
         self.identity, self.offset, self.records = identity, 0, 0
-        self.metrics: dict[str, tuple[list[int], list[float]]] = {}
+        self.metrics: dict[str, tuple[array, array]] = {}
+        self.lock = threading.Lock()
 
     def add(self, record: dict[str, Any]) -> None:
         step = record.get("step")
@@ -135,70 +140,74 @@ class _Columns:
                 continue
             if not math.isfinite(value):
                 continue
-            steps, values = self.metrics.setdefault(name, ([], []))
+            steps, values = self.metrics.setdefault(name, (array("q"), array("d")))
             steps.append(step)
             values.append(float(value))
 
-
-_CACHE_SIZE = 64  # runs whose columns stay parsed: a page polled every 2 s reads only what was appended
-_cache: OrderedDict[Path, _Columns] = OrderedDict()
-_cache_lock = threading.Lock()
-
-
-def _columns(path: Path) -> _Columns | None:
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        return None
-    identity = (stat.st_dev, stat.st_ino)
-    with _cache_lock:
-        columns = _cache.get(path)
-        if columns is None or columns.identity != identity or stat.st_size < columns.offset:
-            columns = _Columns(identity)  # new, or replaced by a trim: from the top
-        _cache[path] = columns
-        _cache.move_to_end(path)
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+    def read_on(self, f) -> None:
+        """Read the open file `f` from where reading stopped, a chunk at a time, to its last whole line."""
         while True:
-            lines, end = read_lines(path, columns.offset, READ_CHUNK)
-            for line in lines:
+            f.seek(self.offset)
+            chunk = f.read(READ_CHUNK)
+            end = chunk.rfind(b"\n") + 1
+            if end == 0:
+                return  # nothing new, or a line longer than a chunk (left alone, as metrics_page does)
+            for line in chunk[:end].split(b"\n")[:-1]:
                 if (record := json_line(line)) is not None:
-                    columns.add(record)
-            if end == columns.offset:
-                return columns
-            columns.offset = end
+                    self.add(record)
+            self.offset += end
+
+
+_CACHE_SIZE = 16  # runs whose columns stay parsed: a page polled every 2 s reads only what was appended
+_cache: OrderedDict[Path, _Columns] = OrderedDict()
+_cache_lock = threading.Lock()  # the table alone; each entry has its own
 
 
 def series(path: Path, max_points: int) -> dict[str, Any]:
     """The metrics file as one series a metric ({step: [...], value: [...]}), each at most `max_points`
-    long: past that, the steps are cut into max_points/2 buckets and each keeps its min and its max (in
-    step order), so that a spike is never averaged away."""
-    columns = _columns(path)
-    if columns is None:
+    long: past that, the steps are cut into buckets and each keeps its min and its max (in step order),
+    so that a spike is never averaged away."""
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
         return {"records": 0, "metrics": {}}
-    with _cache_lock:
-        return {
-            "records": columns.records,
-            "metrics": {
-                name: downsample(steps, values, max_points)
-                for name, (steps, values) in columns.metrics.items()
-            },
-        }
+    with f:
+        stat = os.fstat(f.fileno())  # the file read below, even if the runner replaces the path meanwhile
+        identity = (stat.st_dev, stat.st_ino)
+        with _cache_lock:
+            columns = _cache.get(path)
+            if columns is None or columns.identity != identity or stat.st_size < columns.offset:
+                columns = _Columns(identity)  # new, or replaced by a trim: from the top
+                _cache[path] = columns
+            _cache.move_to_end(path)
+            while len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+        with columns.lock:
+            columns.read_on(f)
+            return {
+                "records": columns.records,
+                "metrics": {
+                    name: downsample(steps, values, max_points)
+                    for name, (steps, values) in columns.metrics.items()
+                },
+            }
 
 
-def downsample(steps: list[int], values: list[float], max_points: int) -> dict[str, list]:
+def downsample(steps, values, max_points: int) -> dict[str, list]:
     """At most `max_points` points of (steps, values): the first and the last, and between them the min
     and the max of each of (max_points - 2) / 2 buckets, in step order."""
     n = len(steps)
     if n <= max_points:
         return {"step": list(steps), "value": list(values)}
+    import numpy as np  # here: only a long run's chart pays for it
+
+    v = np.asarray(values, dtype=np.float64)
     buckets = max(1, (max_points - 2) // 2)
+    edges = 1 + (np.arange(buckets + 1) * (n - 2)) // buckets
     kept = {0, n - 1}
-    for b in range(buckets):
-        lo, hi = 1 + b * (n - 2) // buckets, 1 + (b + 1) * (n - 2) // buckets
+    for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
         if lo < hi:
-            window = range(lo, hi)
-            kept.add(min(window, key=values.__getitem__))
-            kept.add(max(window, key=values.__getitem__))
+            window = v[lo:hi]
+            kept.update((lo + int(window.argmin()), lo + int(window.argmax())))
     order = sorted(kept)
     return {"step": [steps[i] for i in order], "value": [values[i] for i in order]}

@@ -23,7 +23,7 @@ def runs(tmp_path_factory):
 
 
 def test_runs_are_listed_by_start_with_their_figures(runs):
-    client = TestClient(create_local_app(runs))
+    client = TestClient(create_local_app(runs), base_url="http://127.0.0.1")
     assert client.get("/api/v1/whoami").json() == {"name": "local", "admin": True, "read_only": True}
     listed = client.get("/api/v1/jobs")
     assert listed.headers["X-Total-Count"] == "2"
@@ -33,12 +33,14 @@ def test_runs_are_listed_by_start_with_their_figures(runs):
     assert oldest["loss"] > 0 and oldest["started_at"] and oldest["finished_at"]
     assert client.get("/api/v1/jobs", params={"state": "failed"}).json() == []
     # the same run directory served alone
-    alone = TestClient(create_local_app(runs / "lr-0.03")).get("/api/v1/jobs").json()
+    alone = (
+        TestClient(create_local_app(runs / "lr-0.03"), base_url="http://localhost").get("/api/v1/jobs").json()
+    )
     assert [j["name"] for j in alone] == ["lr-0.03"]
 
 
 def test_a_runs_pages_data_and_a_comparison(runs):
-    client = TestClient(create_local_app(runs))
+    client = TestClient(create_local_app(runs), base_url="http://127.0.0.1")
     assert client.get("/api/v1/jobs/1/series").json()["metrics"]["loss"]["step"] == list(range(1, 9))
     kinds = [e["kind"] for e in client.get("/api/v1/jobs/1/events").json()]
     assert kinds[0] == "started" and kinds[-1] == "finished"
@@ -53,15 +55,38 @@ def test_a_runs_pages_data_and_a_comparison(runs):
     assert client.get("/").status_code == 200 and client.get("/jobs/1").status_code == 200
 
 
+def test_its_api_wants_the_key_it_was_given_and_a_loopback_host(runs):
+    client = TestClient(create_local_app(runs, key="gfd_k"), base_url="http://127.0.0.1:8700")
+    assert client.get("/api/v1/jobs").status_code == 401
+    assert client.get("/api/v1/jobs", headers={"Authorization": "Bearer gfd_wrong"}).status_code == 401
+    assert client.get("/api/v1/jobs", headers={"Authorization": "Bearer gfd_k"}).status_code == 200
+    assert client.get("/").status_code == 200  # the page, which asks for the key
+    rebound = TestClient(create_local_app(runs, key="gfd_k"), base_url="http://attacker.example")
+    assert rebound.get("/api/v1/jobs", headers={"Authorization": "Bearer gfd_k"}).status_code == 400
+
+
+def test_a_run_with_a_file_linked_outside_is_left_out(runs, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password")
+    linked = runs.parent / "linked"
+    (linked / "runs" / "ok").mkdir(parents=True)
+    (linked / "runs" / "ok" / "spec.yaml").write_text("name: ok\n")
+    (linked / "runs" / "bad").mkdir()
+    (linked / "runs" / "bad" / "spec.yaml").symlink_to(secret)
+    jobs = TestClient(create_local_app(linked), base_url="http://127.0.0.1").get("/api/v1/jobs").json()
+    assert [j["name"] for j in jobs] == ["ok"]
+
+
 def test_it_changes_nothing(runs):
-    client = TestClient(create_local_app(runs))
+    client = TestClient(create_local_app(runs), base_url="http://127.0.0.1")
     assert client.post("/api/v1/jobs", json={"spec": "name: x"}).status_code == 405
     assert client.post("/api/v1/jobs/1/cancel").status_code == 404
     assert client.get("/api/v1/devices").status_code == 404
 
 
 def test_it_listens_on_loopback_only(tmp_path):
-    refused = run_cli("dashboard", str(tmp_path), "--host", "0.0.0.0")
-    assert refused.returncode == 2 and "loopback only" in refused.stderr
+    for host in ("0.0.0.0", "127.evil.example"):  # not a name that merely starts like loopback
+        refused = run_cli("dashboard", str(tmp_path), "--host", host)
+        assert refused.returncode == 2 and "a loopback address" in refused.stderr
     missing = run_cli("dashboard", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "no such directory" in missing.stderr

@@ -96,11 +96,23 @@ def test_a_jobs_spec_series_and_report(served):
     values = [r["loss"] for r in records]
     assert max(values) in loss["value"] and min(values) in loss["value"]  # extremes are never averaged away
 
+    again = http.get(f"/api/v1/jobs/{ids[0]}/series", headers={"If-None-Match": small_tag(http, ids[0])})
+    assert again.status_code == 304 and again.content == b""  # a poll of a run with nothing new
+    big = httpx.get(
+        f"{server.url}/api/v1/jobs/{ids[0]}/series",
+        headers={**http.headers, "Accept-Encoding": "gzip"},
+    )
+    assert big.headers["content-encoding"] == "gzip" and big.json() == whole
+
     assert http.get(f"/api/v1/jobs/{ids[0]}/report").status_code == 404
     report = http.get(f"/api/v1/jobs/{ids[1]}/report").json()
     assert [v["name"] for v in report["variants"]][0] == "original" and len(report["variants"]) == 2
     for path in ("spec", "series", "report"):  # another key's job does not exist for bob
         assert _as(server, user).get(f"/api/v1/jobs/{ids[1]}/{path}").status_code == 404
+
+
+def small_tag(http, job_id) -> str:
+    return http.get(f"/api/v1/jobs/{job_id}/series", params={"max_points": 1000}).headers["ETag"]
 
 
 def _run_dir(http, job_id) -> str:

@@ -250,16 +250,26 @@ def hw() -> None:
 def dashboard(
     runs_dir: Annotated[Path, typer.Argument(help="a run directory, or a folder of them (e.g. runs/)")],
     port: Annotated[int, typer.Option(help="the loopback port to listen on")] = 8700,
-    host: Annotated[str, typer.Option(help="loopback only: the runs are served without a key")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="a loopback address: the dashboard is for this machine")] = (
+        "127.0.0.1"
+    ),
 ) -> None:
-    """Serve the web dashboard's job, compare and report pages over local run directories, read-only."""
+    """Serve the web dashboard's job, compare and report pages over local run directories, read-only. It
+    prints the key to sign in with, made at each start (others on this machine reach loopback too)."""
+    import secrets
+
     from gpuforge.access import is_loopback
     from gpuforge.dashboard.local import create_local_app, find_runs
 
     if not is_loopback(host):
-        raise GpuforgeError(f"--host {host}: the dashboard asks for no key, so it listens on loopback only")
+        raise GpuforgeError(
+            f"--host {host}: the dashboard serves your runs to this machine only: a loopback address"
+        )
     if not runs_dir.is_dir():
         raise GpuforgeError(f"{runs_dir}: no such directory")
+    key = "gfd_" + secrets.token_urlsafe(24)
     found = len(find_runs(runs_dir.resolve()))
+    out_console.print(f"sign in with the key {key} (it opens these runs, read-only, until this stops)",
+                      highlight=False, markup=False, soft_wrap=True)  # fmt: skip
     what = f"{found} run{'s' if found != 1 else ''} under {runs_dir.resolve()}"
-    run_announced(create_local_app(runs_dir), "dashboard", host, port, what)
+    run_announced(create_local_app(runs_dir, key), "dashboard", host, port, what)

@@ -3,43 +3,62 @@ read-only, with no server and no store, for a user who only runs `gpuforge train
 
 It answers the same /api/v1 read routes as the server, for the runs it finds: RUNS_DIR itself when it is
 a run directory, else each run directory in it or one level further down (a server home's runs/). Each run
-gets an id by its start time, oldest first. It listens on loopback only and asks for no key: it changes
-nothing, and reads nothing outside the runs it lists.
+gets an id by its start time, oldest first. It changes nothing, and reads nothing outside RUNS_DIR (a run
+with a file linked outside is left out). It listens on loopback only, answers only requests addressed to a
+loopback name (a web page that rebinds its own name to 127.0.0.1 gets nothing), and its API asks for a key
+made at each start: other users of a shared machine reach loopback too.
 """
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from hmac import compare_digest
 from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from fastapi import FastAPI, HTTPException, Query, Response, status
+from fastapi import FastAPI, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
+from fastapi.middleware.trustedhost import TrustedHostMiddleware
+from fastapi.responses import JSONResponse
 
+from gpuforge.access import presented_key
 from gpuforge.dashboard.compare import finals, parse_ids, spec_diff
 from gpuforge.dashboard.pages import add_pages
 from gpuforge.run_files import events_page, last_record, log_tail, metrics_page, read_report, series
 from gpuforge.runs import RunDir
 
 RUN_FILES = ("spec.yaml", "events.jsonl", "metrics.jsonl")
+READ = (*RUN_FILES, "summary.json", "logs", "logs/process.log", "compressed", "compressed/report.json")
+LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
 ENDED = {"finished", "failed", "cancelled", "paused"}
 QUIET_S = 600.0  # a run not written for this long, with no end recorded, is no longer said to run
 MAX_RUNS = 10_000
+UNAUTHORIZED = "missing or wrong key: the one `gpuforge dashboard` printed when it started"
 JobId = Annotated[int, PathParam(ge=1, le=MAX_RUNS, description="a run's id")]
 
 
 def find_runs(root: Path) -> list[Path]:
     """The run directories under `root` (itself, its folders, or theirs), oldest start first."""
     if _is_run(root):
-        return [root]
+        return [root] if _all_inside(root, root.resolve()) else []
     found: list[Path] = []
     for child in _folders(root):
         found += [child] if _is_run(child) else [g for g in _folders(child) if _is_run(g)]
         if len(found) >= MAX_RUNS:
             break
-    return sorted(found[:MAX_RUNS], key=lambda run: (_started(run), run.name))
+    inside = [run for run in found[:MAX_RUNS] if _all_inside(run, root.resolve())]
+    return sorted(inside, key=lambda run: (_started(run), run.name))
+
+
+def _all_inside(run: Path, root: Path) -> bool:
+    """Whether every file the app reads of `run` lies inside `root` once links are followed."""
+    for name in READ:
+        path = run / name
+        if (path.exists() or path.is_symlink()) and not path.resolve().is_relative_to(root):
+            return False
+    return True
 
 
 def _folders(path: Path) -> list[Path]:
@@ -123,10 +142,20 @@ def _spec(run: Path) -> dict[str, Any]:
     return spec if isinstance(spec, dict) else {}
 
 
-def create_local_app(root: Path) -> FastAPI:
-    """The read-only dashboard over the runs under `root` (found again at each list)."""
+def create_local_app(root: Path, key: str | None = None) -> FastAPI:
+    """The read-only dashboard over the runs under `root` (found again at each request); with `key`, its
+    API answers only requests that present it (`Authorization: Bearer`), as the server's does."""
     root = Path(root).resolve()
     app = FastAPI(title="gpuforge dashboard", version="0.1.0", docs_url=None, redoc_url=None)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_NAMES)
+    if key is not None:
+
+        @app.middleware("http")
+        async def require_key(request: Request, call_next):
+            given = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
+            if request.url.path.startswith("/api/") and not (given and compare_digest(given, key)):
+                return JSONResponse({"detail": UNAUTHORIZED}, 401, headers={"WWW-Authenticate": "Bearer"})
+            return await call_next(request)
 
     def runs() -> list[Path]:
         return find_runs(root)

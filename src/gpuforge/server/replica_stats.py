@@ -1,6 +1,6 @@
 """A deployment's replicas as the dashboard shows them, from each replica's own Prometheus text: requests
-per second, p50/p99 latency and refusals since the server last looked (the whole life of the replica on a
-first look), and requests in flight.
+per second, p50/p99 latency and refusals over a window from a kept reading to now (the route keeps a
+reading until it is STATS_WINDOW_S old; the replica's whole life on a first look), and requests in flight.
 
 The latency histogram's buckets give the quantiles, interpolated within a bucket as Prometheus'
 histogram_quantile does; a quantile past the last finite bucket is that bucket's bound.
@@ -63,9 +63,18 @@ def quantile(q: float, buckets: dict[float, float]) -> float | None:
     return lower
 
 
+def restarted(now: Reading, before: Reading) -> bool:
+    """Whether the replica's counters began again since `before` (any of them went down)."""
+    return (
+        now.count < before.count
+        or now.rejected < before.rejected
+        or any(now.buckets.get(b, 0.0) < count for b, count in before.buckets.items())
+    )
+
+
 def replica_figures(now: Reading, before: Reading | None) -> dict[str, float | None]:
     """Requests/s, p50/p99 in ms and refusals over the time since `before` (or over the replica's life)."""
-    if before is not None and now.count >= before.count and now.at > before.at:
+    if before is not None and now.at > before.at and not restarted(now, before):
         window = {b: now.buckets.get(b, 0.0) - before.buckets.get(b, 0.0) for b in now.buckets}
         count, seconds = now.count - before.count, now.at - before.at
         refused = now.rejected - before.rejected

@@ -208,10 +208,12 @@ class DeploymentPublic(BaseModel):
 class ReplicaStats(BaseModel):
     index: int
     ready: bool
-    requests_per_s: float | None = Field(None, description="since the server last looked (null at first)")
+    requests_per_s: float | None = Field(
+        None, description="over the last 10 s or so (null at the first look)"
+    )
     p50_ms: float | None = None
     p99_ms: float | None = None
-    refused: float | None = Field(None, description="requests the replica refused since the last look")
+    refused: float | None = Field(None, description="requests refused in that window")
     in_flight: float | None = None
 
 

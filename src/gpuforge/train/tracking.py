@@ -311,6 +311,8 @@ class Mlflow(Tracker, _Once):
         """A server's job writes its artifacts inside the data roots too: an experiment made beforehand
         (a store the job brought along) may put them anywhere."""
         policy = current_policy()
+        if policy.roots is None or policy.user_code:
+            return  # a person's own run, or an admin's job: MLflow is theirs (admission.py)
         local = mlflow_local_path(artifact_uri)
         if local is not None:
             policy.check_path("tracking.mlflow.uri: the experiment's artifact location", local)

@@ -55,7 +55,8 @@ export async function render(root, { params }) {
       el(
         "tbody",
         {},
-        days.map((day) =>
+        // newest first: today's spend is what a reader looks for (the chart keeps time left to right)
+        [...days].reverse().map((day) =>
           el(
             "tr",
             { "data-day": day },

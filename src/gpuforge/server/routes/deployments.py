@@ -27,7 +27,7 @@ from gpuforge.artifact.manifest import MANIFEST, ArtifactError, read_manifest
 from gpuforge.scheduler.worker_keys import replicas_key, worker_key
 from gpuforge.server.auth import Key
 from gpuforge.server.refusals import quota_refusal
-from gpuforge.server.replica_stats import read_metrics, replica_figures
+from gpuforge.server.replica_stats import read_metrics, replica_figures, restarted
 from gpuforge.server.schemas import DeploymentCreate, DeploymentPublic, DeploymentStats, ReplicaStats
 from gpuforge.store import states
 from gpuforge.store.db import session
@@ -46,6 +46,7 @@ from gpuforge.store.quotas import check_deployment
 router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"])
 Name = Annotated[str, PathParam(max_length=100, description="the deployment's name")]
 FORWARDED_HEADERS = ("content-type", "retry-after")
+STATS_WINDOW_S = 10.0  # the stats' figures cover at least this long (after the first look)
 _turns = itertools.count()  # breaks ties between equally loaded replicas: round-robin
 
 
@@ -199,8 +200,8 @@ async def predict(name: Name, request: Request, key: Key) -> Response:
 
 @router.get("/{name}/stats", response_model=DeploymentStats)
 async def deployment_stats(name: Name, request: Request, key: Key) -> DeploymentStats:
-    """Each replica's requests/s, p50/p99 latency (ms) and refusals since the last look at it (over its
-    whole life at the first look), read from the replica's own /metrics."""
+    """Each replica's requests/s, p50/p99 latency (ms) and refusals over the last STATS_WINDOW_S or so
+    (over its whole life at the first look), read from the replica's own /metrics."""
     with session(request.app.state.engine) as s:
         deployment = _owned(s, key, name)
         workers = list(deployment.workers or [])
@@ -219,8 +220,10 @@ async def deployment_stats(name: Name, request: Request, key: Key) -> Deployment
                 answer.raise_for_status()
                 now = read_metrics(answer.text)
                 slot = (name, worker["index"])
-                figures = replica_figures(now, readings.get(slot))
-                readings[slot] = now
+                before = readings.get(slot)
+                figures = replica_figures(now, before)
+                if before is None or now.at - before.at >= STATS_WINDOW_S or restarted(now, before):
+                    readings[slot] = now  # else the window grows: a 2 s poll is too short a window
             except (httpx.HTTPError, ValueError):  # a replica restarting: no figures this time
                 figures = {}
         replicas.append(ReplicaStats(index=worker["index"], ready=bool(worker.get("ready")), **figures))

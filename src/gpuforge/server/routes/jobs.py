@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import yaml
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
@@ -344,18 +344,27 @@ def job_spec(job_id: JobId, request: Request, key: Key) -> JobSpecPublic:
     return JobSpecPublic(yaml=text, spec=yaml.safe_load(text) or {})
 
 
-@router.get("/{job_id}/series", response_model=Series)
+@router.get("/{job_id}/series", response_model=Series, responses={304: {"description": "unchanged"}})
 def job_series(
     job_id: JobId,
     request: Request,
     key: Key,
     max_points: Annotated[int, Query(ge=10, le=20_000, description="points a metric at most")] = 1000,
-) -> dict[str, Any]:
+) -> Response:
     """The job's metrics as one series a metric, for charts: a long run is downsampled here (the min and
-    max of each bucket of steps), never sent whole."""
+    max of each bucket of steps), never sent whole. With an ETag: a page polling a run that has logged
+    nothing new gets 304 and no body."""
     with session(request.app.state.engine) as s:
-        run_dir = Path(_visible(s, key, job_id).run_dir)
-    return series(run_dir / "metrics.jsonl", max_points)
+        path = Path(_visible(s, key, job_id).run_dir) / "metrics.jsonl"
+    try:
+        stat = path.stat()
+        tag = f'W/"{stat.st_ino:x}-{stat.st_size:x}-{stat.st_mtime_ns:x}-{max_points}"'
+    except FileNotFoundError:
+        tag = f'W/"none-{max_points}"'
+    headers = {"ETag": tag, "Cache-Control": "private, no-cache"}  # the browser asks again each time
+    if request.headers.get("if-none-match") == tag:
+        return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
+    return JSONResponse(series(path, max_points), headers=headers)
 
 
 @router.get("/{job_id}/report", response_model=dict[str, Any])

@@ -22,6 +22,7 @@ from gpuforge.store.models import LIVE_DEPLOYMENT_STATES, Deployment, Device, Jo
 router = APIRouter(prefix="/api/v1", tags=["overview"])
 HOUR = timedelta(hours=1)
 MAX_COST_DAYS = 366
+FIRST_DAY, LAST_DAY = date(2000, 1, 1), date(2999, 12, 31)  # dates a job can have run on
 
 
 @router.get("/whoami", response_model=WhoAmI)
@@ -131,8 +132,12 @@ def devices(request: Request, key: Key) -> list[dict[str, Any]]:
 def costs(
     request: Request,
     key: Key,
-    since: Annotated[date | None, Query(description="first day (UTC); default: 30 days ago")] = None,
-    until: Annotated[date | None, Query(description="last day (UTC), included; default: today")] = None,
+    since: Annotated[
+        date | None, Query(ge=FIRST_DAY, le=LAST_DAY, description="first day (UTC); default: 30 days ago")
+    ] = None,
+    until: Annotated[
+        date | None, Query(ge=FIRST_DAY, le=LAST_DAY, description="last day (UTC), included; default: today")
+    ] = None,
 ) -> dict[str, Any]:
     """Spend per key per day: your own, or every key's with an admin key. A job's cost is spread over the
     days it ran in proportion to its time in each (its figures, not a ledger: paused time counts as run)."""
