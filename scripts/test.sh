@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh), lint, then run the test suite. Extra arguments go to pytest.
+# Set up (scripts/setup.sh, and Chromium for the browser tests: scripts/browser.sh), lint, then run the test
+# suite. Extra arguments go to pytest.
 # The store's tests run on SQLite and on the PostgreSQL server GPUFORGE_TEST_POSTGRES_URL names. When it is
 # unset and PostgreSQL's server binaries are installed, a throwaway server is started (scripts/postgres.sh;
 # it installs nothing from here); without one those cases are skipped. GPUFORGE_TEST_POSTGRES_URL= (set,
@@ -8,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+if ! bash scripts/browser.sh; then  # Chromium for tests/dashboard/ (as root, with apt-get)
+  echo "test.sh: no Chromium; the dashboard's browser tests will be skipped" >&2
+fi
 if [ -z "${GPUFORGE_TEST_POSTGRES_URL+set}" ] \
   && { compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || [ -n "${PG_BIN:-}" ] || command -v initdb >/dev/null; }; then
   if url=$(bash scripts/postgres.sh); then
