@@ -1,4 +1,4 @@
-"""The dashboard's browser tests: one Chromium a session, one gpuforge server a module, one page (in a
+"""The dashboard's browser tests: one Chromium and one gpuforge server a module, one page (in a
 context of its own) a test; a failed test leaves `failure.png`, the page as it was, in its tmp_path."""
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from tests.helpers.browser import launch, new_page, require_browser
 from tests.helpers.paths import TEST_MODELS
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator:
+    """Chromium for one module's tests. Not for the session: Playwright's sync API runs an event loop in
+    this thread while it is started, and every later test that calls asyncio.run would fail."""
     require_browser()
     from playwright.sync_api import sync_playwright
 

@@ -103,13 +103,44 @@ class Ranks:
 
 
 def leave_process_group(peers_done: bool = True) -> None:
-    """Tear this process's group down, every gloo process the same way (product and tests). With
-    `peers_done` (every rank got this far), a barrier first: a gloo peer that closes its pairs while
-    another still uses them aborts that one ("terminate called without an active exception")."""
+    """Tear this process's group down, every gloo process the same way (product and tests). A gloo peer
+    that closes its pairs while another still uses them aborts that one ("terminate called without an
+    active exception"), and a barrier alone does not prevent it: it returns on one rank while a peer may
+    still be finishing it. So with `peers_done` (every rank got this far): a barrier, then every rank but 0
+    leaves and says so in the group's store (a connection apart from gloo's pairs), and rank 0, which holds
+    the store, leaves last, once all have said so (or after LEAVE_WAIT)."""
     if not (dist.is_available() and dist.is_initialized()):  # without distributed, no is_initialized
         return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = _default_store() if peers_done and world > 1 else None
     try:
         if peers_done:
             dist.barrier()
+            if store is not None and rank == 0:
+                _wait_for_the_others(store, world)
     finally:
         dist.destroy_process_group()
+    if store is not None and rank != 0:
+        try:
+            store.set(f"{LEFT_KEY}/{rank}", "1")
+        except Exception:  # rank 0 went already (its wait ran out): nothing left to tell
+            pass
+
+
+def _wait_for_the_others(store, world: int) -> None:
+    try:
+        store.wait([f"{LEFT_KEY}/{r}" for r in range(1, world)], LEAVE_WAIT)
+    except Exception:  # one of them died on its way out, or is slow: rank 0 leaves all the same
+        pass
+
+
+LEFT_KEY = "gpuforge/left"  # in the group's store: this rank has left the group
+LEAVE_WAIT = datetime.timedelta(seconds=30)
+
+
+def _default_store():
+    """The store the default group rendezvoused through; None where torch does not say."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None
