@@ -35,6 +35,7 @@ LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
 ENDED = {"finished", "failed", "cancelled", "paused"}
 QUIET_S = 600.0  # a run not written for this long, with no end recorded, is no longer said to run
 MAX_RUNS = 10_000
+INT32 = 2**31 - 1
 UNAUTHORIZED = "missing or wrong key: the one `gpuforge dashboard` printed when it started"
 JobId = Annotated[int, PathParam(ge=1, le=MAX_RUNS, description="a run's id")]
 
@@ -175,7 +176,7 @@ def create_local_app(root: Path, key: str | None = None) -> FastAPI:
         response: Response,
         state: Annotated[str | None, Query(max_length=20)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_RUNS)] = 0,
     ) -> list[dict[str, Any]]:
         newest_first = list(reversed(list(enumerate(runs(), start=1))))
         if not state:  # only the page's runs are read
@@ -202,7 +203,7 @@ def create_local_app(root: Path, key: str | None = None) -> FastAPI:
     @app.get("/api/v1/jobs/{job_id}/metrics")
     def job_metrics(
         job_id: JobId,
-        after_step: Annotated[int, Query(ge=-1)] = -1,
+        after_step: Annotated[int, Query(ge=-1, le=INT32)] = -1,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> list[dict[str, Any]]:
         return metrics_page(run_of(job_id) / "metrics.jsonl", after_step, limit)
@@ -210,7 +211,7 @@ def create_local_app(root: Path, key: str | None = None) -> FastAPI:
     @app.get("/api/v1/jobs/{job_id}/events")
     def job_events(
         job_id: JobId,
-        after: Annotated[int, Query(ge=-1)] = -1,
+        after: Annotated[int, Query(ge=-1, le=INT32)] = -1,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> list[dict[str, Any]]:
         return events_page(run_of(job_id) / "events.jsonl", after, limit)
