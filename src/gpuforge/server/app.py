@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 from fastapi import FastAPI, HTTPException, Request, status
-from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, Gauge, Summary, generate_latest
 from sqlalchemy import func, select, text
@@ -35,7 +34,6 @@ from gpuforge.store.models import Device, Job, JobState
 
 log = logging.getLogger("gpuforge.server")
 UPLOADS_PREFIX = uploads.router.prefix + "/"
-GZIP_MIN_BYTES = 8 * 1024
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -75,8 +73,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(routes.router)
     add_pages(app)
 
-    # large answers only (a chart's series, a page of jobs): small ones are not worth the CPU
-    app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES)
     app.add_middleware(
         RefuseLargeBodies, limit=settings.max_request_bytes, upload_limit=settings.max_body_bytes
     )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
@@ -42,6 +44,7 @@ from gpuforge.store.quotas import INT32, check_job
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 JobId = Annotated[int, PathParam(ge=1, le=INT32, description="the job's id")]
 MAX_SPEC_BYTES = 256 * 2**10  # a spec is a page of YAML; its data travel as uploads
+GZIP_MIN_BYTES = 8 * 2**10  # a chart's series past this is sent gzipped (numbers compress ~2.5x)
 
 
 class _NoAliases(yaml.SafeLoader):
@@ -361,10 +364,15 @@ def job_series(
         tag = f'W/"{stat.st_ino:x}-{stat.st_size:x}-{stat.st_mtime_ns:x}-{max_points}"'
     except FileNotFoundError:
         tag = f'W/"none-{max_points}"'
-    headers = {"ETag": tag, "Cache-Control": "private, no-cache"}  # the browser asks again each time
+    # the browser asks again each time; the answer depends on how it may be encoded
+    headers = {"ETag": tag, "Cache-Control": "private, no-cache", "Vary": "Accept-Encoding"}
     if request.headers.get("if-none-match") == tag:
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
-    return JSONResponse(series(path, max_points), headers=headers)
+    body = json.dumps(series(path, max_points), separators=(",", ":")).encode()
+    if len(body) > GZIP_MIN_BYTES and "gzip" in request.headers.get("accept-encoding", ""):
+        # gzipped here, not by a middleware: that would wrap every request of the API, hot reads too
+        body, headers["Content-Encoding"] = gzip.compress(body, compresslevel=5), "gzip"
+    return Response(body, media_type="application/json", headers=headers)
 
 
 @router.get("/{job_id}/report", response_model=dict[str, Any])
