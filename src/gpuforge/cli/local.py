@@ -273,3 +273,81 @@ def dashboard(
                       highlight=False, markup=False, soft_wrap=True)  # fmt: skip
     what = f"{found} run{'s' if found != 1 else ''} under {runs_dir.resolve()}"
     run_announced(create_local_app(runs_dir, key), "dashboard", host, port, what)
+
+
+prices_app = typer.Typer(
+    no_args_is_help=True,
+    help="What each device costs an hour ($GPUFORGE_HOME/prices.yaml): the server prices jobs with it.",
+)
+app.add_typer(prices_app, name="prices")
+
+
+@prices_app.command("list")
+def prices_list(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Each priced device (a name as the server lists it, or a kind: cuda, cpu), its hourly cost and parts."""
+    import json
+
+    from gpuforge.prices import load_prices, prices_path
+    from gpuforge.settings import current
+
+    path = prices_path(current().home)
+    prices = load_prices(path)
+    if as_json:
+        shown = {n: {"usd_per_hour": p.hourly(), "parts": p.parts(), **p.model_dump(exclude_none=True)}
+                 for n, p in prices.items()}  # fmt: skip
+        out_console.print(json.dumps(shown), highlight=False, soft_wrap=True, markup=False)
+        return
+    if not prices:
+        out_console.print(f"no prices in {path}: jobs cost what their spec says (cost.usd_per_hour)")
+        return
+    table = Table("device", "$/hour", "parts")
+    for name, price in prices.items():
+        parts = ", ".join(f"{part} ${usd:.4f}" for part, usd in price.parts().items())
+        table.add_row(name, f"{price.hourly():.4f}", parts)
+    out_console.print(table)
+
+
+@prices_app.command("set")
+def prices_set(
+    device: Annotated[str, typer.Argument(help="a device name as the server lists it, or cuda / cpu")],
+    usd_per_hour: Annotated[float | None, typer.Option(help="a rented device: its price an hour")] = None,
+    purchase_usd: Annotated[float | None, typer.Option(help="an owned device: what it cost")] = None,
+    years: Annotated[float | None, typer.Option(help="years it is written off over")] = None,
+    watts: Annotated[float | None, typer.Option(help="power it draws under load")] = None,
+    usd_per_kwh: Annotated[float | None, typer.Option(help="what the power costs")] = None,
+    utilisation: Annotated[float, typer.Option(help="share of the year it does work")] = 1.0,
+) -> None:
+    """Price a device: an hourly price, or what an owned one costs (its hourly cost is computed)."""
+    from pydantic import ValidationError
+
+    from gpuforge.prices import DevicePrice, load_prices, prices_path, save_prices
+    from gpuforge.settings import current
+    from gpuforge.spec import format_validation_error
+
+    given = {"usd_per_hour": usd_per_hour, "purchase_usd": purchase_usd, "years": years, "watts": watts,
+             "usd_per_kwh": usd_per_kwh}  # fmt: skip
+    try:
+        price = DevicePrice(**{k: v for k, v in given.items() if v is not None}, utilisation=utilisation)
+    except ValidationError as err:
+        raise GpuforgeError(format_validation_error(err)) from None
+    path = prices_path(current().home)
+    prices = load_prices(path)
+    prices[device] = price
+    save_prices(path, prices)
+    parts = ", ".join(f"{part} ${usd:.4f}" for part, usd in price.parts().items())
+    out_console.print(f"{device}: ${price.hourly():.4f} an hour ({parts}) in {path}", highlight=False)
+
+
+@prices_app.command("remove")
+def prices_remove(device: Annotated[str, typer.Argument(help="the priced device")]) -> None:
+    """Price a device no more."""
+    from gpuforge.prices import load_prices, prices_path, save_prices
+    from gpuforge.settings import current
+
+    path = prices_path(current().home)
+    prices = load_prices(path)
+    if prices.pop(device, None) is None:
+        raise GpuforgeError(f"{device}: not in {path}")
+    save_prices(path, prices)

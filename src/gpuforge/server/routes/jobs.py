@@ -18,7 +18,8 @@ from starlette.background import BackgroundTask
 
 from gpuforge.admission import check_spec
 from gpuforge.data.columns import check_columns
-from gpuforge.errors import GpuforgeError, ModelError
+from gpuforge.errors import GpuforgeError, ModelError, SpecError
+from gpuforge.prices import load_prices, price_of, prices_path
 from gpuforge.run_files import log_tail, metrics_page, read_report, series
 from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
@@ -139,6 +140,7 @@ def submit(
             f"{len(have)} ({', '.join(have) or 'none'}"
             + ("; CPU slots are set by GPUFORGE_CPU_SLOTS)" if device_type == "cpu" else ")"),
         )
+    _fill_price(spec, device_type, request)
     priority = body.priority if body.priority is not None else spec.priority
     job = Job(
         name=body.name or spec.name,
@@ -169,6 +171,24 @@ def submit(
         return _replayed(earlier, job, response)
     _wake(request)
     return job
+
+
+def _fill_price(spec: JobSpec, device_type: str, request: Request) -> None:
+    """cost.usd_per_hour from the server's prices.yaml (one device of the kind the job gets: by its name,
+    else its kind), unless the spec sets it: a job on owned devices costs what they cost, not $0."""
+    if "usd_per_hour" in spec.cost.model_fields_set:
+        return
+    try:
+        prices = load_prices(prices_path(request.app.state.settings.home))
+    except SpecError as err:  # the admin's file, not the user's spec: the server cannot price jobs now
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the server's {err}") from None
+    device = next((d for d in request.app.state.devices if d.kind == device_type), None)
+    found = price_of(prices, device.name, device.kind) if device is not None else None
+    if found is not None:
+        name, price = found
+        spec.cost.usd_per_hour = round(price.hourly(), 6)
+        if spec.cost.instance is None:
+            spec.cost.instance = f"{name} (prices.yaml)"
 
 
 def _earlier(where: Request | Session, key: ApiKey, idempotency_key: str) -> Job | None:
