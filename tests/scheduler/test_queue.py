@@ -81,3 +81,19 @@ def test_max_running_counts_the_jobs_started_in_the_same_plan_and_owners_without
     assert plan.starts == [(1, ["cuda:0"]), (4, ["cuda:1"])]
     assert set(plan.held) == {2, 3}
     assert len(plan_starts(jobs, GPUS, TOTAL, running={7: 1}).starts) == 4  # no limits: none held
+
+
+def test_fair_share_keys_take_turns_the_least_used_first_and_priority_still_rules():
+    a = [QueuedJob(i, 0, "cuda", owner=1) for i in (1, 2, 3)]  # key 1 queued three
+    b = QueuedJob(4, 0, "cuda", owner=2)  # then key 2 one
+    urgent = QueuedJob(5, 9, "cuda", owner=1)
+    assert [j.id for j in queue_order([*a, b])] == [1, 4, 2, 3]  # 2's single job waits one turn, not three
+    # within a turn, the key that used less lately goes first
+    assert [j.id for j in queue_order([*a, b], usage={1: 3600.0, 2: 60.0})] == [4, 1, 2, 3]
+    # a share of 2 halves a key's usage and doubles its turns
+    b2 = QueuedJob(6, 0, "cuda", owner=2)
+    assert [j.id for j in queue_order([*a, b, b2])] == [1, 4, 2, 6, 3]
+    assert [j.id for j in queue_order([*a, b, b2], shares={1: 2.0})] == [1, 4, 2, 3, 6]
+    assert [j.id for j in queue_order([*a, b, urgent], usage={1: 1e9})][0] == 5  # priority first
+    plan = plan_starts([*a, b], {"cuda": ["cuda:0", "cuda:1"]}, TOTAL, usage={1: 3600.0})
+    assert plan.starts == [(4, ["cuda:0"]), (1, ["cuda:1"])]

@@ -38,6 +38,7 @@ from gpuforge.scheduler import deployments
 from gpuforge.scheduler.allocator import DeviceInfo, job_environment
 from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Launched, launch
 from gpuforge.scheduler.queue import HELD, QueuedJob, plan_starts
+from gpuforge.scheduler.usage import recent_usage
 from gpuforge.scheduler.worker_keys import replicas_key
 from gpuforge.settings import as_environment
 from gpuforge.store import states
@@ -209,7 +210,9 @@ class Scheduler:
         columns = (Job.id, Job.priority, Job.device_type, Job.devices_wanted, Job.owner_id)
         queued = [QueuedJob(*row) for row in s.execute(select(*columns).where(Job.state == JobState.QUEUED))]
         owners = Counter(owner for _, owner in running)  # owner -> its jobs running: max_running holds
-        plan = plan_starts(queued, free, total, owners, running_limits(s, {j.owner for j in queued}))
+        limits = running_limits(s, {j.owner for j in queued})
+        usage = recent_usage(s) if len({j.owner for j in queued}) > 1 else None  # fair share: 2+ keys wait
+        plan = plan_starts(queued, free, total, owners, limits, usage)
         for job_id, why in plan.impossible.items():
             states.reject(s, job_id, why)
         for job_id, why in plan.held.items():  # says why it waits (written once, not every tick)

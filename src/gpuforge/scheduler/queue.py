@@ -1,7 +1,10 @@
 """Which queued jobs start now, on which devices: one pure function, so it is fast and easy to test.
 
 Rules:
-- Order: higher priority first, then first submitted first (the job id).
+- Order: higher priority first. Within a priority, fair share between keys: each key's queued jobs take
+  turns (its 1st before anyone's 2nd), and within a turn the key that used the least device-time lately
+  (decayed, `usage`, over its `share`) goes first; then first submitted first (the job id). A key that
+  queued 50 jobs delays another key's single job by one job at most, not 50.
 - Gang: a job starts only when every device it asks for is free, all of its device type.
 - No starvation: the first job of a device type that cannot start holds back every job after it of the
   same type (the devices freed meanwhile wait for it), so a stream of small low-priority jobs can never
@@ -38,8 +41,23 @@ class Plan:
     held: dict[int, str] = field(default_factory=dict)  # job id -> the quota that keeps it queued for now
 
 
-def queue_order(jobs: Iterable[QueuedJob]) -> list[QueuedJob]:
-    return sorted(jobs, key=lambda j: (-j.priority, j.id))
+def queue_order(
+    jobs: Iterable[QueuedJob],
+    usage: dict[int | None, float] | None = None,
+    shares: dict[int | None, float] | None = None,
+) -> list[QueuedJob]:
+    """The order jobs start in (see the module's rules). `usage`: owner -> its device-seconds lately
+    (decayed); `shares`: owner -> its weight (default 1): twice the share, half the weight of its usage
+    and twice the turns."""
+    usage, shares = usage or {}, shares or {}
+    turns: dict[tuple[int, int | None], int] = {}
+    ranked = []
+    for job in sorted(jobs, key=lambda j: (-j.priority, j.id)):
+        share = shares.get(job.owner, 1.0)
+        turn = turns.get((job.priority, job.owner), 0)
+        turns[(job.priority, job.owner)] = turn + 1
+        ranked.append(((-job.priority, turn / share, usage.get(job.owner, 0.0) / share, job.id), job))
+    return [job for _, job in sorted(ranked, key=lambda r: r[0])]
 
 
 def plan_starts(
@@ -48,14 +66,15 @@ def plan_starts(
     total: dict[str, int],
     running: dict[int | None, int] | None = None,
     max_running: dict[int | None, int] | None = None,
+    usage: dict[int | None, float] | None = None,
 ) -> Plan:
     """`free`: device type -> free device ids (in the order to hand them out); `total`: how many exist;
     `running`: owner -> its jobs running now; `max_running`: owner -> how many it may run at once (an owner
-    not in it: no limit)."""
+    not in it: no limit); `usage`: owner -> its device-seconds lately, for fair share (queue_order)."""
     plan = Plan()
     free = {kind: list(ids) for kind, ids in free.items()}
     running, max_running = dict(running or {}), max_running or {}
-    for job in queue_order(jobs):
+    for job in queue_order(jobs, usage):
         if job.device_type in plan.blocked:
             continue
         if job.devices > total.get(job.device_type, 0):

@@ -1,0 +1,38 @@
+"""A key's device-time lately, from the store: a running job counts until now, an ended one decays by
+half every half-life, one older than the horizon is not read."""
+
+from datetime import timedelta
+
+import pytest
+
+from gpuforge.scheduler.usage import recent_usage
+from gpuforge.store.db import connect, migrate, session
+from gpuforge.store.models import Job, JobState, utcnow
+
+
+@pytest.fixture
+def engine(store_url):
+    engine = connect(store_url)
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def test_recent_usage_decays_by_half_a_half_life(engine):
+    now = utcnow()
+    hour = timedelta(hours=1)
+
+    def job(owner, devices, started, finished, state):
+        return Job(name="j", spec_yaml="", run_dir="/x", owner_id=owner, devices_wanted=devices,
+                   started_at=started, finished_at=finished, state=state)  # fmt: skip
+
+    with session(engine) as s:
+        s.add_all([
+            job(None, 2, now - hour, None, JobState.RUNNING),  # 2 devices for the last hour, running
+            job(None, 1, now - 2 * hour, now - hour, JobState.FINISHED),  # 1 device-hour, ended 1 h ago
+            job(None, 1, now - 30 * hour, now - 29 * hour, JobState.FINISHED),  # past the horizon
+            job(None, 4, None, None, JobState.QUEUED),  # never ran
+        ])  # fmt: skip
+    with session(engine) as s:
+        usage = recent_usage(s, now=now, half_life_s=3600.0)
+    assert usage[None] == pytest.approx(2 * 3600 + 0.5 * 3600)
