@@ -82,6 +82,17 @@ def store_url(request, tmp_path) -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture
+def engine(store_url):
+    """A migrated store, on SQLite and on PostgreSQL (store_url)."""
+    from gpuforge.store.db import connect, migrate  # here: the GPU machine runs tests without SQLAlchemy
+
+    engine = connect(store_url)
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     """A 2-layer, 32-wide BERT saved like any local transformers model, with a small WordPiece vocabulary

@@ -6,16 +6,8 @@ from datetime import timedelta
 import pytest
 
 from gpuforge.scheduler.usage import recent_usage
-from gpuforge.store.db import connect, migrate, session
+from gpuforge.store.db import session
 from gpuforge.store.models import Job, JobState, utcnow
-
-
-@pytest.fixture
-def engine(store_url):
-    engine = connect(store_url)
-    migrate(engine)
-    yield engine
-    engine.dispose()
 
 
 def test_recent_usage_decays_by_half_a_half_life(engine):
