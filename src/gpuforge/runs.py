@@ -255,6 +255,14 @@ class RunDir:
         found = self.read_summary()
         return found.as_dict() if found is not None else None
 
+    def readable_summary(self) -> dict[str, Any] | None:
+        """The summary as a plain dict for a reader of a run someone else writes (the server, the
+        dashboard): None when there is none yet, or when it is torn or not a summary."""
+        try:
+            return self.summary()
+        except ValueError:
+            return None
+
     @staticmethod
     def _append(path: Path, record: dict[str, Any]) -> None:
         with path.open("a") as f:

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from gpuforge.runtime.host import free_port
+from gpuforge.server.local import stop_process
 
 CHROMIUM = Path("/usr/bin/chromium")
 VIEWPORT = {"width": 1280, "height": 800}
@@ -212,14 +213,7 @@ def start_local_dashboard(
     return process, url, key.group(1)
 
 
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+stop = stop_process  # the tests' name for it
 
 
 def text_of(page, selector: str) -> str:

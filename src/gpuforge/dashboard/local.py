@@ -93,11 +93,7 @@ def describe(job_id: int, run: Path) -> dict[str, Any]:
     events = events_page(run / "events.jsonl", -1, 100_000)
     started = next((e for e in events if e["kind"] == "started"), None)
     ended = next((e for e in reversed(events) if e["kind"] in ENDED), None)
-    try:
-        summary = RunDir(run).read_summary()
-    except ValueError:
-        summary = None
-    summary = summary.as_dict() if summary else {}
+    summary = RunDir(run).readable_summary() or {}
     latest = last_record(run / "metrics.jsonl") or {}
     state = summary.get("status") or (ended["kind"] if ended else None)
     if state is None:
@@ -223,13 +219,10 @@ def create_local_app(root: Path, key: str | None = None) -> FastAPI:
 
     @app.get("/api/v1/jobs/{job_id}/summary")
     def job_summary(job_id: JobId) -> dict[str, Any]:
-        try:
-            summary = RunDir(run_of(job_id)).read_summary()
-        except ValueError:
-            summary = None
+        summary = RunDir(run_of(job_id)).readable_summary()
         if summary is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no summary yet")
-        return summary.as_dict()
+        return summary
 
     @app.get("/api/v1/jobs/{job_id}/report")
     def job_report(job_id: JobId) -> dict[str, Any]:
@@ -250,17 +243,10 @@ def create_local_app(root: Path, key: str | None = None) -> FastAPI:
             "jobs": [{k: j[k] for k in ("id", "name", "state", "owner")} for j in jobs],
             "spec_diff": spec_diff([_spec(run) for _, run in found]),
             "finals": [
-                finals(j["id"], _summary_dict(run), j) for j, (_, run) in zip(jobs, found, strict=True)
+                finals(j["id"], RunDir(run).readable_summary(), j)
+                for j, (_, run) in zip(jobs, found, strict=True)
             ],
         }
 
     add_pages(app)
     return app
-
-
-def _summary_dict(run: Path) -> dict[str, Any] | None:
-    try:
-        summary = RunDir(run).read_summary()
-    except ValueError:
-        return None
-    return summary.as_dict() if summary else None

@@ -34,6 +34,17 @@ def wait_until_ready(url: str, process: subprocess.Popen, timeout: float) -> boo
     return False
 
 
+def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM, and SIGKILL if it has not ended within `grace_s`."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 class LocalServer:
     def __init__(self, home: Path, port: int | None = None, log: Path | None = None, **env: str):
         self.home, self.port = Path(home), port or free_port()
@@ -77,12 +88,8 @@ class LocalServer:
             self.process.wait()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.process is not None:
+            stop_process(self.process)
 
     def __enter__(self) -> LocalServer:
         return self.start()

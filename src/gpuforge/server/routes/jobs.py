@@ -336,13 +336,10 @@ def job_summary(job_id: JobId, request: Request, key: Key) -> dict[str, Any]:
     """The run's summary.json: written when the runner stops (finished, failed, cancelled, paused)."""
     with session(request.app.state.engine) as s:
         run_dir = Path(_visible(s, key, job_id).run_dir)
-    try:
-        summary = RunDir(run_dir).read_summary()
-    except ValueError:  # torn, or not a summary (runs.RunSummary): as good as none
-        summary = None
+    summary = RunDir(run_dir).readable_summary()  # torn, or not a summary: as good as none
     if summary is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no summary yet")
-    return summary.as_dict()
+    return summary
 
 
 @router.get("/{job_id}/logs", response_model=LogTail)

@@ -54,16 +54,8 @@ def compare(
     return {
         "jobs": [{"id": j.id, "name": j.name, "state": j.state, "owner": j.owner} for j in rows],
         "spec_diff": spec_diff(specs),
-        "finals": [finals(j.id, _summary(j.run_dir), _latest(j)) for j in rows],
+        "finals": [finals(j.id, RunDir(j.run_dir).readable_summary(), _latest(j)) for j in rows],
     }
-
-
-def _summary(run_dir: str) -> dict[str, Any] | None:
-    try:
-        summary = RunDir(run_dir).read_summary()
-    except ValueError:  # torn: as good as none
-        return None
-    return summary.as_dict() if summary else None
 
 
 def _latest(job: Job) -> dict[str, Any]:
