@@ -28,11 +28,13 @@ from gpuforge.dashboard.compare import finals, parse_ids, spec_diff
 from gpuforge.dashboard.pages import add_pages
 from gpuforge.run_files import events_page, last_record, log_tail, metrics_page, read_report, series
 from gpuforge.runs import RunDir
+from gpuforge.store.models import ENDED_JOB_STATES, JobState
 
 RUN_FILES = ("spec.yaml", "events.jsonl", "metrics.jsonl")
 READ = (*RUN_FILES, "summary.json", "logs", "logs/process.log", "compressed", "compressed/report.json")
 LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
-ENDED = {"finished", "failed", "cancelled", "paused"}
+# the events a runner ends on: the store's stopped states, read from the run's own events here
+ENDED = {state.value for state in (*ENDED_JOB_STATES, JobState.PAUSED)}
 QUIET_S = 600.0  # a run not written for this long, with no end recorded, is no longer said to run
 MAX_RUNS = 10_000
 INT32 = 2**31 - 1
