@@ -30,6 +30,7 @@ EVENTS = (
     "paused",
     "compressed",
     "restarted",
+    "preempted",  # written by the server once the runner stopped: who preempted it
 )
 
 

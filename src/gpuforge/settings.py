@@ -136,6 +136,25 @@ class ServerOptions(BaseSettings):
         meaning="any key may submit python: models and trust_remote_code (they run as the server's user)",
         read_by="`gpuforge server`",
     )
+    fair_share_half_life_s: float = setting(
+        3600.0,
+        gt=0,
+        meaning="fair share: a job's device-time weighs half as much for each of these seconds since it ran",
+        read_by="`gpuforge server`",
+    )
+    device_labels: str = setting(
+        "",
+        meaning="labels of this machine's devices for placement, e.g. site=onprem,gpu=h100 (all of them), "
+        "or cuda:0=gpu=h100;cpu=site=edge (per device id or kind, `;`-separated)",
+        read_by="`gpuforge server`",
+    )
+    max_preemptions: int = setting(
+        3,
+        ge=0,
+        meaning="a job preempted this many times in a row is not preempted again and queues at the "
+        "priority of the job that last preempted it",
+        read_by="`gpuforge server`",
+    )
     executor: Literal["local", "ray"] = setting(
         "local",
         meaning="where jobs' processes run: on this machine, or on a Ray cluster",
@@ -368,7 +387,7 @@ def _type_name(annotation: Any) -> str:
         return " or ".join(f"`{a}`" for a in get_args(annotation))
     if get_origin(annotation) is tuple:
         return "paths"
-    return {bool: "boolean", int: "integer", str: "string", Path: "path"}[annotation]
+    return {bool: "boolean", int: "integer", float: "number", str: "string", Path: "path"}[annotation]
 
 
 if __name__ == "__main__":

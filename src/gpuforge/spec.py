@@ -204,11 +204,27 @@ class CompressSpec(Section):
         return self.merge or self.prune is not None or self.quantize is not None or self.sweep
 
 
+LabelText = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
+
+
 class ResourcesSpec(Section):
     devices: int = Field(1, ge=1)
     device_type: Literal["auto", "cuda", "mps", "cpu"] = "auto"
     max_memory: str | None = Field(
         None, description="memory budget, e.g. 8GiB: the batch search's; plan and train refuse a job over it"
+    )
+    max_time: str | None = Field(
+        None,
+        description="wall time at most, e.g. 90m or 2h (server): stopped at a checkpoint past it (paused), "
+        "and what backfill trusts",
+    )
+    preemptible: bool = Field(
+        True, description="false: never stopped for a job of higher priority (server; admin keys only)"
+    )
+    placement: dict[LabelText, LabelText] = Field(
+        default_factory=dict,
+        description="labels its devices must carry, e.g. {site: onprem} (server; labels: gpuforge devices)",
+        max_length=16,
     )
 
     @field_validator("max_memory")
@@ -217,6 +233,17 @@ class ResourcesSpec(Section):
         if v is not None:
             parse_bytes(v)
         return v
+
+    @field_validator("max_time")
+    @classmethod
+    def _time(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_duration(v)
+        return v
+
+    @property
+    def max_time_s(self) -> float | None:
+        return None if self.max_time is None else parse_duration(self.max_time)
 
 
 class DistributedSpec(Section):
@@ -385,6 +412,27 @@ def parse_bytes(text: str | int) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"'{text}' is not a memory size (e.g. 512MiB, 8GiB, 16GB)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+_DURATION = re.compile(
+    r"\s*(?:([0-9]*\.?[0-9]+)\s*d)?\s*(?:([0-9]*\.?[0-9]+)\s*h)?\s*"
+    r"(?:([0-9]*\.?[0-9]+)\s*m)?\s*(?:([0-9]*\.?[0-9]+)\s*s?)?\s*"
+)
+
+
+def parse_duration(text: str | float) -> float:
+    """'90m' -> 5400.0, '1h30m' -> 5400.0, '45s' or 45 -> 45.0: seconds, more than 0."""
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        m = _DURATION.fullmatch(str(text))
+        if not m or not any(m.groups()):
+            raise ValueError(f"'{text}' is not a duration (e.g. 45s, 90m, 2h, 1h30m, 1d)")
+        days, hours, minutes, secs = (float(g) if g else 0.0 for g in m.groups())
+        seconds = days * 86400 + hours * 3600 + minutes * 60 + secs
+    if not 0 < seconds <= 366 * 86400:
+        raise ValueError(f"'{text}': a duration must be more than 0 and at most a year")
+    return seconds
 
 
 # pydantic names the branch of a union in an error's location (`int`, `literal['auto']`): not a field

@@ -8,7 +8,7 @@ GPUFORGE_CPU_SLOTS (default 1: one CPU job at a time, all cores).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuforge.runtime.host import usable_cores
 from gpuforge.settings import current
@@ -21,6 +21,7 @@ class DeviceInfo:
     name: str
     memory_bytes: int | None = None
     threads: int | None = None  # CPU slots: cores given to the job
+    labels: tuple[tuple[str, str], ...] = ()  # sorted (name, value): what a spec's placement matches
 
 
 def inventory(cpu_slots: int | None = None) -> list[DeviceInfo]:
@@ -63,3 +64,30 @@ def job_environment(devices: list[DeviceInfo]) -> dict[str, str]:
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
     }
+
+
+def parse_labels(text: str, where: str = "GPUFORGE_DEVICE_LABELS") -> dict[str | None, dict[str, str]]:
+    """'site=onprem,gpu=h100' -> {None: {...}} (every device); 'cuda:0=gpu=h100;cpu=site=edge' -> per device
+    id or kind. ValueError naming `where` and the part that is wrong."""
+    found: dict[str | None, dict[str, str]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        target: str | None = None
+        head, _, rest = part.partition("=")
+        if rest and "," not in head and ("=" in rest.split(",")[0]):
+            target, part = head.strip(), rest  # "cuda:0=gpu=h100": per device
+        labels = found.setdefault(target, {})
+        for pair in filter(None, (p.strip() for p in part.split(","))):
+            name, eq, value = pair.partition("=")
+            if not eq or not name.strip() or not value.strip():
+                raise ValueError(f"{where}: {pair!r} is not name=value")
+            labels[name.strip()] = value.strip()
+    return found
+
+
+def with_labels(devices: list[DeviceInfo], labels: dict[str | None, dict[str, str]]) -> list[DeviceInfo]:
+    """The devices, each with the labels given for all, for its kind, and for its id (the last wins)."""
+    out = []
+    for d in devices:
+        merged = {**labels.get(None, {}), **labels.get(d.kind, {}), **labels.get(d.id, {}), **dict(d.labels)}
+        out.append(replace(d, labels=tuple(sorted(merged.items()))))
+    return out

@@ -33,18 +33,30 @@ from sqlalchemy.orm import Session
 
 from gpuforge.child_env import child_environment
 from gpuforge.policy import Policy
+from gpuforge.runs import RunDir
 from gpuforge.runtime.host import is_alive
 from gpuforge.scheduler import deployments
 from gpuforge.scheduler.allocator import DeviceInfo, job_environment
+from gpuforge.scheduler.budgets import ProjectBudgets
 from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Launched, launch
-from gpuforge.scheduler.queue import HELD, QueuedJob, plan_starts
-from gpuforge.scheduler.usage import recent_usage
+from gpuforge.scheduler.queue import HELD, Fairness, Limits, QueuedJob, RunningJob, plan_starts
+from gpuforge.scheduler.usage import HALF_LIFE_S, recent_usage
 from gpuforge.scheduler.worker_keys import replicas_key
 from gpuforge.settings import as_environment
-from gpuforge.store import states
+from gpuforge.store import ledger, states
 from gpuforge.store.db import session
 from gpuforge.store.ingest import bad_input_error, ingest
-from gpuforge.store.models import ApiKey, Deployment, Device, Event, Job, JobState
+from gpuforge.store.models import (
+    LIVE_DEPLOYMENT_STATES,
+    QUEUE_JOB_STATES,
+    ApiKey,
+    Deployment,
+    Device,
+    Event,
+    Job,
+    JobState,
+    utcnow,
+)
 from gpuforge.store.quotas import running_limits
 
 log = logging.getLogger("gpuforge.scheduler")
@@ -60,6 +72,8 @@ class Scheduler:
         policy_of: Callable[[ApiKey | None], Policy] = lambda key: Policy(user_code=False, roots=()),
         worker_secret: bytes | None = None,
         runner_env: Mapping[str, str] | None = None,
+        half_life_s: float = HALF_LIFE_S,
+        max_preemptions: int = 3,
     ):
         self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
         self.runner_env = dict(runner_env or {})  # where jobs' processes run (Settings.runner_environment)
@@ -69,6 +83,12 @@ class Scheduler:
         self.launched: dict[int, Launched] = {}  # this server's own children (others: re-attached by pid)
         self.signalled: set[int] = set()
         self.tick_seconds: list[float] = []  # recent tick durations, for /metrics (scheduling latency)
+        self.half_life_s, self.max_preemptions = half_life_s, max_preemptions
+        self.queue_positions: dict[int, int] = {}  # queued job id -> its place (1: next), at the last tick
+        self.preempted_for: dict[
+            int, tuple[int, int]
+        ] = {}  # victim -> (the job it made room for, its priority)
+        self.budgets = ProjectBudgets()
         self._last_tick: float | None = None
         self._stop, self._wake = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
@@ -102,6 +122,9 @@ class Scheduler:
         with session(self.engine) as s:
             running = list(s.scalars(select(Job).where(Job.state == JobState.RUNNING)))
             self._count_busy(s, running)
+            live = s.scalars(select(Deployment).where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES)))
+            ledger.accrue(s, running, live)
+            self.budgets.refresh(s)
             for job in running:
                 self._watch(s, job)
             jobs_hold = {
@@ -153,12 +176,11 @@ class Scheduler:
         alive = self._alive(job)  # asked before reading: an ended process has written all it will
         ingest(s, job)
         # `alive` is False for a pid that no longer runs this job's directory: that pid is not signalled
-        if job.cancel_requested and job.id not in self.signalled and job.pid and alive:
-            try:
-                os.kill(job.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            self.signalled.add(job.id)
+        if alive and (why := self._stop_for(job)) is not None:
+            if states.request_stop(s, job.id, *why):
+                s.commit()
+        if (job.cancel_requested or job.stop_requested) and alive:
+            self._signal(job)
         if alive:
             return
         last = s.scalar(  # the runner's last word on its run (a `compressed` event may follow `finished`)
@@ -170,7 +192,10 @@ class Scheduler:
         own = self.launched.pop(job.id, None)
         exit_code = own.process.returncode if own is not None and own.process is not None else None
         self.signalled.discard(job.id)
-        if last is not None and last.kind in states.RUNNER_ENDINGS:
+        server_stop = job.stop_requested and not job.cancel_requested
+        if server_stop and (last is None or last.kind in ("started", "cancelled")):
+            self._stopped_by_server(s, job)  # it checkpointed on our SIGTERM (or died on the way)
+        elif last is not None and last.kind in states.RUNNER_ENDINGS:
             states.end(s, job.id, last.kind, last.data.get("reason"))
         elif (refused := self._refused_input(job, exit_code)) is not None:
             states.fail(s, job.id, refused)
@@ -183,6 +208,53 @@ class Scheduler:
             log.info("job %d: %s (%s)", job.id, job.state, job.reason)
         else:
             log.info("job %d: %s", job.id, job.state)
+
+    def _preempt(self, s: Session, victim_id: int, for_job: Job) -> None:
+        """Stop a running job at its next checkpoint for `for_job`; it goes back to the queue once stopped."""
+        of = f" of project {for_job.project}" if for_job.project else ""
+        reason = f"preempted by job {for_job.id}{of} (priority {for_job.priority + for_job.boost})"
+        if states.request_stop(s, victim_id, "preempt", reason):
+            s.commit()
+            self.preempted_for[victim_id] = (for_job.id, for_job.priority + for_job.boost)
+            victim = s.get(Job, victim_id)
+            if victim is not None and victim.pid and self._alive(victim):
+                self._signal(victim)
+            log.info("job %d: %s", victim_id, reason)
+
+    def _signal(self, job: Job) -> None:
+        """SIGTERM once to a job's runner: it checkpoints at its next step and exits."""
+        if job.id in self.signalled or not job.pid:
+            return
+        try:
+            os.kill(job.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        self.signalled.add(job.id)
+
+    def _stop_for(self, job: Job) -> tuple[str, str] | None:
+        """Why the server stops a running job now, when nobody asked yet: its project's budget is spent,
+        or it ran past its resources.max_time. (Preemption is decided by the queue: _start_queued.)"""
+        if job.stop_requested or job.cancel_requested or job.pid is None:
+            return None
+        if (spent := self.budgets.spent.get(job.project_id)) is not None:
+            return "pause", f"paused: {spent}"
+        if job.max_time_s and job.run_started_at is not None:
+            ran = (utcnow() - job.run_started_at).total_seconds()
+            if ran > job.max_time_s:
+                return "timeout", f"paused: resources.max_time ({job.max_time_s:g} s) run"
+        return None
+
+    def _stopped_by_server(self, s: Session, job: Job) -> None:
+        """A job the server stopped has ended its process: preempted back into the queue, or paused."""
+        if job.stop_requested != "preempt":
+            states.pause(s, job.id, job.reason or "paused by the server")
+            return
+        by, priority = self.preempted_for.pop(job.id, (None, None))
+        boost = None
+        if job.preemptions + 1 >= self.max_preemptions and priority is not None:
+            boost = max(0, priority - job.priority)  # preempted too often: it queues beside its preemptor
+        states.preempt(s, job.id, job.reason or "preempted", boost)
+        RunDir(Path(job.run_dir)).event("preempted", by_job=by, reason=job.reason)
 
     @staticmethod
     def _refused_input(job: Job, exit_code: int | None) -> str | None:
@@ -198,31 +270,111 @@ class Scheduler:
         return None
 
     def _start_queued(self, s: Session) -> None:
-        running = s.execute(select(Job.devices, Job.owner_id).where(Job.state == JobState.RUNNING)).all()
-        held = {d for devices, _ in running if devices for d in devices.split(",")}
-        held |= deployments.held_devices(s)
+        now = utcnow()
+        running_columns = (
+            Job.id,
+            Job.priority + Job.boost,
+            Job.device_type,
+            Job.devices,
+            Job.owner_id,
+            Job.project_id,
+            Job.preemptible,
+            Job.preemptions,
+            Job.cancel_requested,
+            Job.stop_requested,
+            Job.planned_s,
+            Job.run_started_at,
+            Job.eta_s,
+        )
+        running_jobs, owners, project_devices = [], Counter(), Counter()
+        for row in s.execute(select(*running_columns).where(Job.state == JobState.RUNNING)):
+            (
+                job_id,
+                priority,
+                kind,
+                devices,
+                owner,
+                project,
+                preemptible,
+                preemptions,
+                cancel,
+                stop,
+                planned,
+                began,
+                eta,
+            ) = row
+            ids = tuple(devices.split(",")) if devices else ()
+            owners[owner] += 1  # max_running counts it
+            project_devices[project] += len(ids)
+            ends = eta  # its runner's estimate; its max_time, when it has one, is a promise
+            if planned is not None and began is not None:
+                ends = max(0.0, planned - (now - began).total_seconds())
+            running_jobs.append(
+                RunningJob(
+                    job_id,
+                    priority,
+                    kind,
+                    ids,
+                    project,
+                    preemptible=preemptible and preemptions < self.max_preemptions,
+                    stopping=bool(cancel or stop),
+                    ends_in_s=ends,
+                )
+            )
+        held = {d for r in running_jobs for d in r.device_ids} | deployments.held_devices(s)
         free: dict[str, list[str]] = {}
-        total: dict[str, int] = {}
+        every: dict[str, list[str]] = {}
         for d in self.devices:
-            total[d.kind] = total.get(d.kind, 0) + 1
+            every.setdefault(d.kind, []).append(d.id)
             if d.id not in held:
                 free.setdefault(d.kind, []).append(d.id)
-        columns = (Job.id, Job.priority, Job.device_type, Job.devices_wanted, Job.owner_id)
-        queued = [QueuedJob(*row) for row in s.execute(select(*columns).where(Job.state == JobState.QUEUED))]
-        owners = Counter(owner for _, owner in running)  # owner -> its jobs running: max_running holds
-        limits = running_limits(s, {j.owner for j in queued})
-        usage = recent_usage(s) if len({j.owner for j in queued}) > 1 else None  # fair share: 2+ keys wait
-        plan = plan_starts(queued, free, total, owners, limits, usage)
+        columns = (
+            Job.id,
+            Job.priority + Job.boost,
+            Job.device_type,
+            Job.devices_wanted,
+            Job.owner_id,
+            Job.project_id,
+            Job.planned_s,
+            Job.placement,
+        )
+        queued = [
+            QueuedJob(*row[:7], tuple(sorted((row[7] or {}).items())))
+            for row in s.execute(select(*columns).where(Job.state.in_(QUEUE_JOB_STATES)))
+        ]
+        groups = {(j.project, None) if j.project is not None else (None, j.owner) for j in queued}
+        fairness = None
+        if len(groups) > 1:  # fair share matters once two projects (or keys) wait
+            usage, project_usage = recent_usage(s, half_life_s=self.half_life_s)
+            fairness = Fairness(usage, project_usage, self.budgets.shares)
+        limits = Limits(
+            running=owners,
+            max_running=running_limits(s, {j.owner for j in queued}),
+            project_devices=project_devices,
+            max_devices=self.budgets.caps,
+            spent=self.budgets.spent,
+            names=self.budgets.names,
+        )
+        labels = {d.id: d.labels for d in self.devices if d.labels}
+        plan = plan_starts(queued, free, every, limits, fairness, running_jobs, labels)
+        started = {job_id for job_id, _ in plan.starts}
+        self.queue_positions = {
+            job_id: place for place, job_id in enumerate((i for i in plan.order if i not in started), 1)
+        }
         for job_id, why in plan.impossible.items():
             states.reject(s, job_id, why)
-        for job_id, why in plan.held.items():  # says why it waits (written once, not every tick)
+        for job_id, why in (plan.held | plan.blocked).items():  # says why it waits (written once)
             if s.get(Job, job_id).reason != why:
                 states.hold(s, job_id, why)
+        for victim_id, for_job in plan.preempt.items():
+            self._preempt(s, victim_id, s.get(Job, for_job))
         for job_id, device_ids in plan.starts:
             # Claim it first, only if it is still queued (a cancel may have landed since the read), and
             # commit: the store says `running` before the process exists, never the other way round. A
             # server that dies between the two finds a running job with no pid: restarted, as if killed.
             claimed = states.claim(s, job_id, device_ids, waiting_reason=HELD)
+            if job_id in plan.backfilled:
+                log.info("job %d backfilled: it should end before the blocked job could start", job_id)
             s.commit()
             if not claimed:
                 continue

@@ -20,7 +20,7 @@ from sqlalchemy import func, select, text
 
 from gpuforge.dashboard.pages import add_pages
 from gpuforge.errors import GpuforgeError
-from gpuforge.scheduler.allocator import cluster_inventory, inventory
+from gpuforge.scheduler.allocator import cluster_inventory, inventory, parse_labels, with_labels
 from gpuforge.scheduler.loop import Scheduler
 from gpuforge.scheduler.worker_keys import load_secret
 from gpuforge.secret_files import shown_url
@@ -56,6 +56,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             policy_of=lambda key: job_policy(settings, key),
             worker_secret=app.state.worker_secret,
             runner_env=settings.runner_environment,
+            half_life_s=settings.fair_share_half_life_s,
+            max_preemptions=settings.max_preemptions,
         )
         if settings.schedule:
             app.state.scheduler.start()
@@ -170,13 +172,17 @@ def open_store(settings: Settings):
 def devices_of(settings: Settings) -> list:
     """What the scheduler hands out: this machine's devices, or a Ray cluster's (GPUs, and CPUs as slots).
     With Ray, the scheduler tells job runners where the cluster is (Settings.runner_environment)."""
+    try:
+        labels = parse_labels(settings.device_labels, "--device-labels")
+    except ValueError as err:
+        raise GpuforgeError(str(err)) from None
     if settings.executor == "local":
-        return inventory()
+        return with_labels(inventory(), labels)
     from gpuforge.launch.ray_ranks import cluster_devices
     from gpuforge.launch.ray_ranks import connect as connect_ray
 
     connect_ray(settings.ray_address or "")
-    return cluster_inventory(cluster_devices())
+    return with_labels(cluster_inventory(cluster_devices()), labels)
 
 
 def check_executor(settings: Settings) -> None:

@@ -40,7 +40,8 @@ class JobState(_StoredState):
 
     QUEUED = "queued"
     RUNNING = "running"
-    PAUSED = "paused"  # its cost budget spent: resumable with a new one
+    PREEMPTED = "preempted"  # stopped at a checkpoint for a job of higher priority: back in the queue
+    PAUSED = "paused"  # its cost budget (or its project's month) spent, or its max_time run: resumable
     FINISHED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -57,7 +58,12 @@ class DeploymentState(_StoredState):
     STOPPED = "stopped"
 
 
-ACTIVE_JOB_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.PAUSED)  # not ended: max_queued counts them
+QUEUE_JOB_STATES = (JobState.QUEUED, JobState.PREEMPTED)  # waiting for devices: the scheduler's queue
+ACTIVE_JOB_STATES = (
+    *QUEUE_JOB_STATES,
+    JobState.RUNNING,
+    JobState.PAUSED,
+)  # not ended: max_queued counts them
 ENDED_JOB_STATES = (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)  # for good: nothing moves them
 LIVE_DEPLOYMENT_STATES = (
     DeploymentState.STARTING,
@@ -110,6 +116,21 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, datetime: UTCDateTime}
 
 
+class Project(Base):
+    """A team sharing the server: its keys' jobs and deployments are its own (members read each other's),
+    its month's spend in the ledger stops at its budget, it holds at most max_devices at once, and its
+    share weighs its turn in the queue (store/projects.py)."""
+
+    __tablename__ = "projects"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    budget_usd_month: Mapped[float | None] = mapped_column(default=None)  # None: no budget
+    max_devices: Mapped[int | None] = mapped_column(default=None)  # None: no cap
+    share: Mapped[float] = mapped_column(default=1.0)  # fair share weight: 2 gets twice the device-time
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class ApiKey(Base):
     __tablename__ = "api_keys"
 
@@ -125,6 +146,7 @@ class ApiKey(Base):
     max_upload_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     max_deployments: Mapped[int | None] = mapped_column(default=None)
     max_priority: Mapped[int | None] = mapped_column(default=None)
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), default=None)  # admin: none
 
 
 class Job(Base):
@@ -153,6 +175,19 @@ class Job(Base):
     # {server path: the name the user's client knew it by}: its uploads, named the user's way in reasons
     files: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
     cancel_requested: Mapped[bool] = mapped_column(default=False)  # the loop stops its process
+    # the project of its key when it was submitted: its costs and devices count there
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), default=None)
+    usd_per_hour: Mapped[float | None] = mapped_column(default=None)  # all its devices: the ledger's rate
+    preemptible: Mapped[bool] = mapped_column(default=True)  # resources.preemptible (false: admin keys only)
+    preemptions: Mapped[int] = mapped_column(default=0)  # preempted in a row: past a limit it gains priority
+    boost: Mapped[int] = mapped_column(default=0)  # added to its priority in the queue (never preempted)
+    # the loop stops its process for a reason of the server's, not the user's: preempt | pause | timeout
+    stop_requested: Mapped[str | None] = mapped_column(String(16), default=None)
+    planned_s: Mapped[float | None] = mapped_column(default=None)  # resources.max_time, else the plan's time
+    max_time_s: Mapped[float | None] = mapped_column(default=None)  # resources.max_time: stopped past it
+    placement: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
+    accrued_at: Mapped[datetime | None] = mapped_column(default=None)  # the ledger holds its cost until then
+    run_started_at: Mapped[datetime | None] = mapped_column(default=None)  # this run's process (max_time)
     # latest figures, copied from metrics as they are ingested (for listing without reading files)
     step: Mapped[int | None] = mapped_column()
     total_steps: Mapped[int | None] = mapped_column()
@@ -172,6 +207,9 @@ class Job(Base):
     # the name of the key that submitted it, read with the job (a subquery: no second round trip a row)
     owner: Mapped[str | None] = column_property(
         select(ApiKey.name).where(ApiKey.id == owner_id).correlate_except(ApiKey).scalar_subquery()
+    )
+    project: Mapped[str | None] = column_property(
+        select(Project.name).where(Project.id == project_id).correlate_except(Project).scalar_subquery()
     )
 
     events: Mapped[list[Event]] = relationship(
@@ -229,6 +267,11 @@ class Deployment(Base):
     max_restarts: Mapped[int] = mapped_column(default=5)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     stopped_at: Mapped[datetime | None] = mapped_column()
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), default=None)
+    usd_per_hour: Mapped[float | None] = mapped_column(
+        default=None
+    )  # one replica's device: the ledger's rate
+    accrued_at: Mapped[datetime | None] = mapped_column(default=None)  # the ledger holds its cost until then
 
 
 class Upload(Base):
@@ -245,3 +288,23 @@ class Upload(Base):
     key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"), index=True)
     size: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class LedgerEntry(Base):
+    """What one job or deployment cost in one minute (store/ledger.py): written as it runs, with the mark
+    (its accrued_at) in the same transaction, so a server killed at any moment counts no second twice."""
+
+    __tablename__ = "ledger"
+    __table_args__ = (
+        UniqueConstraint("subject", "minute"),
+        Index("ix_ledger_project_minute", "project_id", "minute"),
+        Index("ix_ledger_minute", "minute"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    subject: Mapped[str] = mapped_column(String(40))  # "job:12" | "deployment:3"
+    minute: Mapped[datetime] = mapped_column()  # the minute's start, UTC
+    key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"))
+    device_seconds: Mapped[float] = mapped_column(default=0.0)
+    usd: Mapped[float] = mapped_column(default=0.0)

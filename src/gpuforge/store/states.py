@@ -2,18 +2,26 @@
 
 Jobs (the API submits them `queued`):
 
-    queued   --claim-->            running   (the loop picked it: devices given, no process yet)
+    queued | preempted --claim-->  running   (the loop picked it: devices given, no process yet)
     running  --start-->            running   (its process exists: its pid)
     running  --end-->              paused | finished | failed | cancelled   (its runner's last event;
                                               paused: its cost budget spent)
     running  --requeue-->          queued    (its process died without a word: resumed from a checkpoint)
     running  --fail-->             failed    (it refused its input, or died once too often)
-    queued   --reject-->           failed    (it can never start: more devices than exist)
-    queued   --hold-->             queued    (its reason says why it waits: a quota)
-    queued | paused --cancel-->    cancelled (no process: it ends at once)
+    queued | preempted --reject--> failed    (it can never start: more devices than exist)
+    queued | preempted --hold-->   the same  (its reason says why it waits: a quota, devices, a budget)
+    queued | preempted | paused --cancel-->  cancelled (no process: it ends at once)
     running  --cancel-->           running   (cancel_requested: the loop stops its runner, whose
                                               `cancelled` event ends it)
+    running  --request_stop-->     running   (stop_requested: preempt | pause | timeout; the loop stops
+                                              its runner, which checkpoints)
+    running  --preempt-->          preempted (stopped for a job of higher priority: back in the queue,
+                                              resumed from its checkpoint at its turn)
+    running  --pause-->            paused    (its project's budget spent, or its max_time run)
     paused   --resume-->           queued
+
+The queue is queued and preempted jobs (QUEUE_JOB_STATES): a preempted job waits like a queued one and
+only says what happened to it.
 
 Deployments (the API makes them `starting`):
 
@@ -35,11 +43,12 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import case, func, update
+from sqlalchemy import case, func, or_, update
 from sqlalchemy.orm import Session
 
 from gpuforge.store.models import (
     LIVE_DEPLOYMENT_STATES,
+    QUEUE_JOB_STATES,
     Deployment,
     DeploymentState,
     Job,
@@ -78,22 +87,34 @@ def _move_deployment(
 
 
 # --- jobs ---
-_QUEUED, _RUNNING, _PAUSED = (JobState.QUEUED,), (JobState.RUNNING,), (JobState.PAUSED,)  # to leave from
+_QUEUED, _RUNNING, _PAUSED = QUEUE_JOB_STATES, (JobState.RUNNING,), (JobState.PAUSED,)  # to leave from
+STOPS = ("preempt", "pause", "timeout")  # what the server may stop a running job for (Job.stop_requested)
 
 
 def claim(s: Session, job_id: int, device_ids: list[str], waiting_reason: str) -> bool:
-    """queued → running on `device_ids`, before its process exists (no pid yet); a reason that says why it
-    waited (it starts with `waiting_reason`) is cleared, any other kept."""
-    kept_reason = case((Job.reason.startswith(waiting_reason), None), else_=Job.reason)
+    """queued or preempted → running on `device_ids`, before its process exists (no pid yet); a reason
+    that says why it waited (it starts with `waiting_reason`) is cleared, any other kept."""
+    waited = or_(Job.reason.startswith(waiting_reason), Job.reason.startswith("preempted"))
+    kept_reason = case((waited, None), else_=Job.reason)
     devices = ",".join(device_ids)
     return _move_job(
-        s, job_id, _QUEUED, state=JobState.RUNNING, pid=None, devices=devices, reason=kept_reason
+        s,
+        job_id,
+        _QUEUED,
+        state=JobState.RUNNING,
+        pid=None,
+        devices=devices,
+        reason=kept_reason,
+        accrued_at=None,  # the ledger charges it from its first tick running, not from its last run
     )
 
 
 def start(s: Session, job_id: int, pid: int) -> bool:
     """A claimed job's process exists: its pid, and when it first started (a restart keeps that)."""
-    return _move_job(s, job_id, _RUNNING, pid=pid, started_at=func.coalesce(Job.started_at, utcnow()))
+    now = utcnow()
+    return _move_job(
+        s, job_id, _RUNNING, pid=pid, started_at=func.coalesce(Job.started_at, now), run_started_at=now
+    )
 
 
 def end(s: Session, job_id: int, event: str, reason: str | None) -> bool:
@@ -104,9 +125,20 @@ def end(s: Session, job_id: int, event: str, reason: str | None) -> bool:
     if ending is None:
         raise ValueError(f"a runner's `{event}` event ends nothing (endings: {', '.join(RUNNER_ENDINGS)})")
     if ending is JobState.PAUSED:
-        return _move_job(s, job_id, _RUNNING, state=ending, pid=None, devices=None, reason=reason)
+        return _move_job(
+            s, job_id, _RUNNING, state=ending, pid=None, devices=None, stop_requested=None, reason=reason
+        )
     first_reason = func.coalesce(Job.reason, reason)
-    return _move_job(s, job_id, _RUNNING, state=ending, pid=None, finished_at=utcnow(), reason=first_reason)
+    return _move_job(
+        s,
+        job_id,
+        _RUNNING,
+        state=ending,
+        pid=None,
+        finished_at=utcnow(),
+        stop_requested=None,
+        reason=first_reason,
+    )
 
 
 def requeue(s: Session, job_id: int, reason: str) -> bool:
@@ -120,7 +152,41 @@ def requeue(s: Session, job_id: int, reason: str) -> bool:
         pid=None,
         devices=None,
         restarts=Job.restarts + 1,
+        stop_requested=None,
         reason=reason,
+    )
+
+
+def request_stop(s: Session, job_id: int, why: str, reason: str) -> bool:
+    """A running job is to stop at its next step for the server's reason `why` (STOPS): the loop sends
+    its runner SIGTERM; a cancel asked for already wins. False when it is no longer running."""
+    if why not in STOPS:
+        raise ValueError(f"{why!r}: not a stop the server asks for ({', '.join(STOPS)})")
+    return _move_job(s, job_id, _RUNNING, stop_requested=why, reason=reason)
+
+
+def preempt(s: Session, job_id: int, reason: str, boost: int | None = None) -> bool:
+    """running → preempted (in the queue again), one preemption more in a row; `boost`, when given, is
+    its new lift in the queue (it was preempted too often)."""
+    lift = {} if boost is None else {"boost": boost}
+    return _move_job(
+        s,
+        job_id,
+        _RUNNING,
+        state=JobState.PREEMPTED,
+        pid=None,
+        devices=None,
+        stop_requested=None,
+        preemptions=Job.preemptions + 1,
+        reason=reason,
+        **lift,
+    )
+
+
+def pause(s: Session, job_id: int, reason: str) -> bool:
+    """running → paused for the server's `reason` (its project's budget, its max_time): resumable."""
+    return _move_job(
+        s, job_id, _RUNNING, state=JobState.PAUSED, pid=None, devices=None, stop_requested=None, reason=reason
     )
 
 

@@ -140,14 +140,27 @@ def submit(
             f"{len(have)} ({', '.join(have) or 'none'}"
             + ("; CPU slots are set by GPUFORGE_CPU_SLOTS)" if device_type == "cpu" else ")"),
         )
+    _check_placement(spec, device_type, request)
+    if not spec.resources.preemptible and not key.admin:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            "resources.preemptible: false is for admin keys (a job nobody can "
+            "preempt holds its devices against every priority)",
+        )
     _fill_price(spec, device_type, request)
     priority = body.priority if body.priority is not None else spec.priority
     job = Job(
         name=body.name or spec.name,
         owner_id=key.id,
+        project_id=key.project_id,
         priority=priority,
         device_type=device_type,
         devices_wanted=spec.resources.devices,
+        usd_per_hour=spec.cost.usd_per_hour * spec.resources.devices,
+        preemptible=spec.resources.preemptible,
+        planned_s=spec.resources.max_time_s,
+        max_time_s=spec.resources.max_time_s,
+        placement=dict(spec.resources.placement) or None,
         spec_yaml=spec.to_yaml(),
         run_dir="",
         idempotency_key=idempotency_key,
@@ -171,6 +184,24 @@ def submit(
         return _replayed(earlier, job, response)
     _wake(request)
     return job
+
+
+def _check_placement(spec: JobSpec, device_type: str, request: Request) -> None:
+    """A placement no device of this server could ever match is refused now, with the labels that exist."""
+    wanted = spec.resources.placement
+    if not wanted:
+        return
+    of_type = [d for d in request.app.state.devices if d.kind == device_type]
+    matching = [d for d in of_type if all((k, v) in d.labels for k, v in wanted.items())]
+    if len(matching) >= spec.resources.devices:
+        return
+    exist = sorted({f"{k}={v}" for d in of_type for k, v in d.labels})
+    asked = ", ".join(f"{k}={v}" for k, v in wanted.items())
+    raise HTTPException(
+        status.HTTP_422_UNPROCESSABLE_CONTENT,
+        f"resources.placement: {spec.resources.devices} {device_type} device(s) labelled {asked} asked for; "
+        f"this server has {len(matching)}. Labels of its {device_type} devices: {', '.join(exist) or 'none'}",
+    )
 
 
 def _fill_price(spec: JobSpec, device_type: str, request: Request) -> None:

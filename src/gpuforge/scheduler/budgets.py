@@ -1,0 +1,44 @@
+"""Which projects have spent their month's budget (store/ledger.py): the loop pauses their running jobs
+and the queue holds their queued ones, until the admin raises the budget or the month turns (UTC)."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpuforge.store.ledger import month_spend
+from gpuforge.store.models import Project, utcnow
+
+REFRESH_S = 2.0  # a month's sum over the ledger is not read every half-second tick
+
+
+class ProjectBudgets:
+    def __init__(self) -> None:
+        self.spent: dict[int, str] = {}  # project id -> why it may run nothing more this month
+        self.names: dict[int, str] = {}  # project id -> name
+        self.caps: dict[int, int] = {}  # project id -> max_devices
+        self.shares: dict[int, float] = {}  # project id -> share
+        self._read_at = 0.0
+
+    def refresh(self, s: Session, force: bool = False) -> None:
+        if not force and time.monotonic() - self._read_at < REFRESH_S:
+            return
+        self._read_at = time.monotonic()
+        now = utcnow()
+        projects = list(s.scalars(select(Project)))
+        self.names = {p.id: p.name for p in projects}
+        self.caps = {p.id: p.max_devices for p in projects if p.max_devices is not None}
+        self.shares = {p.id: p.share for p in projects}
+        budgeted = [p for p in projects if p.budget_usd_month is not None]
+        spend = month_spend(s, now) if budgeted else {}
+        self.spent = {
+            p.id: (
+                f"project {p.name}'s budget for {now:%Y-%m} (${p.budget_usd_month:g}) is spent "
+                f"(${spend.get(p.id, 0.0):.4f}); the admin can raise it: gpuforge projects set {p.name} "
+                "--budget-usd-month X"
+            )
+            for p in budgeted
+            if spend.get(p.id, 0.0) >= p.budget_usd_month
+        }
