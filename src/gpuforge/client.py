@@ -1,4 +1,4 @@
-"""The HTTP client behind `gpuforge submit | jobs | job | cancel | resume | logs | keys`:
+"""The HTTP client behind `gpuforge submit | jobs | job | cancel | resume | logs | keys | projects`:
 GPUFORGE_URL (or --url) and GPUFORGE_API_KEY (or the key cli/server.py read from --api-key-file), errors
 as one line.
 
@@ -156,11 +156,15 @@ class Client:
         return self._call("POST", f"/api/v1/deployments/{name}/predict", json=body)
 
     # --- keys ---
-    def create_key(self, name: str, admin: bool = False, quotas: dict[str, int] | None = None) -> dict:
-        return self._call("POST", "/api/v1/keys", json={"name": name, "admin": admin, **(quotas or {})})
+    def create_key(
+        self, name: str, admin: bool = False, quotas: dict[str, int] | None = None, project: str | None = None
+    ) -> dict:
+        body = {"name": name, "admin": admin, **(quotas or {}), **({"project": project} if project else {})}
+        return self._call("POST", "/api/v1/keys", json=body)
 
-    def set_key(self, name: str, quotas: dict[str, int | None]) -> dict:
-        """Change a key's quotas: those given; None puts one back to the default."""
+    def set_key(self, name: str, quotas: dict[str, int | str | None]) -> dict:
+        """Change a key's quotas (those given; None puts one back to the default) or its "project" (None:
+        none)."""
         return self._call("PATCH", f"/api/v1/keys/{name}", json=quotas)
 
     def keys(self) -> list[dict]:
@@ -168,6 +172,23 @@ class Client:
 
     def revoke_key(self, name: str) -> dict:
         return self._call("DELETE", f"/api/v1/keys/{name}")
+
+    # --- projects ---
+    def create_project(self, name: str, settings: dict[str, float | int | None]) -> dict:
+        return self._call("POST", "/api/v1/projects", json={"name": name, **settings})
+
+    def projects(self) -> list[dict]:
+        return self._call("GET", "/api/v1/projects")
+
+    def set_project(self, name: str, settings: dict[str, float | int | None]) -> dict:
+        """Change a project's settings: those given; None: no budget, no device cap."""
+        return self._call("PATCH", f"/api/v1/projects/{name}", json=settings)
+
+    # --- costs ---
+    def costs(self, by: str = "day", since: str | None = None, project: str | None = None) -> dict:
+        """Spend from the server's cost ledger, summed by day, key or project."""
+        params = {"by": by, "since": since, "project": project}
+        return self._call("GET", "/api/v1/costs", params={k: v for k, v in params.items() if v is not None})
 
     # --- uploads ---
     def upload(self, path: Path) -> str:

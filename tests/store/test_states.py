@@ -22,7 +22,7 @@ from gpuforge.store.models import (
     JobState,
 )
 
-Q, R, P = JobState.QUEUED, JobState.RUNNING, JobState.PAUSED
+Q, R, P, PRE = JobState.QUEUED, JobState.RUNNING, JobState.PAUSED, JobState.PREEMPTED
 FINISHED, FAILED, CANCELLED = JobState.FINISHED, JobState.FAILED, JobState.CANCELLED
 STARTING, READY, STOPPING = DeploymentState.STARTING, DeploymentState.READY, DeploymentState.STOPPING
 FAILING, D_FAILED, STOPPED = DeploymentState.FAILING, DeploymentState.FAILED, DeploymentState.STOPPED
@@ -30,7 +30,7 @@ WAITING = "waiting for quota max_running"
 
 # each move: (what it does to a row, {the state it leaves from: the state it leaves the row in})
 JOB_MOVES: dict[str, tuple[Callable[[Session, int], bool], dict[JobState, JobState]]] = {
-    "claim": (lambda s, j: states.claim(s, j, ["cpu:0"], WAITING), {Q: R}),
+    "claim": (lambda s, j: states.claim(s, j, ["cpu:0"], WAITING), {Q: R, PRE: R}),
     "start": (lambda s, j: states.start(s, j, 4242), {R: R}),
     "end paused": (lambda s, j: states.end(s, j, "paused", "budget spent"), {R: P}),
     "end finished": (lambda s, j: states.end(s, j, "finished", None), {R: FINISHED}),
@@ -38,10 +38,16 @@ JOB_MOVES: dict[str, tuple[Callable[[Session, int], bool], dict[JobState, JobSta
     "end cancelled": (lambda s, j: states.end(s, j, "cancelled", None), {R: CANCELLED}),
     "requeue": (lambda s, j: states.requeue(s, j, "process ended without a word"), {R: Q}),
     "fail": (lambda s, j: states.fail(s, j, "refused its input"), {R: FAILED}),
-    "reject": (lambda s, j: states.reject(s, j, "asks for 8 cpu device(s)"), {Q: FAILED}),
-    "hold": (lambda s, j: states.hold(s, j, WAITING), {Q: Q}),
-    "cancel": (lambda s, j: states.cancel(s, j, "cancelled by admin"), {Q: CANCELLED, P: CANCELLED, R: R}),
+    "reject": (lambda s, j: states.reject(s, j, "asks for 8 cpu device(s)"), {Q: FAILED, PRE: FAILED}),
+    "hold": (lambda s, j: states.hold(s, j, WAITING), {Q: Q, PRE: PRE}),
+    "cancel": (
+        lambda s, j: states.cancel(s, j, "cancelled by admin"),
+        {Q: CANCELLED, PRE: CANCELLED, P: CANCELLED, R: R},
+    ),
     "resume": (lambda s, j: states.resume(s, j, "name: j\n", "resumed by admin"), {P: Q}),
+    "request_stop": (lambda s, j: states.request_stop(s, j, "preempt", "preempted by job 9"), {R: R}),
+    "preempt": (lambda s, j: states.preempt(s, j, "preempted by job 9"), {R: PRE}),
+    "pause": (lambda s, j: states.pause(s, j, "project budget spent"), {R: P}),
 }
 DEPLOYMENT_MOVES: dict[str, tuple[Callable[[Session, int], bool], dict[DeploymentState, DeploymentState]]] = {
     "ready": (states.deployment_ready, {STARTING: READY}),
@@ -209,6 +215,27 @@ def test_a_deployment_that_stops_or_fails_says_when_and_a_failing_one_why(engine
 
 
 # --- races: the loop read a row, the API changed it before the loop wrote ---
+def test_a_preempted_job_waits_in_the_queue_counting_its_preemptions_and_its_boost(engine):
+    job_id = _job(engine, R)
+    with session(engine) as s:
+        assert states.request_stop(s, job_id, "preempt", "preempted by job 9 (priority 5)")
+        assert s.get(Job, job_id).stop_requested == "preempt"
+        assert states.preempt(s, job_id, "preempted by job 9 (priority 5)", boost=5)
+        job = s.get(Job, job_id)
+        assert (job.state, job.preemptions, job.boost, job.stop_requested, job.devices) == (
+            PRE,
+            1,
+            5,
+            None,
+            None,
+        )
+        assert states.claim(s, job_id, ["cpu:0"], WAITING)  # it is in the queue: it starts again
+        assert s.get(Job, job_id).reason is None  # "preempted by" is what happened, not why it runs
+    with pytest.raises(ValueError, match="not a stop"):
+        with session(engine) as s:
+            states.request_stop(s, job_id, "nap", "?")
+
+
 def test_a_claim_after_a_cancel_starts_nothing(engine):
     job_id = _job(engine, Q)
     with session(engine) as loop:

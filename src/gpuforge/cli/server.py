@@ -6,9 +6,13 @@
     gpuforge cancel ID | resume ID --budget USD | wait ID...
     gpuforge deploy JOB_ID --name NAME [--replicas N] [--max-batch 32] [--quantize int8] [--wait]
     gpuforge deployments [--all] | undeploy NAME | predict NAME TEXT... [--json]
-    gpuforge keys create NAME [--admin] [--max-queued N] [--max-running N] [--max-upload-bytes B]
-                              [--max-deployments N] [--max-priority P]
-    gpuforge keys set NAME --max-...  | keys list [--json] | keys revoke NAME
+    gpuforge costs [--project P] [--by day|key|project] [--since DATE] [--json]
+    gpuforge keys create NAME [--admin | --project P] [--max-queued N] [--max-running N]
+                              [--max-upload-bytes B] [--max-deployments N] [--max-priority P]
+    gpuforge keys set NAME [--project P | --no-project] [--max-...]  | keys list [--json] | keys revoke NAME
+    gpuforge projects create NAME [--budget-usd-month X] [--max-devices N] [--share W]
+    gpuforge projects list [--json] | projects set NAME [--budget-usd-month X | --no-budget]
+                                      [--max-devices N | --no-max-devices] [--share W]
 
 Client verbs read GPUFORGE_URL (or --url) and the API key from GPUFORGE_API_KEY or --api-key-file PATH
 (its first line): never from the command line, which every local user can read (/proc/<pid>/cmdline). For
@@ -137,7 +141,8 @@ def jobs(
     key_file: KeyFile = None,
     as_json: AsJson = False,
 ) -> None:
-    """List jobs: id, name, state, devices, step, loss, samples/s, cost, age."""
+    """List jobs: id, name, project, state (and place in the queue), devices, step, loss, samples/s, cost,
+    age; why a job waits: gpuforge job ID (its reason)."""
     rows = _client(url, key_file).jobs(state)
     if as_json:
         _print_json(rows)
@@ -149,15 +154,17 @@ def jobs_table(rows: list[dict], title: str = "gpuforge jobs") -> Table:
     from datetime import UTC, datetime
 
     table = Table(title=title)
-    for column in ("id", "name", "state", "devices", "step", "loss", "samples/s", "cost $", "age"):
+    columns = ("id", "name", "project", "state", "devices", "step", "loss", "samples/s", "cost $", "age")
+    for column in columns:
         table.add_column(column)
     now = datetime.now(UTC)
     for j in rows:
         step = f"{j['step']}/{j['total_steps']}" if j["step"] is not None else "-"
         devices = j["devices"] or f"{j['devices_wanted']} {j['device_type']}"
         age = (now - datetime.fromisoformat(j["created_at"])).total_seconds()
+        state = j["state"] + (f" #{j['queue_position']}" if j.get("queue_position") else "")
         table.add_row(
-            str(j["id"]), j["name"], j["state"], devices, step,
+            str(j["id"]), j["name"], j.get("project") or "-", state, devices, step,
             f"{j['loss']:.4f}" if j["loss"] is not None else "-",
             f"{j['samples_per_s']:.1f}" if j["samples_per_s"] is not None else "-",
             f"{j['cost_usd']:.4f}" if j["cost_usd"] is not None else "-",
@@ -338,8 +345,45 @@ def predict(
         out_console.print(f"{output['label']}\t{output['score']:.3f}\t{text}", highlight=False, markup=False)
 
 
+@app.command()
+def costs(
+    project: Annotated[str | None, typer.Option(help="only this project's spend")] = None,
+    by: Annotated[str, typer.Option(help="sum by day, key or project")] = "day",
+    since: Annotated[
+        str | None, typer.Option(help="first day, YYYY-MM-DD (UTC); default: 30 days ago")
+    ] = None,
+    url: Url = None,
+    key_file: KeyFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """What jobs and replicas cost, from the server's ledger (charged minute by minute as they run): yours
+    and your project's, or everyone's with an admin key; dollars and device-hours by day, key or project."""
+    if by not in ("day", "key", "project"):
+        raise GpuforgeError(f"--by {by}: give day, key or project")
+    answer = _client(url, key_file).costs(by, since, project)
+    if as_json:
+        _print_json(answer)
+        return
+    of = f", project {answer['project']}" if answer["project"] else ""
+    table = Table(title=f"gpuforge costs, {answer['since']} to {answer['until']}{of}")
+    for column in (by, "$", "device-hours", "jobs", "deployments"):
+        table.add_column(column, justify="left" if column == by else "right")
+    for g in answer["groups"]:
+        name = g[by] or ("(no project)" if by == "project" else "-")
+        table.add_row(
+            name, f"{g['usd']:.4f}", f"{g['device_hours']:.3f}", str(g["jobs"]), str(g["deployments"])
+        )
+    table.add_section()
+    table.add_row("total", f"{answer['total_usd']:.4f}", f"{answer['total_device_hours']:.3f}", "", "")
+    out_console.print(table)
+
+
 keys_app = typer.Typer(no_args_is_help=True, help="API keys and their quotas (an admin key makes them).")
 app.add_typer(keys_app, name="keys")
+ProjectOption = Annotated[
+    str | None,
+    typer.Option("--project", help="its project (projects create NAME): members read each other's jobs"),
+]
 
 
 def _with_quota_options(command):
@@ -390,13 +434,16 @@ def keys_create(
     admin: Annotated[
         bool, typer.Option(help="an admin key: sees all jobs, makes keys, has no quotas")
     ] = False,
+    project: ProjectOption = None,
     url: Url = None,
     key_file: KeyFile = None,
     as_json: AsJson = False,
 ) -> None:
-    """Make a key, with its quotas (those not given: the defaults); it is printed this once and stored as a
-    digest only."""
-    made = _client(url, key_file).create_key(name, admin, quotas)
+    """Make a key, with its quotas (those not given: the defaults) and project; it is printed this once and
+    stored as a digest only."""
+    if admin and project is not None:
+        raise GpuforgeError("--project: an admin key belongs to no project (it sees every project already)")
+    made = _client(url, key_file).create_key(name, admin, quotas, project)
     if as_json:
         _print_json(made)
     else:
@@ -406,16 +453,31 @@ def keys_create(
 @keys_app.command("set")
 @_with_quota_options
 def keys_set(
-    name: str, quotas: dict[str, int], url: Url = None, key_file: KeyFile = None, as_json: AsJson = False
+    name: str,
+    quotas: dict[str, int],
+    project: ProjectOption = None,
+    no_project: Annotated[
+        bool, typer.Option("--no-project", help="out of its project (its jobs made so far stay there)")
+    ] = False,
+    url: Url = None,
+    key_file: KeyFile = None,
+    as_json: AsJson = False,
 ) -> None:
-    """Change a key's quotas (those given); they hold from its next request on."""
-    if not quotas:
-        raise GpuforgeError(f"keys set {name}: nothing to change; give {', '.join(q.option for q in QUOTAS)}")
-    changed = _client(url, key_file).set_key(name, quotas)
+    """Change a key's quotas or project (those given); they hold from its next request on."""
+    if project is not None and no_project:
+        raise GpuforgeError("--project and --no-project: give one of them")
+    changes: dict[str, int | str | None] = dict(quotas)
+    if project is not None or no_project:
+        changes["project"] = project
+    if not changes:
+        options = ", ".join(["--project", *(q.option for q in QUOTAS)])
+        raise GpuforgeError(f"keys set {name}: nothing to change; give {options}")
+    changed = _client(url, key_file).set_key(name, changes)
     if as_json:
         _print_json(changed)
-    else:
-        out_console.print(f"key {changed['name']}: {_quotas_line(changed)}", highlight=False, markup=False)
+        return
+    moved = f"project {changed['project'] or 'none'}, " if "project" in changes else ""
+    out_console.print(f"key {changed['name']}: {moved}{_quotas_line(changed)}", highlight=False, markup=False)
 
 
 @keys_app.command("list")
@@ -426,13 +488,13 @@ def keys_list(url: Url = None, key_file: KeyFile = None, as_json: AsJson = False
         _print_json(rows)
         return
     table = Table(title="API keys")
-    for column in ("id", "name", "admin", "created", "revoked", *(q.name for q in QUOTAS)):
+    for column in ("id", "name", "admin", "project", "created", "revoked", *(q.name for q in QUOTAS)):
         table.add_column(column)
     for k in rows:
         revoked = (k.get("revoked_at") or "")[:19]
         table.add_row(
-            str(k["id"]), k["name"], "yes" if k["admin"] else "", k["created_at"][:19], revoked,
-            *(q.show(k[q.name]) for q in QUOTAS),
+            str(k["id"]), k["name"], "yes" if k["admin"] else "", k.get("project") or "",
+            k["created_at"][:19], revoked, *(q.show(k[q.name]) for q in QUOTAS),
         )  # fmt: skip
     out_console.print(table)
 
@@ -442,3 +504,110 @@ def keys_revoke(name: str, url: Url = None, key_file: KeyFile = None) -> None:
     """Revoke a key: it opens nothing from now on; its jobs and deployments stay."""
     revoked = _client(url, key_file).revoke_key(name)
     out_console.print(f"key {revoked['name']}: revoked", highlight=False, markup=False)
+
+
+projects_app = typer.Typer(
+    no_args_is_help=True,
+    help="Projects: teams with a month's budget, a device cap and a fair share (an admin key makes them).",
+)
+app.add_typer(projects_app, name="projects")
+Budget = Annotated[
+    float | None,
+    typer.Option(min=0, help="USD a month (UTC): at it, the project's jobs pause", show_default=False),
+]
+MaxDevices = Annotated[
+    int | None, typer.Option(min=0, help="devices its jobs hold at once at most", show_default=False)
+]
+Share = Annotated[
+    float | None,
+    typer.Option(help="fair-share weight, > 0: 2 gets twice the device-time of 1", show_default=False),
+]
+
+
+def _check_share(share: float | None) -> None:
+    if share is not None and not share > 0:  # click's ranges have no open bound for typer to pass on
+        raise GpuforgeError(f"--share: must be > 0, not {share:g}")
+
+
+def _project_line(p: dict) -> str:
+    budget = f"${p['budget_usd_month']:g}/month" if p["budget_usd_month"] is not None else "none"
+    cap = p["max_devices"] if p["max_devices"] is not None else "none"
+    return f"project {p['name']}: budget {budget}, max_devices {cap}, share {p['share']:g}"
+
+
+@projects_app.command("create")
+def projects_create(
+    name: str,
+    budget_usd_month: Budget = None,
+    max_devices: MaxDevices = None,
+    share: Share = None,
+    url: Url = None,
+    key_file: KeyFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """Make a project (no budget, no cap and share 1 unless given); keys join it with --project."""
+    _check_share(share)
+    given = {"budget_usd_month": budget_usd_month, "max_devices": max_devices, "share": share}
+    made = _client(url, key_file).create_project(name, {k: v for k, v in given.items() if v is not None})
+    if as_json:
+        _print_json(made)
+    else:
+        out_console.print(_project_line(made), highlight=False, markup=False)
+
+
+@projects_app.command("list")
+def projects_list(url: Url = None, key_file: KeyFile = None, as_json: AsJson = False) -> None:
+    """Projects (a member key: its own): spend this month, budget, devices held, jobs queued and running."""
+    rows = _client(url, key_file).projects()
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title="projects")
+    for column in ("name", "spent this month $", "budget $", "devices", "queued", "running", "share", "keys"):
+        table.add_column(column)
+    for p in rows:
+        budget = f"{p['budget_usd_month']:.2f}" if p["budget_usd_month"] is not None else "none"
+        devices = f"{p['devices_held']}/{p['max_devices'] if p['max_devices'] is not None else '-'}"
+        table.add_row(
+            p["name"], f"{p['spend_usd_month']:.4f}", budget, devices, str(p["jobs_queued"]),
+            str(p["jobs_running"]), f"{p['share']:g}", ", ".join(p["keys"]),
+        )  # fmt: skip
+    out_console.print(table)
+
+
+@projects_app.command("set")
+def projects_set(
+    name: str,
+    budget_usd_month: Budget = None,
+    no_budget: Annotated[bool, typer.Option("--no-budget", help="no month's budget")] = False,
+    max_devices: MaxDevices = None,
+    no_max_devices: Annotated[bool, typer.Option("--no-max-devices", help="no device cap")] = False,
+    share: Share = None,
+    url: Url = None,
+    key_file: KeyFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """Change a project's budget, device cap or share (those given); the scheduler holds to them within
+    seconds: a raised budget lets its paused jobs be resumed and its queued ones start."""
+    _check_share(share)
+    changes: dict[str, float | int | None] = {}
+    for option, value, none_option, cleared in (
+        ("budget_usd_month", budget_usd_month, "--no-budget", no_budget),
+        ("max_devices", max_devices, "--no-max-devices", no_max_devices),
+    ):
+        if value is not None and cleared:
+            raise GpuforgeError(f"--{option.replace('_', '-')} and {none_option}: give one of them")
+        if value is not None or cleared:
+            changes[option] = value
+    if share is not None:
+        changes["share"] = share
+    if not changes:
+        raise GpuforgeError(
+            f"projects set {name}: nothing to change; give --budget-usd-month, --no-budget, --max-devices, "
+            "--no-max-devices or --share"
+        )
+    changed = _client(url, key_file).set_project(name, changes)
+    if as_json:
+        _print_json(changed)
+    else:
+        out_console.print(_project_line(changed), highlight=False, markup=False)

@@ -137,11 +137,12 @@ def launch_local(spec: JobSpec, out: str | Path) -> dict[str, Any]:
 def launch_ray(spec: JobSpec, out: str | Path, address: str) -> dict[str, Any]:
     """The ranks as actors on a Ray cluster: a GPU or a CPU each, the rendezvous on rank 0's node, their
     output streamed back into <run>/logs/rank<N>.log. The run directory must be on a filesystem every node
-    sees (rank 0 writes it where it runs)."""
-    from gpuforge.launch.ray_ranks import cluster_devices, connect, run_ranks
+    sees (rank 0 writes it where it runs). With `resources.placement`, only on nodes with those labels."""
+    from gpuforge.launch.ray_ranks import cluster_nodes, connect, matching_nodes, run_ranks
 
     connect(address)
-    gpus = cluster_devices()["gpus"]
+    placement = dict(spec.resources.placement)
+    gpus = sum(n["gpus"] for n in matching_nodes(cluster_nodes(), placement))
     forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV) and passed(k)}
     on_gpu = spec.resources.device_type == "cuda" or (spec.resources.device_type == "auto" and gpus > 0)
 
@@ -163,10 +164,16 @@ def launch_ray(spec: JobSpec, out: str | Path, address: str) -> dict[str, Any]:
                 stop=stop,
                 grace_s=SHUTDOWN_GRACE_S,
                 strategy="SPREAD",
+                placement=placement or None,
             )
         nodes = sorted(set(result.node_ids))
         log.info(
-            "%d ranks ran on %d nodes (%s)", len(result.exit_codes), len(nodes), ", ".join(result.node_ips)
+            "%d ranks ran on %d nodes (%s)",
+            len(result.exit_codes),
+            len(nodes),
+            ", ".join(
+                f"{ip} node {node}" for ip, node in zip(result.node_ips, result.node_ids, strict=False)
+            ),
         )
         if stopped_by:
             return Attempt(signal=stopped_by[0])

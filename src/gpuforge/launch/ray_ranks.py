@@ -22,6 +22,12 @@ every rank sees its own GPUs from index 0: LOCAL_RANK is 0 when ``gpus_per_rank 
 the rank's index among the ranks on its node. LOCAL_WORLD_SIZE is the number of ranks on the rank's node,
 GROUP_RANK the index of its node (in order of the lowest rank on each node).
 
+Placement: a node's labels are its Ray node labels (``ray start --labels=site=onprem``) and its custom
+resources named ``label:NAME=VALUE`` (``ray start --resources='{"label:site=onprem": 1}'``, for a Ray
+without node labels). With ``placement={"site": "onprem"}``, every bundle of the placement group gets a label
+selector naming the nodes that carry those labels (their ``ray.io/node-id``), so every rank runs on one of
+them; a Ray without label selectors asks a sliver of each ``label:`` resource instead.
+
 Ray is an optional dependency (``pip install 'gpuforge[ray]'``); it is imported only when used.
 """
 
@@ -159,18 +165,117 @@ def connect(address: str, timeout_s: float = 15) -> None:
 
 
 def cluster_devices() -> dict[str, Any]:
-    """Totals of the connected cluster: ``{"cpus", "gpus", "nodes", "resources"}`` (alive nodes only)."""
+    """Totals of the connected cluster: ``{"cpus", "gpus", "nodes", "resources"}`` (alive nodes only), and
+    ``per_node``: each alive node as :func:`cluster_nodes` gives it."""
     ray = _ray()
     if not ray.is_initialized():
         raise RayLaunchError("not connected to a Ray cluster: call connect(address) first")
     total = ray.cluster_resources()
-    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    per_node = cluster_nodes()
     return {
         "cpus": float(total.get("CPU", 0.0)),
         "gpus": float(total.get("GPU", 0.0)),
-        "nodes": nodes,
+        "nodes": len(per_node),
         "resources": dict(total),
+        "per_node": per_node,
     }
+
+
+# --------------------------------------------------------------------------------------------- labels
+
+LABEL_RESOURCE = "label:"  # a custom resource "label:site=onprem" labels its node too (any Ray version)
+_RAY_OWN_LABELS = "ray.io/"  # Ray's own labels (node id, accelerator type): not the operator's
+_NODE_ID_LABEL = "ray.io/node-id"
+_LABEL_ASK = 0.001  # of a label resource, per rank: a node offering 1 of it takes up to 1000 ranks
+
+
+def node_labels(node: Mapping[str, Any]) -> dict[str, str]:
+    """The labels of one entry of ``ray.nodes()``: its Ray node labels (``ray start --labels``) but Ray's own
+    (``ray.io/...``), and its custom resources named ``label:NAME=VALUE`` (``ray start --resources``)."""
+    labels = {
+        str(k): str(v)
+        for k, v in (node.get("Labels") or {}).items()
+        if not str(k).startswith(_RAY_OWN_LABELS)
+    }
+    for name in node.get("Resources") or {}:
+        if name.startswith(LABEL_RESOURCE):
+            key, eq, value = name[len(LABEL_RESOURCE) :].partition("=")
+            if eq and key and value:
+                labels.setdefault(key, value)
+    return labels
+
+
+def cluster_nodes() -> list[dict[str, Any]]:
+    """The alive nodes of the connected cluster, by node id: ``{"node_id", "ip", "cpus", "gpus", "labels",
+    "resources", "ray_labels"}`` (``ray_labels``: the node's Ray labels as Ray has them, its own included)."""
+    ray = _ray()
+    nodes = []
+    for n in ray.nodes():
+        if not n.get("Alive"):
+            continue
+        res = dict(n.get("Resources") or {})
+        nodes.append(
+            {
+                "node_id": n["NodeID"],
+                "ip": n.get("NodeManagerAddress", ""),
+                "cpus": float(res.get("CPU", 0.0)),
+                "gpus": float(res.get("GPU", 0.0)),
+                "labels": node_labels(n),
+                "resources": res,
+                "ray_labels": dict(n.get("Labels") or {}),
+            }
+        )
+    return sorted(nodes, key=lambda n: n["node_id"])
+
+
+def matching_nodes(nodes: list[dict[str, Any]], placement: Mapping[str, str] | None) -> list[dict[str, Any]]:
+    """The nodes that carry every label of ``placement`` (all of them for none)."""
+    wanted = dict(placement or {})
+    return [n for n in nodes if all(n["labels"].get(k) == v for k, v in wanted.items())]
+
+
+def describe_labels(nodes: list[dict[str, Any]]) -> str:
+    """'site=onprem (1 node), gpu=h100 (2 nodes)', or 'none'."""
+    counts = collections.Counter(f"{k}={v}" for n in nodes for k, v in n["labels"].items())
+    return ", ".join(f"{lv} ({c} node{'s' if c > 1 else ''})" for lv, c in sorted(counts.items())) or "none"
+
+
+def _label_selector_supported() -> bool:
+    import inspect
+
+    from ray.util.placement_group import placement_group
+
+    return "bundle_label_selector" in inspect.signature(placement_group).parameters
+
+
+def _placement_constraint(
+    placement: Mapping[str, str] | None, nodes: list[dict[str, Any]]
+) -> tuple[dict[str, str] | None, dict[str, float]]:
+    """How to keep every rank on a node whose labels match: ``(label selector of each bundle, custom
+    resources each rank adds)``. With Ray's label selectors, the selector names the matching nodes by their
+    ``ray.io/node-id`` label (so that labels from either source count); without them, each rank asks a
+    sliver of every ``label:NAME=VALUE`` resource. A placement that no alive node matches is an error naming
+    the labels that exist."""
+    if not placement:
+        return None, {}
+    wanted = ", ".join(f"{k}={v}" for k, v in placement.items())
+    matching = matching_nodes(nodes, placement)
+    if not matching:
+        raise RayLaunchError(
+            f"resources.placement: no alive node of the Ray cluster is labelled {wanted}; "
+            f"its nodes' labels: {describe_labels(nodes)}"
+        )
+    if _label_selector_supported() and all(_NODE_ID_LABEL in n["ray_labels"] for n in matching):
+        ids = ",".join(n["ray_labels"][_NODE_ID_LABEL] for n in matching)
+        return {_NODE_ID_LABEL: f"in({ids})"}, {}
+    asks = {f"{LABEL_RESOURCE}{k}={v}": _LABEL_ASK for k, v in placement.items()}
+    missing = [r for r in asks if any(r not in n["resources"] for n in matching)]
+    if missing:
+        raise RayLaunchError(
+            f"resources.placement {wanted}: this Ray has no label selectors; label the nodes with the custom "
+            f"resources {', '.join(missing)} (ray start --resources='{{\"{missing[0]}\": 1}}')"
+        )
+    return None, asks
 
 
 # --------------------------------------------------------------------------------------------- the actor
@@ -339,9 +444,20 @@ def _rank_resources(
     return per
 
 
-def _check_fits(world_size: int, cpus: float, gpus: float, resources: list[dict[str, float]]) -> None:
-    have = cluster_devices()
-    total = have["resources"]
+def _check_fits(
+    world_size: int,
+    cpus: float,
+    gpus: float,
+    resources: list[dict[str, float]],
+    nodes: list[dict[str, Any]],
+    placement: Mapping[str, str] | None = None,
+) -> None:
+    """The ranks ask no more than the nodes they may run on have, together."""
+    nodes = matching_nodes(nodes, placement)
+    total: dict[str, float] = {}
+    for n in nodes:
+        for k, v in n["resources"].items():
+            total[k] = total.get(k, 0.0) + float(v)
     asks: dict[str, float] = {"CPU": cpus * world_size, "GPU": gpus * world_size}
     for res in resources:
         for k, v in res.items():
@@ -352,9 +468,16 @@ def _check_fits(world_size: int, cpus: float, gpus: float, resources: list[dict[
         if v > 0 and v > total.get(k, 0.0) + 1e-9
     ]
     if short:
+        on = "the Ray cluster has"
+        if placement:
+            on = (
+                "the Ray cluster's nodes labelled "
+                + ", ".join(f"{k}={v}" for k, v in placement.items())
+                + " have"
+            )
         raise RayLaunchError(
-            f"the job's {world_size} ranks ask more than the Ray cluster has ({have['nodes']} nodes, "
-            f"{have['cpus']:g} CPUs, {have['gpus']:g} GPUs): they ask " + ", ".join(short)
+            f"the job's {world_size} ranks ask more than {on} ({len(nodes)} nodes, "
+            f"{total.get('CPU', 0.0):g} CPUs, {total.get('GPU', 0.0):g} GPUs): they ask " + ", ".join(short)
         )
 
 
@@ -374,6 +497,7 @@ def run_ranks(
     cwd: Path | None = None,
     placement_timeout_s: float = 120.0,
     on_line: Callable[[int, str], None] | None = None,
+    placement: Mapping[str, str] | None = None,
 ) -> RanksResult:
     """Run ``argv`` as ``world_size`` ranks on the connected Ray cluster; see the module docstring.
 
@@ -383,8 +507,10 @@ def run_ranks(
     ``run_dir/logs/rank{r}.log`` (appended) and to ``on_line(rank, line)``. ``stop``: set it (from a signal
     handler) to stop the job: SIGTERM to every rank, SIGKILL after ``grace_s``; the result then says
     ``stopped``. A failed rank, or ``timeout_s`` running out, stops the others the same way. ``strategy``:
-    the placement group's (PACK keeps ranks on few nodes, SPREAD spreads them). Raises
-    :class:`RayLaunchError` when the cluster cannot hold the job or a rank cannot be started.
+    the placement group's (PACK keeps ranks on few nodes, SPREAD spreads them). ``placement``: labels
+    (``{"site": "onprem"}``) every rank's node must carry, Ray node labels or ``label:NAME=VALUE`` custom
+    resources (see :func:`node_labels`). Raises :class:`RayLaunchError` when the cluster cannot hold the
+    job (no node matches ``placement``, or the matching ones are too small), or a rank cannot be started.
     """
     ray = _ray()
     from ray.util.placement_group import placement_group
@@ -394,7 +520,10 @@ def run_ranks(
     per_rank = _checked_resources(
         argv, world_size, strategy, cpus_per_rank, gpus_per_rank, resources_per_rank
     )
-    _check_fits(world_size, cpus_per_rank, gpus_per_rank, per_rank)
+    nodes = cluster_nodes()
+    selector, label_asks = _placement_constraint(placement, nodes)
+    per_rank = [{**res, **label_asks} for res in per_rank]
+    _check_fits(world_size, cpus_per_rank, gpus_per_rank, per_rank, nodes, placement)
 
     t0 = time.monotonic()
     run_dir = Path(run_dir).resolve()
@@ -404,7 +533,10 @@ def run_ranks(
     stop = stop if stop is not None else threading.Event()
 
     bundles = [_bundle(cpus_per_rank, gpus_per_rank, res) for res in per_rank]
-    pg = placement_group(bundles, strategy=strategy)
+    if selector is None:
+        pg = placement_group(bundles, strategy=strategy)
+    else:  # every bundle, so every rank's actor, on a node whose labels match
+        pg = placement_group(bundles, strategy=strategy, bundle_label_selector=[selector] * len(bundles))
     # By value: a worker then does not import gpuforge.distributed (and torch, seconds) to host the actor.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     actors: list[Any] = []
@@ -413,7 +545,9 @@ def run_ranks(
     files = []
     watched = False
     try:
-        what = f"{world_size} ranks ({bundles[0]} each, strategy {strategy})"
+        labelled = ", ".join(f"{k}={v}" for k, v in (placement or {}).items())
+        on = f", on nodes labelled {labelled}" if labelled else ""
+        what = f"{world_size} ranks ({bundles[0]} each, strategy {strategy}{on})"
         if not _wait_for_placement(ray, pg, stop, t0, placement_timeout_s, what):
             result.stopped = True  # stopped while waiting for room: no rank ever ran
             result.seconds = time.monotonic() - t0

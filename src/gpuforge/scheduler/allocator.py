@@ -8,6 +8,7 @@ GPUFORGE_CPU_SLOTS (default 1: one CPU job at a time, all cores).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 from gpuforge.runtime.host import usable_cores
@@ -42,16 +43,35 @@ def inventory(cpu_slots: int | None = None) -> list[DeviceInfo]:
 
 
 def cluster_inventory(cluster: dict) -> list[DeviceInfo]:
-    """The devices of a Ray cluster (ray_launch.cluster_devices()): each GPU, and each CPU as a slot of one
-    core (GPUFORGE_CPU_SLOTS, when set, caps them). Ray places the ranks; these ids only count them."""
-    devices = [
-        DeviceInfo(f"cuda:{i}", "cuda", "a GPU of the Ray cluster") for i in range(int(cluster["gpus"]))
-    ]
-    cpus = int(cluster["cpus"])
+    """The devices of a Ray cluster (ray_ranks.cluster_devices()): each GPU, and each CPU as a slot of one
+    core (GPUFORGE_CPU_SLOTS, when set, caps them, taken from the nodes in turn), each with its node's labels
+    (``per_node``; without it, none). Ray places the ranks, on nodes that carry a job's placement labels;
+    these ids only count them."""
+    nodes = cluster.get("per_node") or [{"cpus": cluster["cpus"], "gpus": cluster["gpus"], "labels": {}}]
     configured = current().cpu_slots  # 0 is a cap too: no CPU jobs on the cluster
-    slots = min(cpus, cpus if configured is None else configured)
-    devices += [DeviceInfo(f"cpu:{i}", "cpu", "a CPU core of the Ray cluster", None, 1) for i in range(slots)]
+    turns = itertools.zip_longest(*(range(int(n["cpus"])) for n in nodes))
+    # a core of each node in turn, so that a cap leaves every node some
+    in_turn = [i for turn in turns for i, core in enumerate(turn) if core is not None]
+    cpu_nodes = [nodes[i] for i in sorted(in_turn if configured is None else in_turn[:configured])]
+    gpu_nodes = [n for n in nodes for _ in range(int(n["gpus"]))]
+    devices = [
+        DeviceInfo(f"cuda:{i}", "cuda", f"a GPU of {_node(n)}", labels=_labels(n))
+        for i, n in enumerate(gpu_nodes)
+    ]
+    devices += [
+        DeviceInfo(f"cpu:{i}", "cpu", f"a CPU core of {_node(n)}", None, 1, _labels(n))
+        for i, n in enumerate(cpu_nodes)
+    ]
     return devices
+
+
+def _node(node: dict) -> str:
+    where = f"{node.get('ip', '')} {str(node.get('node_id', ''))[:8]}".strip()
+    return f"Ray node {where}" if where else "the Ray cluster"
+
+
+def _labels(node: dict) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), str(v)) for k, v in (node.get("labels") or {}).items()))
 
 
 def job_environment(devices: list[DeviceInfo]) -> dict[str, str]:

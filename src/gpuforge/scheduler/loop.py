@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import signal
 import threading
@@ -61,6 +62,13 @@ from gpuforge.store.quotas import running_limits
 
 log = logging.getLogger("gpuforge.scheduler")
 TICK_S = 0.5
+PREEMPTED_BY = re.compile(r"preempted by job \d+.*?\(priority -?\d+\)")  # the head of _preempt's reason
+
+
+def _after_preemption(state: JobState, reason: str | None, why: str) -> str:
+    """Why a queued job waits; a preempted one keeps saying who preempted it, ahead of that."""
+    found = PREEMPTED_BY.match(reason or "") if state == JobState.PREEMPTED else None
+    return f"{found.group(0)}; {why}" if found else why
 
 
 class Scheduler:
@@ -183,9 +191,11 @@ class Scheduler:
             self._signal(job)
         if alive:
             return
-        last = s.scalar(  # the runner's last word on its run (a `compressed` event may follow `finished`)
+        # the runner's last word on its run (a `compressed` event may follow `finished`); the server's
+        # `preempted` closes the run before: its `cancelled` must not end a resumed runner that died unheard
+        last = s.scalar(
             select(Event)
-            .where(Event.job_id == job.id, Event.kind.in_(["started", *states.RUNNER_ENDINGS]))
+            .where(Event.job_id == job.id, Event.kind.in_(["started", "preempted", *states.RUNNER_ENDINGS]))
             .order_by(Event.seq.desc())
             .limit(1)
         )
@@ -193,7 +203,7 @@ class Scheduler:
         exit_code = own.process.returncode if own is not None and own.process is not None else None
         self.signalled.discard(job.id)
         server_stop = job.stop_requested and not job.cancel_requested
-        if server_stop and (last is None or last.kind in ("started", "cancelled")):
+        if server_stop and (last is None or last.kind in ("started", "cancelled", "preempted")):
             self._stopped_by_server(s, job)  # it checkpointed on our SIGTERM (or died on the way)
         elif last is not None and last.kind in states.RUNNER_ENDINGS:
             states.end(s, job.id, last.kind, last.data.get("reason"))
@@ -255,6 +265,7 @@ class Scheduler:
             boost = max(0, priority - job.priority)  # preempted too often: it queues beside its preemptor
         states.preempt(s, job.id, job.reason or "preempted", boost)
         RunDir(Path(job.run_dir)).event("preempted", by_job=by, reason=job.reason)
+        ingest(s, job)  # into the store now: only a running job's directory is read otherwise
 
     @staticmethod
     def _refused_input(job: Job, exit_code: int | None) -> str | None:
@@ -337,11 +348,13 @@ class Scheduler:
             Job.project_id,
             Job.planned_s,
             Job.placement,
+            Job.state,
+            Job.reason,
         )
-        queued = [
-            QueuedJob(*row[:7], tuple(sorted((row[7] or {}).items())))
-            for row in s.execute(select(*columns).where(Job.state.in_(QUEUE_JOB_STATES)))
-        ]
+        queued, said = [], {}
+        for row in s.execute(select(*columns).where(Job.state.in_(QUEUE_JOB_STATES))):
+            queued.append(QueuedJob(*row[:7], tuple(sorted((row[7] or {}).items()))))
+            said[row[0]] = (row[8], row[9])  # its state and the reason it shows now
         groups = {(j.project, None) if j.project is not None else (None, j.owner) for j in queued}
         fairness = None
         if len(groups) > 1:  # fair share matters once two projects (or keys) wait
@@ -363,9 +376,15 @@ class Scheduler:
         }
         for job_id, why in plan.impossible.items():
             states.reject(s, job_id, why)
-        for job_id, why in (plan.held | plan.blocked).items():  # says why it waits (written once)
-            if s.get(Job, job_id).reason != why:
+        waits = plan.held | plan.blocked
+        for job_id, why in waits.items():  # says why it waits (written when it changes)
+            state, reason = said[job_id]
+            why = _after_preemption(state, reason, why)
+            if reason != why:
                 states.hold(s, job_id, why)
+        for job_id, (_, reason) in said.items():  # a wait that no longer holds: its place says it
+            if reason and reason.startswith(HELD) and job_id not in waits and job_id not in started:
+                states.hold(s, job_id, None)
         for victim_id, for_job in plan.preempt.items():
             self._preempt(s, victim_id, s.get(Job, for_job))
         for job_id, device_ids in plan.starts:

@@ -25,7 +25,7 @@ from gpuforge.scheduler.loop import Scheduler
 from gpuforge.scheduler.worker_keys import load_secret
 from gpuforge.secret_files import shown_url
 from gpuforge.server.auth import RequireKey
-from gpuforge.server.routes import deployments, jobs, keys, overview, uploads
+from gpuforge.server.routes import deployments, jobs, keys, overview, projects, uploads
 from gpuforge.server.schemas import Health
 from gpuforge.server.settings import Settings, job_policy
 from gpuforge.store.db import connect, migrate, session
@@ -71,7 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
     app.state.settings, app.state.known_keys, app.state.revoked_keys = settings, {}, set()
     app.state.open_streams = {}  # key id -> live streams it holds (routes/jobs.py)
-    for routes in (jobs, keys, uploads, deployments, overview):
+    for routes in (jobs, keys, projects, uploads, deployments, overview):
         app.include_router(routes.router)
     add_pages(app)
 
@@ -173,7 +173,7 @@ def devices_of(settings: Settings) -> list:
     """What the scheduler hands out: this machine's devices, or a Ray cluster's (GPUs, and CPUs as slots).
     With Ray, the scheduler tells job runners where the cluster is (Settings.runner_environment)."""
     try:
-        labels = parse_labels(settings.device_labels, "--device-labels")
+        labels = parse_labels(settings.device_labels)
     except ValueError as err:
         raise GpuforgeError(str(err)) from None
     if settings.executor == "local":

@@ -36,8 +36,14 @@ class JobPublic(BaseModel):
     id: int
     name: str
     owner: str | None = Field(description="the name of the key that submitted it")
+    project: str | None = Field(None, description="the project of its key when it was submitted")
     state: str
     priority: int
+    queue_position: int | None = Field(
+        None, description="queued or preempted: its place in the queue (1 starts next), at the last tick"
+    )
+    preemptions: int = Field(0, description="times it was preempted in a row")
+    preemptible: bool = True
     device_type: str
     devices_wanted: int
     devices: str | None
@@ -118,6 +124,9 @@ class _KeyCreate(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", max_length=100)
     admin: bool = False
+    project: str | None = Field(
+        None, max_length=100, description="the project it belongs to, by name; an admin key belongs to none"
+    )
 
 
 KeyCreate = create_model(
@@ -128,6 +137,7 @@ KeyCreate = create_model(
 KeyUpdate = create_model(
     "KeyUpdate",
     __config__=ConfigDict(extra="forbid"),
+    project=(str | None, Field(None, max_length=100, description="its project, by name; null: none")),
     **_quota_fields(lambda q: f"{q.help}; null: back to the default ({q.show(q.default)})"),
 )
 
@@ -138,6 +148,7 @@ class _KeyPublic(BaseModel):
     admin: bool
     created_at: datetime
     revoked_at: datetime | None = None
+    project: str | None = Field(None, description="the project it belongs to (none for an admin key)")
 
     @model_validator(mode="before")
     @classmethod
@@ -158,6 +169,45 @@ KeyPublic = create_model(
 
 class KeyCreated(KeyPublic):
     key: str = Field(description="the key itself: shown this once, stored as a digest only")
+
+
+ProjectName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", max_length=100)]
+BudgetUsdMonth = Annotated[float, Field(ge=0, le=1e9, description="USD a month; null: no budget")]
+MaxDevices = Annotated[int, Field(ge=0, le=2**31 - 1, description="devices held at once; null: no cap")]
+Share = Annotated[float, Field(gt=0, le=1e6, description="fair-share weight: 2 gets twice the time of 1")]
+
+
+class ProjectCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: ProjectName
+    budget_usd_month: BudgetUsdMonth | None = None
+    max_devices: MaxDevices | None = None
+    share: Share = 1.0
+
+
+class ProjectUpdate(BaseModel):
+    """Only the fields sent change; null: no budget, no cap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    budget_usd_month: BudgetUsdMonth | None = None
+    max_devices: MaxDevices | None = None
+    share: Share = 1.0
+
+
+class ProjectPublic(BaseModel):
+    id: int
+    name: str
+    budget_usd_month: float | None = Field(description="null: no budget")
+    max_devices: int | None = Field(description="null: no cap")
+    share: float
+    created_at: datetime
+    spend_usd_month: float = Field(description="charged to it this month (UTC), from the ledger")
+    devices_held: int = Field(description="devices its running jobs hold now")
+    jobs_queued: int = Field(description="its jobs waiting for devices (queued or preempted)")
+    jobs_running: int
+    keys: list[str] = Field(description="its live keys, by name")
 
 
 class UploadPublic(BaseModel):
@@ -241,10 +291,26 @@ class DevicePublic(BaseModel):
     busy_seconds: float = Field(description="since the server first counted it")
 
 
+class CostGroup(BaseModel):
+    """Spend summed over one group of the ledger's rows (GET /api/v1/costs)."""
+
+    day: str | None = None  # by=day, and in `rows`
+    key: str | None = None  # by=key, and in `rows`
+    project: str | None = None  # by=project (null: no project, as an admin's key)
+    usd: float
+    device_hours: float
+    jobs: int = Field(description="jobs that ran in it")
+    deployments: int = Field(description="deployments whose replicas ran in it")
+
+
 class CostsPublic(BaseModel):
     since: str
     until: str
+    by: str = Field(description="day, key or project: what `groups` sums over")
+    project: str | None = Field(description="only this project's spend, when asked")
     days: list[str]
     keys: list[str]
-    rows: list[dict[str, Any]] = Field(description="{day, key, usd, jobs}: one a day and key that spent")
+    groups: list[CostGroup] = Field(description="one a day, key or project that spent (by)")
+    rows: list[CostGroup] = Field(description="one a day and key that spent (the dashboard's table)")
     total_usd: float
+    total_device_hours: float

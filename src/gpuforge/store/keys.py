@@ -2,8 +2,8 @@
 
 On its first start the server makes an admin key and writes it to $GPUFORGE_HOME/admin.key, readable by
 its owner alone; `gpuforge keys create NAME` makes the others, with their quotas (store/quotas.py;
-`gpuforge keys set NAME` changes them). A key is looked up by its digest, so a stolen database does not
-hand out working keys.
+`gpuforge keys set NAME` changes them) and project (store/projects.py). A key is looked up by its digest,
+so a stolen database does not hand out working keys.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.store.models import ApiKey, utcnow
+from gpuforge.store.projects import project_named
 from gpuforge.store.quotas import BY_NAME, check_settable
 
 PREFIX = "gf_"
@@ -30,17 +31,44 @@ def digest(key: str) -> str:
 
 
 def create_key(
-    s: Session, name: str, admin: bool = False, quotas: dict[str, int | None] | None = None
+    s: Session,
+    name: str,
+    admin: bool = False,
+    quotas: dict[str, int | None] | None = None,
+    project: str | None = None,
 ) -> str:
     """A new key named `name` (unique), with the quotas given (the others: the defaults; an admin key has
-    none, store/quotas.py); returns the key itself, which is not kept anywhere. ValueError for quotas it
-    cannot have."""
+    none, store/quotas.py), in `project` (by name; an admin key in none); returns the key itself, which is
+    not kept anywhere. ValueError for quotas or a project it cannot have."""
     check_settable(name, admin, quotas or {})
+    project_id = _project_id(s, name, admin, project)
     if s.scalar(select(ApiKey.id).where(ApiKey.name == name)) is not None:
         raise GpuforgeError(f"an API key named {name!r} exists already")
     key = PREFIX + secrets.token_urlsafe(32)
-    s.add(ApiKey(name=name, digest=digest(key), admin=admin, **(quotas or {})))
+    s.add(ApiKey(name=name, digest=digest(key), admin=admin, project_id=project_id, **(quotas or {})))
     return key
+
+
+def set_key_project(s: Session, name: str, project: str | None) -> ApiKey:
+    """Put the key named `name` in `project` (by name; None: in none). Its jobs and deployments stay where
+    they were made (their costs counted there); its new ones go to the new project. LookupError: no such
+    key; ValueError: no such project, or an admin key."""
+    key = s.scalar(select(ApiKey).where(ApiKey.name == name))
+    if key is None:
+        raise LookupError(f"no API key named {name!r}")
+    key.project_id = _project_id(s, name, key.admin, project)
+    return key
+
+
+def _project_id(s: Session, key_name: str, admin: bool, project: str | None) -> int | None:
+    if project is None:
+        return None
+    if admin:  # it sees and changes every project's jobs already; its own would count nowhere's budget
+        raise ValueError(f"project: {key_name!r} is an admin key: admin keys belong to no project")
+    try:
+        return project_named(s, project).id
+    except LookupError as err:
+        raise ValueError(f"project: {err}") from None
 
 
 def set_quotas(s: Session, name: str, quotas: dict[str, int | None]) -> ApiKey:
@@ -51,7 +79,7 @@ def set_quotas(s: Session, name: str, quotas: dict[str, int | None]) -> ApiKey:
     if key is None:
         raise LookupError(f"no API key named {name!r}")
     if not quotas:
-        raise ValueError(f"nothing to change: give one of {', '.join(BY_NAME)}")
+        raise ValueError(f"nothing to change: give project or one of {', '.join(BY_NAME)}")
     check_settable(name, key.admin, quotas)
     for quota, value in quotas.items():
         setattr(key, quota, value)

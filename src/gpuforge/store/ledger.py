@@ -8,8 +8,11 @@ neither: no second is counted twice, none lost while the job ran. (A job whose p
 server was down is charged up to the server's return: the ledger cannot know when it died; at most the
 down time.)
 
-A job's rate is its spec's cost.usd_per_hour (one device, filled from prices.yaml when the spec set none)
-times its devices; a deployment's is the price of one replica's device times its replicas up.
+A job's rate is Job.usd_per_hour, set at submit for all its devices (the spec's cost.usd_per_hour, one
+device's price, filled from prices.yaml when the spec set none, times its devices); a deployment's is the
+price of one replica's device times its replicas up. Device-seconds count every device held.
+
+`spend` reads it back for `gpuforge costs` and the dashboard: sums per UTC day, key, project and subject.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from gpuforge.store.models import Deployment, Job, LedgerEntry, utcnow
 
 MAX_GAP = timedelta(days=31)  # a mark older than this (a store restored from long ago) is not charged
+MINUTE = timedelta(minutes=1)
+
+Entries = dict[tuple[str, datetime], LedgerEntry]  # (subject, minute) -> its row, read or added this tick
 
 
 @dataclass(frozen=True)
@@ -31,12 +37,12 @@ class Charge:
     subject: str  # "job:12" | "deployment:3"
     key_id: int | None
     project_id: int | None
-    devices: int
-    usd_per_hour: float
+    devices: int  # held: device-seconds count each
+    usd_per_hour: float  # for all of them together
 
 
 def minute_of(when: datetime) -> datetime:
-    return when.replace(second=0, microsecond=0)
+    return when.astimezone(UTC).replace(second=0, microsecond=0)
 
 
 def month_start(when: datetime) -> datetime:
@@ -48,24 +54,26 @@ def _slices(since: datetime, until: datetime) -> Iterable[tuple[datetime, float]
     at = since
     while at < until:
         minute = minute_of(at)
-        end = min(until, minute + timedelta(minutes=1))
+        end = min(until, minute + MINUTE)
         yield minute, (end - at).total_seconds()
         at = end
 
 
-def charge(s: Session, row: Job | Deployment, what: Charge, now: datetime) -> float:
-    """Add `row`'s time since its mark to the ledger and move its mark to `now`; the dollars added."""
+def charge(
+    s: Session, row: Job | Deployment, what: Charge, now: datetime, entries: Entries | None = None
+) -> float:
+    """Add `row`'s time since its mark to the ledger and move its mark to `now`, in the caller's
+    transaction; the dollars added. `entries`: the rows `accrue` read for the whole tick (else read here)."""
     since = row.accrued_at
     row.accrued_at = now
     if since is None or since >= now or now - since > MAX_GAP:
-        return 0.0  # its first tick sets the mark
+        return 0.0  # its first tick sets the mark (and a clock stepped back counts nothing)
+    if entries is None:
+        entries = _read_entries(s, {what.subject: since})
     added = 0.0
     for minute, seconds in _slices(since, now):
-        device_seconds = seconds * what.devices
-        usd = device_seconds * what.usd_per_hour / 3600.0
-        entry = s.scalar(
-            select(LedgerEntry).where(LedgerEntry.subject == what.subject, LedgerEntry.minute == minute)
-        )
+        usd = seconds * what.usd_per_hour / 3600.0
+        entry = entries.get((what.subject, minute))
         if entry is None:
             entry = LedgerEntry(
                 subject=what.subject,
@@ -76,10 +84,31 @@ def charge(s: Session, row: Job | Deployment, what: Charge, now: datetime) -> fl
                 usd=0.0,
             )
             s.add(entry)
-        entry.device_seconds += device_seconds
+            entries[(what.subject, minute)] = entry
+        entry.device_seconds += seconds * what.devices
         entry.usd += usd
         added += usd
     return added
+
+
+def _read_entries(s: Session, marks: dict[str, datetime]) -> Entries:
+    """The rows already there for these subjects from their marks' minutes on: one query a tick, not one
+    a job (a tick's time is the scheduler's latency)."""
+    if not marks:
+        return {}
+    since = min(minute_of(mark) for mark in marks.values())
+    rows = s.scalars(select(LedgerEntry).where(LedgerEntry.subject.in_(marks), LedgerEntry.minute >= since))
+    return {(e.subject, minute_of(e.minute)): e for e in rows}
+
+
+def _job_charge(job: Job) -> Charge:
+    devices = len(job.devices.split(",")) if job.devices else job.devices_wanted
+    return Charge(f"job:{job.id}", job.owner_id, job.project_id, devices, job.usd_per_hour or 0.0)
+
+
+def _deployment_charge(deployment: Deployment, up: int) -> Charge:
+    rate = (deployment.usd_per_hour or 0.0) * up  # one replica's device, times the replicas up
+    return Charge(f"deployment:{deployment.id}", deployment.owner_id, deployment.project_id, up, rate)
 
 
 def accrue(
@@ -87,30 +116,70 @@ def accrue(
 ) -> None:
     """Charge every job that runs (with a process) and every deployment with replicas up, to `now`."""
     now = now or utcnow()
+    due: list[tuple[Job | Deployment, Charge]] = []
     for job in jobs:
         if job.pid is None:
             continue  # claimed, not started: nothing runs yet
-        rate = job.usd_per_hour or 0.0
-        what = Charge(f"job:{job.id}", job.owner_id, job.project_id, job.devices_wanted, rate)
-        charge(s, job, what, now)
+        if job.accrued_at is None and job.run_started_at is not None:
+            # from its process's start (states.start), not from the first tick that saw it: the half
+            # second between them is run time too (claim cleared the last run's mark)
+            job.accrued_at = min(job.run_started_at, now)
+        due.append((job, _job_charge(job)))
     for deployment in deployments:
         up = sum(1 for w in deployment.workers or () if w.get("pid"))
         if not up:
             deployment.accrued_at = None  # nothing runs: the next replica starts a new mark
             continue
-        rate = (deployment.usd_per_hour or 0.0) * up
-        what = Charge(
-            f"deployment:{deployment.id}", deployment.owner_id, deployment.project_id, up, rate / up
-        )
-        charge(s, deployment, what, now)
+        due.append((deployment, _deployment_charge(deployment, up)))
+    marks = {what.subject: row.accrued_at for row, what in due if row.accrued_at is not None}
+    entries = _read_entries(s, {k: v for k, v in marks.items() if v < now})
+    for row, what in due:
+        charge(s, row, what, now, entries)
 
 
 def month_spend(s: Session, now: datetime | None = None) -> dict[int, float]:
-    """project id -> dollars charged to it since the start of this month (UTC)."""
+    """project id -> dollars charged to it in the month (UTC) of `now` (default: this one)."""
     since = month_start(now or utcnow())
+    until = month_start(since + timedelta(days=32))
     rows = s.execute(
         select(LedgerEntry.project_id, func.sum(LedgerEntry.usd))
-        .where(LedgerEntry.minute >= since, LedgerEntry.project_id.is_not(None))
+        .where(LedgerEntry.minute >= since, LedgerEntry.minute < until, LedgerEntry.project_id.is_not(None))
         .group_by(LedgerEntry.project_id)
     )
     return {project: float(total or 0.0) for project, total in rows}
+
+
+# --- reading it back ---
+@dataclass(frozen=True)
+class Spent:
+    """One subject's spend on one UTC day."""
+
+    day: str  # YYYY-MM-DD
+    key_id: int | None
+    project_id: int | None
+    subject: str
+    usd: float
+    device_seconds: float
+
+
+def _day(s: Session) -> ColumnElement[str]:
+    """The UTC day of a ledger row's minute, as YYYY-MM-DD, in the store's own SQL (grouped there: a year
+    of minutes is millions of rows)."""
+    if s.get_bind().dialect.name == "postgresql":
+        return func.to_char(func.timezone("UTC", LedgerEntry.minute), "YYYY-MM-DD")
+    return func.strftime("%Y-%m-%d", LedgerEntry.minute)  # SQLite keeps UTC as text
+
+
+def spend(s: Session, since: datetime, until: datetime, *where: ColumnElement[bool]) -> list[Spent]:
+    """What was charged in [since, until) where `where` holds, summed per day, key, project and subject."""
+    day = _day(s).label("day")
+    columns = (day, LedgerEntry.key_id, LedgerEntry.project_id, LedgerEntry.subject)
+    query = (
+        select(*columns, func.sum(LedgerEntry.usd), func.sum(LedgerEntry.device_seconds))
+        .where(LedgerEntry.minute >= since, LedgerEntry.minute < until, *where)
+        .group_by(*columns)
+    )
+    return [
+        Spent(d, k, p, subject, float(usd or 0.0), float(ds or 0.0))
+        for d, k, p, subject, usd, ds in s.execute(query)
+    ]

@@ -153,6 +153,7 @@ class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         Index("ix_jobs_queue", "state", "priority", "id"),
+        Index("ix_jobs_project_id", "project_id"),  # a member's list: its own jobs or its project's
         # a submit retried with its Idempotency-Key finds its first job: never a second (routes/jobs.py)
         UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency_key"),
     )

@@ -202,8 +202,8 @@ def reject(s: Session, job_id: int, reason: str) -> bool:
     return _move_job(s, job_id, _QUEUED, state=JobState.FAILED, finished_at=utcnow(), reason=reason)
 
 
-def hold(s: Session, job_id: int, reason: str) -> bool:
-    """A queued job stays queued, saying why."""
+def hold(s: Session, job_id: int, reason: str | None) -> bool:
+    """A queued job stays queued, saying why (None: nothing but its place in the queue)."""
     return _move_job(s, job_id, _QUEUED, reason=reason)
 
 

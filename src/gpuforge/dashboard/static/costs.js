@@ -1,5 +1,6 @@
 // Costs (/costs): spend per key per day over a period (the last 30 days unless the URL says otherwise),
-// as a table with totals and a bar a day.
+// from the server's cost ledger (charged minute by minute as jobs and replicas run), as a table with
+// totals and a bar a day; a cell's title gives its jobs and device time.
 
 import { api, onLeave, SignedOut } from "/static/app.js";
 import { costChart } from "/static/charts.js";
@@ -42,11 +43,12 @@ export async function render(root, { params }) {
       return;
     }
     error.textContent = "";
-    const { keys = [], days = [], rows = [], total_usd: total } = answer.data;
+    const { keys = [], days = [], rows = [], total_usd: total, total_device_hours: hours } = answer.data;
     const cell = new Map(rows.map((r) => [`${r.day}\n${r.key}`, r]));
     const dayTotal = (day) => keys.reduce((n, k) => n + (cell.get(`${day}\n${k}`)?.usd ?? 0), 0);
     const keyTotal = (key) => rows.filter((r) => r.key === key).reduce((n, r) => n + (r.usd ?? 0), 0);
-    const money = (usd, jobs) => el("td", { class: "num", text: usd ? f.dollars(usd) : "—", title: jobs ? `${jobs} job${jobs === 1 ? "" : "s"}` : null });
+    const ran = (r) => [r.jobs && `${r.jobs} job${r.jobs === 1 ? "" : "s"}`, r.deployments && `${r.deployments} deployment${r.deployments === 1 ? "" : "s"}`, `${f.duration(r.device_hours * 3600)} of device time`].filter(Boolean).join(", ");
+    const money = (r) => el("td", { class: "num", text: r?.usd ? f.dollars(r.usd) : "—", title: r ? ran(r) : null });
 
     const table = el(
       "table",
@@ -61,10 +63,7 @@ export async function render(root, { params }) {
             "tr",
             { "data-day": day },
             el("th", { scope: "row", text: day }),
-            keys.map((k) => {
-              const r = cell.get(`${day}\n${k}`);
-              return money(r?.usd, r?.jobs);
-            }),
+            keys.map((k) => money(cell.get(`${day}\n${k}`))),
             el("td", { class: "num total", text: dayTotal(day) ? f.dollars(dayTotal(day)) : "—" }),
           ),
         ),
@@ -77,7 +76,7 @@ export async function render(root, { params }) {
     );
     const div = el("div", { class: "chart wide", "data-metric": "costs", "data-points": days.length });
     fill(out,
-      keys.length ? null : el("p", { class: "muted", text: "nothing spent in this period" }),
+      keys.length ? el("p", { class: "muted", "data-field": "total_device_hours", text: `${f.duration((hours ?? 0) * 3600)} of device time in all` }) : el("p", { class: "muted", text: "nothing spent in this period" }),
       days.length ? el("div", { class: "charts" }, div) : null,
       el("div", { class: "table-wrap" }, table),
     );

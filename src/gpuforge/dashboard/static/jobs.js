@@ -8,13 +8,15 @@ import { badge, detailText, el, fill, setText } from "/static/dom.js";
 import * as f from "/static/format.js";
 
 const PAGE = 50;
-const STATES = ["queued", "running", "paused", "finished", "failed", "cancelled"];
-const CANCELLABLE = new Set(["queued", "running", "paused"]);
+const STATES = ["queued", "preempted", "running", "paused", "finished", "failed", "cancelled"];
+const CANCELLABLE = new Set(["queued", "preempted", "running", "paused"]);
 const ENDED = new Set(["finished", "failed", "cancelled", "stopped"]); // stopped: a local run that ended unsaid
 const MAX_COMPARE = 8; // what /api/v1/compare takes
 // the cells a poll refreshes: td[data-field=<name>] and how its text is made from the job
 const FIELDS = {
   owner: (j) => ownerName(j.owner) ?? "—",
+  project: (j) => j.project ?? "—",
+  queue: (j) => (j.queue_position ? `#${j.queue_position}` : "—"), // its place: 1 starts next
   devices: (j) => j.devices || (j.devices_wanted ? `${j.devices_wanted} × ${j.device_type}` : "—"),
   step: (j) => (j.step == null && j.total_steps == null ? "—" : `${j.step ?? 0}/${j.total_steps ?? "?"}`),
   loss: (j) => f.sig4(j.loss),
@@ -47,7 +49,7 @@ export async function render(root, { me, params }) {
   const next = el("button", { id: "jobs-next", type: "button", text: "Older ›" });
   const listError = el("p", { class: "error", role: "alert" });
   const empty = el("p", { class: "muted", text: "no jobs", hidden: true });
-  const headings = ["", "id", "name", "state", "owner", "devices", "step", "loss", "samples/s", "MFU", "cost", "ETA"];
+  const headings = ["", "id", "name", "state", "owner", "project", "queue", "devices", "step", "loss", "samples/s", "MFU", "cost", "ETA"];
   if (!readOnly) headings.push("actions");
   const table = el(
     "table",

@@ -7,7 +7,8 @@
     POST   /api/v1/deployments/{name}/predict  forwarded to the least loaded ready replica
 
 The scheduling loop starts and restarts the replicas (scheduler/deployments.py). Any key may send
-predictions to a deployment; only its owner (or an admin) sees it in lists and undeploys it.
+predictions to a deployment; its owner, an admin and its project's members see it (server/visibility.py);
+only its owner or an admin undeploys it.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from sqlalchemy.orm.exc import StaleDataError
 from gpuforge.artifact.manifest import MANIFEST, ArtifactError, read_manifest
 from gpuforge.scheduler.worker_keys import replicas_key, worker_key
 from gpuforge.server.auth import Key
+from gpuforge.server.pricing import device_price
 from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.replica_stats import read_metrics, replica_figures, restarted
 from gpuforge.server.schemas import DeploymentCreate, DeploymentPublic, DeploymentStats, ReplicaStats
+from gpuforge.server.visibility import check_change, may_change, may_read, readable
 from gpuforge.store import states
 from gpuforge.store.db import session
 from gpuforge.store.keys import digest
@@ -56,10 +59,19 @@ def _public(d: Deployment) -> DeploymentPublic:
     return public
 
 
-def _owned(s, key: ApiKey, name: str) -> Deployment:
+def _visible(s, key: ApiKey, name: str) -> Deployment:
     deployment = s.scalar(select(Deployment).where(Deployment.name == name))
-    if deployment is None or not (key.admin or deployment.owner_id == key.id):
+    if deployment is None or not may_read(key, deployment):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no deployment {name!r}")
+    return deployment
+
+
+def _changeable(s, key: ApiKey, name: str) -> Deployment:
+    """The deployment, if `key` may change it: 404 as _visible, 403 for a teammate's."""
+    deployment = _visible(s, key, name)
+    if not may_change(key, deployment):
+        owner = s.scalar(select(ApiKey.name).where(ApiKey.id == deployment.owner_id))
+        check_change(key, deployment, f"deployment {name!r}", owner)
     return deployment
 
 
@@ -70,7 +82,7 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
     devices = request.app.state.devices
     with session(request.app.state.engine) as s:
         job = s.get(Job, body.job_id)
-        if job is None or not (key.admin or job.owner_id == key.id):
+        if job is None or not may_read(key, job):  # a teammate's model too: the deployment is the key's own
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {body.job_id}")
         model_dir = Path(job.run_dir) / "model"
         if job.state != JobState.FINISHED or not (model_dir / MANIFEST).is_file():
@@ -89,7 +101,7 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
             )
         existing = s.scalar(select(Deployment).where(Deployment.name == body.name))
         reusable = existing is None or (
-            existing.state in ENDED_DEPLOYMENT_STATES and (key.admin or existing.owner_id == key.id)
+            existing.state in ENDED_DEPLOYMENT_STATES and may_change(key, existing)
         )
         if not reusable:
             raise HTTPException(
@@ -101,6 +113,7 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
                 status.HTTP_422_UNPROCESSABLE_CONTENT,
                 f"replicas: {body.replicas} asked, this server has {have} {job.device_type} device(s)",
             )
+        price = device_price(request, job.device_type)  # one replica's device: the ledger's rate
         with quota_refusal():  # 429 past max_deployments, counted in this transaction
             check_deployment(s, key)
         if existing is not None:
@@ -110,6 +123,7 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
             name=body.name, owner_id=key.id, job_id=job.id, model_dir=str(model_dir),
             options=body.options.model_dump(exclude_none=True), replicas=body.replicas,
             device_type=job.device_type, worker_key="", workers=[], created_at=utcnow(),
+            project_id=key.project_id, usd_per_hour=price[1] if price is not None else 0.0,
         )  # fmt: skip
         s.add(deployment)
         try:
@@ -128,29 +142,27 @@ def list_deployments(
     key: Key,
     every: Annotated[bool, Query(alias="all", description="the stopped and failed ones too")] = False,
 ) -> list[DeploymentPublic]:
-    """Live deployments, newest first (?all=true: with the stopped and failed): your own, or everyone's
-    with an admin key."""
+    """Live deployments, newest first (?all=true: with the stopped and failed): your own and your project's,
+    or everyone's with an admin key."""
     query = select(Deployment).order_by(Deployment.id.desc())
     if not every:
         query = query.where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES))
-    if not key.admin:
-        query = query.where(Deployment.owner_id == key.id)
     with session(request.app.state.engine) as s:
-        return [_public(d) for d in s.scalars(query)]
+        return [_public(d) for d in s.scalars(query.where(readable(key, Deployment)))]
 
 
 @router.get("/{name}", response_model=DeploymentPublic)
 def get_deployment(name: Name, request: Request, key: Key) -> DeploymentPublic:
     """One deployment, with its replicas."""
     with session(request.app.state.engine) as s:
-        return _public(_owned(s, key, name))
+        return _public(_visible(s, key, name))
 
 
 @router.delete("/{name}", response_model=DeploymentPublic)
 def undeploy(name: Name, request: Request, key: Key) -> DeploymentPublic:
     """Stop the replicas (each finishes the requests it holds)."""
     with session(request.app.state.engine) as s:
-        deployment = _owned(s, key, name)
+        deployment = _changeable(s, key, name)
         if not states.undeploy(s, deployment.id):
             s.refresh(deployment)  # the state that ended it, perhaps since it was read
             raise HTTPException(
@@ -203,7 +215,7 @@ async def deployment_stats(name: Name, request: Request, key: Key) -> Deployment
     """Each replica's requests/s, p50/p99 latency (ms) and refusals over the last STATS_WINDOW_S or so
     (over its whole life at the first look), read from the replica's own /metrics."""
     with session(request.app.state.engine) as s:
-        deployment = _owned(s, key, name)
+        deployment = _visible(s, key, name)
         workers = list(deployment.workers or [])
         key_of_replicas = replicas_key(request.app.state.worker_secret, deployment)
     readings = request.app.state.replica_readings  # (deployment, replica index) -> last Reading

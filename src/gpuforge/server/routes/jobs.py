@@ -18,12 +18,12 @@ from starlette.background import BackgroundTask
 
 from gpuforge.admission import check_spec
 from gpuforge.data.columns import check_columns
-from gpuforge.errors import GpuforgeError, ModelError, SpecError
-from gpuforge.prices import load_prices, price_of, prices_path
+from gpuforge.errors import GpuforgeError, ModelError
 from gpuforge.run_files import log_tail, metrics_page, read_report, series
 from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
 from gpuforge.server.follow import REVOKED, follow
+from gpuforge.server.pricing import device_price
 from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.schemas import (
     EventPublic,
@@ -35,11 +35,12 @@ from gpuforge.server.schemas import (
     Series,
 )
 from gpuforge.server.settings import job_policy
+from gpuforge.server.visibility import check_change, may_read, readable
 from gpuforge.spec import JobSpec, parse_spec
 from gpuforge.store import states
 from gpuforge.store.db import session
 from gpuforge.store.ingest import in_users_names
-from gpuforge.store.models import MAX_IDEMPOTENCY_KEY, ApiKey, Event, Job, JobState
+from gpuforge.store.models import MAX_IDEMPOTENCY_KEY, QUEUE_JOB_STATES, ApiKey, Event, Job, JobState
 from gpuforge.store.quotas import INT32, check_job
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -177,7 +178,7 @@ def submit(
             s.add(job)
             s.flush()
             job.run_dir = str(request.app.state.settings.runs_dir / f"job-{job.id}")
-            s.refresh(job, ["owner"])  # read by the answer, after the session has closed
+            s.refresh(job, ["owner", "project"])  # read by the answer, after the session has closed
     except IntegrityError:  # the unique (owner, idempotency key) held against a submit at the same moment
         if idempotency_key is None or (earlier := _earlier(request, key, idempotency_key)) is None:
             raise
@@ -209,15 +210,9 @@ def _fill_price(spec: JobSpec, device_type: str, request: Request) -> None:
     else its kind), unless the spec sets it: a job on owned devices costs what they cost, not $0."""
     if "usd_per_hour" in spec.cost.model_fields_set:
         return
-    try:
-        prices = load_prices(prices_path(request.app.state.settings.home))
-    except SpecError as err:  # the admin's file, not the user's spec: the server cannot price jobs now
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the server's {err}") from None
-    device = next((d for d in request.app.state.devices if d.kind == device_type), None)
-    found = price_of(prices, device.name, device.kind) if device is not None else None
+    found = device_price(request, device_type)
     if found is not None:
-        name, price = found
-        spec.cost.usd_per_hour = round(price.hourly(), 6)
+        name, spec.cost.usd_per_hour = found
         if spec.cost.instance is None:
             spec.cost.instance = f"{name} (prices.yaml)"
 
@@ -257,8 +252,15 @@ def _wake(request: Request) -> None:
 
 def _visible(s, key, job_id: int) -> Job:
     job = s.get(Job, job_id)
-    if job is None or not (key.admin or job.owner_id == key.id):  # others' jobs do not exist for you
+    if job is None or not may_read(key, job):  # others' jobs do not exist for you (server/visibility.py)
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
+    return job
+
+
+def _changeable(s, key, job_id: int) -> Job:
+    """The job, if `key` may change it: 404 as _visible, 403 for a teammate's job."""
+    job = _visible(s, key, job_id)
+    check_change(key, job, f"job {job_id}", job.owner)
     return job
 
 
@@ -275,10 +277,9 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=INT32)] = 0,
 ) -> list[Job]:
-    """Jobs, newest first: your own, or everyone's with an admin key. X-Total-Count: how many match."""
-    which = select(Job.id)
-    if not key.admin:
-        which = which.where(Job.owner_id == key.id)
+    """Jobs, newest first: your own and your project's, or everyone's with an admin key. X-Total-Count: how
+    many match."""
+    which = select(Job.id).where(readable(key, Job))
     if state:
         which = which.where(Job.state == state)
     if owner:
@@ -286,21 +287,32 @@ async def list_jobs(
     with session(request.app.state.engine) as s:
         response.headers["X-Total-Count"] = str(s.scalar(select(func.count()).select_from(which.subquery())))
         page = which.order_by(Job.id.desc()).limit(limit).offset(offset)
-        return list(s.scalars(select(Job).where(Job.id.in_(page)).order_by(Job.id.desc())))
+        return with_places(
+            request, list(s.scalars(select(Job).where(Job.id.in_(page)).order_by(Job.id.desc())))
+        )
+
+
+def with_places(request: Request, jobs: list[Job]) -> list[Job]:
+    """Each waiting job with its place in the queue as the scheduler's last tick ordered it."""
+    scheduler = getattr(request.app.state, "scheduler", None)
+    places = scheduler.queue_positions if scheduler is not None else {}
+    for job in jobs:
+        job.queue_position = places.get(job.id) if job.state in QUEUE_JOB_STATES else None
+    return jobs
 
 
 @router.get("/{job_id}", response_model=JobPublic)
 async def get_job(job_id: JobId, request: Request, key: Key) -> Job:
     """One job."""
     with session(request.app.state.engine) as s:
-        return _visible(s, key, job_id)
+        return with_places(request, [_visible(s, key, job_id)])[0]
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
 def cancel_job(job_id: JobId, request: Request, key: Key) -> Job:
-    """Cancel a job; a job already ended answers 409 with its state."""
+    """Cancel a job (its owner or an admin: 403 for a teammate's); a job already ended answers 409."""
     with session(request.app.state.engine) as s:
-        job = _visible(s, key, job_id)
+        job = _changeable(s, key, job_id)
         # queued or paused: cancelled now; running: the loop sends SIGTERM, the runner checkpoints and stops
         if not states.cancel(s, job.id, f"cancelled by {key.name}"):
             s.refresh(job)  # the state that ended it, perhaps since it was read
@@ -311,9 +323,9 @@ def cancel_job(job_id: JobId, request: Request, key: Key) -> Job:
 
 @router.post("/{job_id}/resume", response_model=JobPublic)
 def resume_job(job_id: JobId, body: JobResume, request: Request, key: Key) -> Job:
-    """Queue a paused job again, from its last checkpoint, with a new cost budget."""
+    """Queue a paused job again, from its last checkpoint, with a new cost budget (its owner or an admin)."""
     with session(request.app.state.engine) as s:
-        job = _visible(s, key, job_id)
+        job = _changeable(s, key, job_id)
         if job.state != JobState.PAUSED:
             raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}, not paused")
         spent = job.cost_usd or 0.0

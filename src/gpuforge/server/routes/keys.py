@@ -1,5 +1,5 @@
 """API keys: an admin key makes, lists, changes and revokes them (`gpuforge keys create NAME`), with their
-quotas (store/quotas.py)."""
+quotas (store/quotas.py) and project (store/projects.py)."""
 
 from __future__ import annotations
 
@@ -12,59 +12,63 @@ from sqlalchemy import select
 from gpuforge.errors import GpuforgeError
 from gpuforge.server.auth import Key, forget_key
 from gpuforge.server.schemas import KeyCreate, KeyCreated, KeyPublic, KeyUpdate
+from gpuforge.server.visibility import admin_only
 from gpuforge.store.db import session
-from gpuforge.store.keys import create_key, revoke_key, set_quotas
-from gpuforge.store.models import ApiKey
+from gpuforge.store.keys import create_key, revoke_key, set_key_project, set_quotas
+from gpuforge.store.models import ApiKey, Project
 from gpuforge.store.quotas import QUOTAS
 
 router = APIRouter(prefix="/api/v1/keys", tags=["keys"])
 Name = Annotated[str, PathParam(max_length=100, description="the key's name")]
 
 
-def _admin_only(key: ApiKey) -> None:
-    if not key.admin:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, f"key {key.name!r} is not an admin key")
-
-
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=KeyCreated)
 def make_key(body: KeyCreate, request: Request, key: Key) -> KeyCreated:
-    """A new key, with its quotas (those not given: the defaults); the answer is the only place it is
-    ever shown."""
-    _admin_only(key)
+    """A new key, with its quotas (those not given: the defaults) and project; the answer is the only
+    place it is ever shown."""
+    admin_only(key)
     quotas = {q.name: getattr(body, q.name) for q in QUOTAS if getattr(body, q.name) is not None}
     with session(request.app.state.engine) as s:
         try:
-            secret = create_key(s, body.name, body.admin, quotas)
+            secret = create_key(s, body.name, body.admin, quotas, body.project)
         except ValueError as err:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from err
         except GpuforgeError as err:
             raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from err
         s.flush()
         made = s.scalar(select(ApiKey).where(ApiKey.name == body.name))
-        return KeyCreated(**KeyPublic.model_validate(made).model_dump(), key=secret)
+        return KeyCreated(**_public(s, [made])[0].model_dump(), key=secret)
 
 
 @router.patch("/{name}", response_model=KeyPublic)
-def change_key(name: Name, body: KeyUpdate, request: Request, key: Key) -> ApiKey:
-    """Change a key's quotas: those given, null back to the default. They hold from its next request on."""
-    _admin_only(key)
+def change_key(name: Name, body: KeyUpdate, request: Request, key: Key) -> KeyPublic:
+    """Change a key's quotas (those given, null back to the default) or project (null: none). They hold
+    from its next request on; its jobs already made stay in the project they were made in."""
+    admin_only(key)
+    quotas = body.model_dump(exclude_unset=True)
+    moved = "project" in quotas
+    project = quotas.pop("project", None)
     with session(request.app.state.engine) as s:
         try:
-            changed = set_quotas(s, name, body.model_dump(exclude_unset=True))
+            if moved:
+                changed = set_key_project(s, name, project)
+            if quotas or not moved:  # nothing at all: set_quotas says what may be given
+                changed = set_quotas(s, name, quotas)
         except LookupError as err:
             raise HTTPException(status.HTTP_404_NOT_FOUND, str(err)) from err
         except ValueError as err:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from err
         s.flush()
+        public = _public(s, [changed])[0]
     forget_key(request, changed.digest)  # after the commit: a request meanwhile would cache the old row again
-    return changed
+    return public
 
 
 @router.delete("/{name}", response_model=KeyPublic)
-def revoke(name: str, request: Request, key: Key) -> ApiKey:
+def revoke(name: str, request: Request, key: Key) -> KeyPublic:
     """Revoke a key by name: it opens nothing from now on (here at once; other server processes on the
     same store within KEY_RECHECK_S). Its jobs and deployments stay."""
-    _admin_only(key)
+    admin_only(key)
     with session(request.app.state.engine) as s:
         try:
             revoked = revoke_key(s, name)
@@ -73,14 +77,22 @@ def revoke(name: str, request: Request, key: Key) -> ApiKey:
         except GpuforgeError as err:
             raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from err
         s.flush()
+        public = _public(s, [revoked])[0]
     # after the commit, and for good: a lookup that read the store before it must not cache it again
     forget_key(request, revoked.digest, revoked=True)
-    return revoked
+    return public
 
 
 @router.get("", response_model=list[KeyPublic])
-def list_keys(request: Request, key: Key) -> list[ApiKey]:
-    """The keys by name (never the keys themselves), with the quotas in force for each."""
-    _admin_only(key)
+def list_keys(request: Request, key: Key) -> list[KeyPublic]:
+    """The keys by name (never the keys themselves), with the quotas in force for each and its project."""
+    admin_only(key)
     with session(request.app.state.engine) as s:
-        return list(s.scalars(select(ApiKey).order_by(ApiKey.id)))
+        return _public(s, list(s.scalars(select(ApiKey).order_by(ApiKey.id))))
+
+
+def _public(s, rows: list[ApiKey]) -> list[KeyPublic]:
+    """The keys as the API shows them, each with its project's name (one query for all)."""
+    wanted = {k.project_id for k in rows if k.project_id is not None}
+    names = dict(s.execute(select(Project.id, Project.name).where(Project.id.in_(wanted))).tuples().all())
+    return [KeyPublic.model_validate(k).model_copy(update={"project": names.get(k.project_id)}) for k in rows]

@@ -1,11 +1,11 @@
 """Views across jobs, for the dashboard and scripts alike: who a key is, runs compared, the devices and
-who holds them, and spend per key per day."""
+who holds them, and spend from the cost ledger."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from fastapi import APIRouter, HTTPException, Query, Request, status
@@ -16,13 +16,24 @@ from gpuforge.run_files import last_record
 from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
 from gpuforge.server.schemas import Comparison, CostsPublic, DevicePublic, WhoAmI
+from gpuforge.server.visibility import may_read
+from gpuforge.store import ledger
 from gpuforge.store.db import session
-from gpuforge.store.models import LIVE_DEPLOYMENT_STATES, Deployment, Device, Job, utcnow
+from gpuforge.store.models import (
+    LIVE_DEPLOYMENT_STATES,
+    ApiKey,
+    Deployment,
+    Device,
+    Job,
+    LedgerEntry,
+    Project,
+    utcnow,
+)
 
 router = APIRouter(prefix="/api/v1", tags=["overview"])
 HOUR = timedelta(hours=1)
-MAX_COST_DAYS = 366
-FIRST_DAY, LAST_DAY = date(2000, 1, 1), date(2999, 12, 31)  # dates a job can have run on
+MAX_COST_DAYS = 366  # the costs answer for a year back at most (and for a period of a year at most)
+CostBy = Literal["day", "key", "project"]
 
 
 @router.get("/whoami", response_model=WhoAmI)
@@ -47,7 +58,7 @@ def compare(
         jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_(wanted)))}
         for job_id in wanted:
             job = jobs.get(job_id)
-            if job is None or not (key.admin or job.owner_id == key.id):
+            if job is None or not may_read(key, job):
                 raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
         rows = [jobs[i] for i in wanted]
         specs = [yaml.safe_load(j.spec_yaml) or {} for j in rows]
@@ -67,8 +78,9 @@ def _latest(job: Job) -> dict[str, Any]:
 
 @router.get("/devices", response_model=list[DevicePublic])
 def devices(request: Request, key: Key) -> list[dict[str, Any]]:
-    """Each device: the job or replica holding it (another key's job unnamed), the seconds jobs held it in
-    the last hour (from their start and end times), and the memory its job peaked at where it reports it."""
+    """Each device: the job or replica holding it (named where the key may read it), the seconds jobs held
+    it in the last hour (from their start and end times), and the memory its job peaked at where it
+    reports it."""
     now = utcnow()
     with session(request.app.state.engine) as s:
         rows = list(s.scalars(select(Device).order_by(Device.kind.desc(), Device.id)))
@@ -80,7 +92,7 @@ def devices(request: Request, key: Key) -> list[dict[str, Any]]:
             )
         ).all()
         replicas = {
-            w["device"]: (d.name, w["index"], key.admin or d.owner_id == key.id)
+            w["device"]: (d.name, w["index"], may_read(key, d))
             for d in s.scalars(select(Deployment).where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES)))
             for w in d.workers or []
             if w.get("device")
@@ -108,7 +120,7 @@ def devices(request: Request, key: Key) -> list[dict[str, Any]]:
         if device.job_id is not None:
             entry["held_by"] = "job"
             job = holders.get(device.job_id)
-            if job is not None and (key.admin or job.owner_id == key.id):
+            if job is not None and may_read(key, job):
                 entry["job"] = {"id": job.id, "name": job.name, "owner": job.owner}
                 latest = last_record(Path(job.run_dir) / "metrics.jsonl") or {}
                 entry["memory_used_bytes"] = latest.get("peak_mem_bytes")
@@ -125,64 +137,109 @@ def costs(
     request: Request,
     key: Key,
     since: Annotated[
-        date | None, Query(ge=FIRST_DAY, le=LAST_DAY, description="first day (UTC); default: 30 days ago")
+        str | None, Query(max_length=40, description="first day, YYYY-MM-DD (UTC); default: 30 days ago")
     ] = None,
     until: Annotated[
-        date | None, Query(ge=FIRST_DAY, le=LAST_DAY, description="last day (UTC), included; default: today")
+        str | None, Query(max_length=40, description="last day, YYYY-MM-DD (UTC), included; default: today")
     ] = None,
+    by: Annotated[CostBy, Query(description="what `groups` sums over")] = "day",
+    project: Annotated[str | None, Query(max_length=100, description="only this project's spend")] = None,
 ) -> dict[str, Any]:
-    """Spend per key per day: your own, or every key's with an admin key. A job's cost is spread over the
-    days it ran in proportion to its time in each (its figures, not a ledger: paused time counts as run)."""
-    until = until or utcnow().date()
-    since = since or until - timedelta(days=29)
-    if since > until or (until - since).days >= MAX_COST_DAYS:
+    """Spend from the cost ledger (store/ledger.py: charged minute by minute as jobs and replicas run),
+    summed by day, key or project, in dollars and device-hours: your own and your project's, or everyone's
+    with an admin key. At most a year back."""
+    today = utcnow().date()
+    until_day = _day_param("until", until) or today
+    since_day = _day_param("since", since) or until_day - timedelta(days=29)
+    earliest = today - timedelta(days=MAX_COST_DAYS - 1)
+    if since_day < earliest:
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT,
-            f"since..until: {since}..{until} must be a period of 1 to {MAX_COST_DAYS} days, since first",
+            f"since: {since_day} is more than a year back; the costs go back to {earliest}",
         )
-    start = datetime.combine(since, time.min, tzinfo=utcnow().tzinfo)
-    end = datetime.combine(until + timedelta(days=1), time.min, tzinfo=start.tzinfo)
-    query = select(Job).where(
-        Job.cost_usd > 0,
-        Job.started_at.is_not(None),
-        Job.started_at < end,
-        or_(Job.finished_at.is_(None), Job.finished_at >= start),
-    )
-    if not key.admin:
-        query = query.where(Job.owner_id == key.id)
-    now = utcnow()
-    cells: dict[tuple[str, str], list] = {}
+    if since_day > until_day or (until_day - since_day).days >= MAX_COST_DAYS:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            f"since..until: {since_day}..{until_day} must be 1 to {MAX_COST_DAYS} days, since first",
+        )
+    start = datetime.combine(since_day, time.min, tzinfo=UTC)
+    end = datetime.combine(until_day + timedelta(days=1), time.min, tzinfo=UTC)
+    where = []
     with session(request.app.state.engine) as s:
-        for job in s.scalars(query):
-            ran_from, ran_to = job.started_at, max(job.finished_at or now, job.started_at)
-            length = (ran_to - ran_from).total_seconds()
-            for day, seconds in _days(ran_from, ran_to, start, end):
-                share = seconds / length if length > 0 else 1.0
-                cell = cells.setdefault((day, job.owner or "?"), [0.0, 0])
-                cell[0] += job.cost_usd * share
-                cell[1] += 1
-    rows = [{"day": d, "key": k, "usd": usd, "jobs": n} for (d, k), (usd, n) in sorted(cells.items())]
+        if not key.admin:  # its own spend, and its project's
+            mine = LedgerEntry.key_id == key.id
+            where.append(
+                mine if key.project_id is None else or_(mine, LedgerEntry.project_id == key.project_id)
+            )
+        if project is not None:
+            found = s.scalar(select(Project).where(Project.name == project))
+            if found is None or not (key.admin or found.id == key.project_id):
+                raise HTTPException(status.HTTP_404_NOT_FOUND, f"no project {project}")
+            where.append(LedgerEntry.project_id == found.id)
+        spent = ledger.spend(s, start, end, *where)
+        key_names = _names(s, ApiKey, {r.key_id for r in spent})
+        project_names = _names(s, Project, {r.project_id for r in spent})
+
+    labelled = [
+        ({"day": r.day, "key": key_names.get(r.key_id, "?"), "project": project_names.get(r.project_id)}, r)
+        for r in spent
+    ]
+    groups = _sums(labelled, (by,))
+    if by != "day":
+        groups.sort(key=lambda g: -g["usd"])  # the biggest spender first; days stay in order
+    rows = _sums(labelled, ("day", "key"))
     return {
-        "since": since.isoformat(),
-        "until": until.isoformat(),
-        "days": [(since + timedelta(days=i)).isoformat() for i in range((until - since).days + 1)],
+        "since": since_day.isoformat(),
+        "until": until_day.isoformat(),
+        "by": by,
+        "project": project,
+        "days": [
+            (since_day + timedelta(days=i)).isoformat() for i in range((until_day - since_day).days + 1)
+        ],
         "keys": sorted({r["key"] for r in rows}),
+        "groups": groups,
         "rows": rows,
-        "total_usd": sum(r["usd"] for r in rows),
+        "total_usd": sum(r.usd for r in spent),
+        "total_device_hours": sum(r.device_seconds for r in spent) / 3600.0,
     }
 
 
-def _days(ran_from: datetime, ran_to: datetime, start: datetime, end: datetime):
-    """(day, seconds) for each UTC day of [ran_from, ran_to] within [start, end); a run of no length
-    counts once, on its day."""
-    if ran_to <= ran_from:
-        if start <= ran_from < end:
-            yield ran_from.date().isoformat(), 0.0
-        return
-    day = datetime.combine(max(ran_from, start).date(), time.min, tzinfo=start.tzinfo)
-    while day < min(ran_to, end):
-        following = day + timedelta(days=1)
-        seconds = (min(ran_to, following) - max(ran_from, day)).total_seconds()
-        if seconds > 0:
-            yield day.date().isoformat(), seconds
-        day = following
+def _day_param(name: str, value: str | None) -> date | None:
+    """A day the client sent, or a 422 that says what is wrong with it (not pydantic's list of errors)."""
+    if value is None or value == "":
+        return None
+    try:
+        return date.fromisoformat(value.strip())
+    except ValueError:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, f"{name}: {value!r} is not a day; give YYYY-MM-DD"
+        ) from None
+
+
+def _names(s, table: type[ApiKey | Project], ids: set[int | None]) -> dict[int, str]:
+    """id -> name of the keys or projects the ledger's rows name."""
+    wanted = [i for i in ids if i is not None]
+    rows = s.execute(select(table.id, table.name).where(table.id.in_(wanted))) if wanted else ()
+    return {row_id: name for row_id, name in rows}
+
+
+def _sums(labelled: list[tuple[dict[str, str | None], ledger.Spent]], fields: tuple[str, ...]) -> list[dict]:
+    """The ledger's daily sums summed again over `fields` (day, key, project), in their order; a job or a
+    deployment counts once in a group however many days it ran."""
+    sums: dict[tuple, tuple[list[float], set[str]]] = {}
+    for labels, r in labelled:
+        figures, subjects = sums.setdefault(tuple(labels[f] for f in fields), ([0.0, 0.0], set()))
+        figures[0] += r.usd
+        figures[1] += r.device_seconds
+        subjects.add(r.subject)
+    ordered = sorted(sums.items(), key=lambda item: ["" if v is None else v for v in item[0]])
+    return [
+        dict(zip(fields, group, strict=True))
+        | {
+            "usd": usd,
+            "device_hours": seconds / 3600.0,
+            "jobs": sum(1 for x in subjects if x.startswith("job:")),
+            "deployments": sum(1 for x in subjects if x.startswith("deployment:")),
+        }
+        for group, ((usd, seconds), subjects) in ordered
+    ]

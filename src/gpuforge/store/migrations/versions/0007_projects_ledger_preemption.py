@@ -44,6 +44,7 @@ def upgrade() -> None:
         table.add_column(sa.Column("accrued_at", NOW, nullable=True))
         table.add_column(sa.Column("run_started_at", NOW, nullable=True))
         table.create_foreign_key("fk_jobs_project_id", "projects", ["project_id"], ["id"])
+    op.create_index("ix_jobs_project_id", "jobs", ["project_id"])
     with op.batch_alter_table("deployments") as table:
         table.add_column(sa.Column("project_id", sa.Integer(), nullable=True))
         table.add_column(sa.Column("usd_per_hour", sa.Double(), nullable=True))
@@ -75,6 +76,7 @@ def downgrade() -> None:
         table.drop_constraint("fk_deployments_project_id", type_="foreignkey")
         for name in ("accrued_at", "usd_per_hour", "project_id"):
             table.drop_column(name)
+    op.drop_index("ix_jobs_project_id", table_name="jobs")
     with op.batch_alter_table("jobs") as table:
         table.drop_constraint("fk_jobs_project_id", type_="foreignkey")
         for name in (

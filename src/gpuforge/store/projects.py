@@ -1,0 +1,144 @@
+"""Projects: the teams sharing a server. An admin makes them (`gpuforge projects create NAME`) and puts keys
+in them (`gpuforge keys create NAME --project P`); an admin key belongs to none.
+
+    budget_usd_month  the month's spend (the ledger, store/ledger.py) at which the project's jobs pause and
+                      no more start, until the admin raises it or the month turns (UTC); None: no budget
+    max_devices       devices its running jobs hold at once at most (0 freezes it); None: no cap
+    share             its weight in fair share (scheduler/queue.py): 2 gets twice the device-time of 1
+
+The scheduler reads them each few seconds (scheduler/budgets.py): a change holds from then on.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpuforge.errors import GpuforgeError
+from gpuforge.store.ledger import month_spend
+from gpuforge.store.models import QUEUE_JOB_STATES, ApiKey, Device, Job, JobState, Project, utcnow
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")  # as a key's name: it travels in URLs and CLI lines
+MAX_NAME = 100
+MAX_BUDGET_USD = 1e9
+MAX_SHARE = 1e6
+MAX_DEVICES = 2**31 - 1  # an integer column on every store
+SETTABLE = ("budget_usd_month", "max_devices", "share")
+
+
+@dataclass
+class ProjectFigures:
+    """A project and where it stands now: what `projects list` shows."""
+
+    project: Project
+    spend_usd_month: float = 0.0
+    devices_held: int = 0  # devices its running jobs hold now
+    jobs_queued: int = 0  # queued or preempted: waiting for devices
+    jobs_running: int = 0
+    keys: list[str] = field(default_factory=list)  # its live keys, by name
+
+
+def check_name(name: str) -> None:
+    if not (0 < len(name) <= MAX_NAME and NAME.match(name)):
+        raise ValueError(
+            f"name: {name!r} is not a project name (letters, digits and . _ @ -, starting with a letter or "
+            f"digit, at most {MAX_NAME})"
+        )
+
+
+def check_settable(values: dict[str, Any]) -> None:
+    """ValueError naming the field, unless each is a setting a project may have (None: no budget, no cap)."""
+    for name, value in values.items():
+        if name not in SETTABLE:
+            raise ValueError(f"{name}: not a project setting (known: {', '.join(SETTABLE)})")
+        if name == "share":
+            if value is None or not (isinstance(value, int | float) and math.isfinite(value)):
+                raise ValueError(f"share: must be a number > 0, not {value!r}")
+            if not 0 < value <= MAX_SHARE:
+                raise ValueError(f"share: must be > 0 and at most {MAX_SHARE:g}, not {value:g}")
+        elif value is None:
+            continue  # no budget, no cap
+        elif name == "max_devices" and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DEVICES
+        ):
+            raise ValueError(f"max_devices: must be a whole number >= 0, not {value!r}")
+        elif name == "budget_usd_month" and not (
+            isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= MAX_BUDGET_USD
+        ):
+            raise ValueError(f"budget_usd_month: must be a number >= 0 (dollars), not {value!r}")
+
+
+def create_project(s: Session, name: str, **settings: Any) -> Project:
+    """A new project named `name` (unique) with the settings given (SETTABLE; the others: no budget, no
+    cap, share 1). ValueError naming a bad field; GpuforgeError for a name taken."""
+    check_name(name)
+    check_settable(settings)
+    if s.scalar(select(Project.id).where(Project.name == name)) is not None:
+        raise GpuforgeError(f"a project named {name!r} exists already")
+    project = Project(name=name, **{"share": 1.0, **settings}, created_at=utcnow())
+    s.add(project)
+    s.flush()
+    return project
+
+
+def project_named(s: Session, name: str) -> Project:
+    project = s.scalar(select(Project).where(Project.name == name))
+    if project is None:
+        raise LookupError(f"no project named {name!r} (an admin makes it: gpuforge projects create {name})")
+    return project
+
+
+def set_project(s: Session, name: str, settings: dict[str, Any]) -> Project:
+    """Change the settings given (None: no budget, no cap). LookupError: no such project; ValueError: a bad
+    field, or nothing to change."""
+    project = project_named(s, name)
+    if not settings:
+        raise ValueError(f"nothing to change: give one of {', '.join(SETTABLE)}")
+    check_settable(settings)
+    for setting, value in settings.items():
+        setattr(project, setting, value)
+    s.flush()
+    return project
+
+
+def figures(s: Session, only: int | None = None) -> list[ProjectFigures]:
+    """Every project (or the one with id `only`) by name, with its spend this month, devices held and jobs
+    waiting and running: five grouped queries, whatever the number of projects."""
+    query = select(Project).order_by(Project.name)
+    if only is not None:
+        query = query.where(Project.id == only)
+    rows = {p.id: ProjectFigures(p) for p in s.scalars(query)}
+    if not rows:
+        return []
+    for project_id, usd in month_spend(s, utcnow()).items():
+        if project_id in rows:
+            rows[project_id].spend_usd_month = usd
+    held = (
+        select(Job.project_id, func.count(Device.id))
+        .join(Job, Device.job_id == Job.id)
+        .where(Job.project_id.in_(rows))
+        .group_by(Job.project_id)
+    )
+    for project_id, count in s.execute(held):
+        rows[project_id].devices_held = count
+    states = (
+        select(Job.project_id, Job.state, func.count())
+        .where(Job.project_id.in_(rows), Job.state.in_((*QUEUE_JOB_STATES, JobState.RUNNING)))
+        .group_by(Job.project_id, Job.state)
+    )
+    for project_id, state, count in s.execute(states):
+        if state == JobState.RUNNING:
+            rows[project_id].jobs_running += count
+        else:
+            rows[project_id].jobs_queued += count
+    members = select(ApiKey.project_id, ApiKey.name).where(
+        ApiKey.project_id.in_(rows), ApiKey.revoked_at.is_(None)
+    )
+    for project_id, key_name in s.execute(members.order_by(ApiKey.name)):
+        rows[project_id].keys.append(key_name)
+    return list(rows.values())
