@@ -151,8 +151,8 @@ class ServerOptions(BaseSettings):
     max_preemptions: int = setting(
         3,
         ge=0,
-        meaning="a job preempted this many times in a row is not preempted again and queues at the "
-        "priority of the job that last preempted it",
+        meaning="a job preempted this many times in a row is lifted to the priority of the job that last "
+        "preempted it",
         read_by="`gpuforge server`",
     )
     executor: Literal["local", "ray"] = setting(

@@ -18,21 +18,12 @@ from gpuforge.store.db import connect, session
 from gpuforge.store.ledger import minute_of
 from gpuforge.store.models import Job, LedgerEntry
 from tests.helpers.cli import run_cli
+from tests.helpers.jobs import runner_pid, wait_for_job
 from tests.helpers.paths import TEST_MODELS
 from tests.helpers.specs import image_spec
 
 pytestmark = pytest.mark.slow
 RATE = 36.0  # $ an hour: a cent a second
-
-
-def _wait(http, job_id, until, timeout=120.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = http.get(f"/api/v1/jobs/{job_id}").json()
-        if until(job):
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} never got there: {job}")
 
 
 def _ledger(engine, job_id: int) -> list[tuple]:
@@ -58,7 +49,7 @@ def test_a_server_killed_mid_job_charges_each_second_of_it_once(tmp_path, store_
         spec = image_spec(tmp_path, max_steps=120, checkpoint_every=20, options={"sleep_s": 0.05})
         spec["cost"] = {"usd_per_hour": RATE}
         job_id = http.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)}).json()["id"]
-        _wait(http, job_id, lambda j: (j["step"] or 0) >= 20)
+        wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= 20, timeout=120.0)
 
         server.kill()  # SIGKILL: between two ticks, or in one
         before = _ledger(engine, job_id)
@@ -69,7 +60,7 @@ def test_a_server_killed_mid_job_charges_each_second_of_it_once(tmp_path, store_
         time.sleep(3.0)  # the job trains on, with no server to watch it
 
         server.start()  # the same store and port
-        done = _wait(http, job_id, lambda j: j["state"] not in ("queued", "running"))
+        done = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), timeout=120.0)
         assert done["state"] == "finished" and done["restarts"] == 0  # re-attached, not started again
         after = _ledger(engine, job_id)
         with session(engine) as s:
@@ -105,18 +96,6 @@ def test_a_server_killed_mid_job_charges_each_second_of_it_once(tmp_path, store_
     finally:
         server.stop()
         engine.dispose()
-        pid = _runner_pid(str(home / "runs" / f"job-{job_id}")) if job_id else None
+        pid = runner_pid(str(home / "runs" / f"job-{job_id}")) if job_id else None
         if pid:
             os.kill(pid, signal.SIGKILL)
-
-
-def _runner_pid(run_dir: str) -> int | None:
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if run_dir.encode() in argv:
-                return int(entry)
-    return None

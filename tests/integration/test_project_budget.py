@@ -13,21 +13,12 @@ from sqlalchemy import update
 from gpuforge.server.local import LocalServer
 from gpuforge.store.db import connect, session
 from gpuforge.store.models import ApiKey, Project
+from tests.helpers.jobs import wait_for_job
 from tests.helpers.paths import TEST_MODELS
 from tests.helpers.specs import image_spec
 
 pytestmark = pytest.mark.slow
 MARGIN = 0.03  # dollars: 3 s at a cent a second
-
-
-def _wait(http, job_id, until, timeout=90.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = http.get(f"/api/v1/jobs/{job_id}").json()
-        if until(job):
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} never got there: {job}")
 
 
 def _set_budget(engine, usd: float) -> None:
@@ -67,10 +58,10 @@ def test_a_project_over_its_month_budget_is_paused_held_and_freed_by_a_raise(tmp
         )
 
         first = ada.post("/api/v1/jobs", json={"spec": _spec(tmp_path, "long", 1000)}).json()["id"]
-        _wait(ada, first, lambda j: (j["step"] or 0) >= 3)
+        wait_for_job(ada, first, lambda j: (j["step"] or 0) >= 3, timeout=90.0)
         budget = ada.get("/api/v1/costs").json()["total_usd"] + MARGIN  # 3 s more of it
         _set_budget(engine, budget)
-        paused = _wait(ada, first, lambda j: j["state"] not in ("queued", "running"))
+        paused = wait_for_job(ada, first, lambda j: j["state"] not in ("queued", "running"), timeout=90.0)
         assert paused["state"] == "paused", paused
         assert "project vision's budget" in paused["reason"] and "projects set vision" in paused["reason"]
         assert 0 < paused["step"] < 1000
@@ -90,10 +81,22 @@ def test_a_project_over_its_month_budget_is_paused_held_and_freed_by_a_raise(tmp
         assert bad.status_code == 422 and "YYYY-MM-DD" in bad.json()["detail"]
 
         _set_budget(engine, 100.0)  # the admin raises it
-        assert _wait(ada, second, lambda j: j["state"] != "queued")["state"] in ("running", "finished")
+        assert wait_for_job(ada, second, lambda j: j["state"] != "queued", timeout=90.0)["state"] in (
+            "running",
+            "finished",
+        )
         assert ada.post(f"/api/v1/jobs/{first}/resume", json={"budget_usd": None}).status_code == 200
-        resumed = _wait(ada, first, lambda j: j["state"] == "running" and (j["step"] or 0) > paused["step"])
+        resumed = wait_for_job(
+            ada, first, lambda j: j["state"] == "running" and (j["step"] or 0) > paused["step"], timeout=90.0
+        )
         assert ada.post(f"/api/v1/jobs/{first}/cancel").status_code == 200
-        assert _wait(ada, second, lambda j: j["state"] not in ("queued", "running"))["state"] == "finished"
-        assert _wait(ada, first, lambda j: j["state"] != "running")["state"] == "cancelled", resumed
+        assert (
+            wait_for_job(ada, second, lambda j: j["state"] not in ("queued", "running"), timeout=90.0)[
+                "state"
+            ]
+            == "finished"
+        )
+        assert (
+            wait_for_job(ada, first, lambda j: j["state"] != "running", timeout=90.0)["state"] == "cancelled"
+        ), resumed
         engine.dispose()

@@ -12,20 +12,11 @@ import pytest
 import yaml
 
 from gpuforge.server.local import LocalServer
+from tests.helpers.jobs import runner_pid, wait_for_job
 from tests.helpers.paths import TEST_MODELS
 from tests.helpers.specs import image_spec
 
 pytestmark = pytest.mark.slow
-
-
-def _wait(http, job_id, until, timeout=180.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = http.get(f"/api/v1/jobs/{job_id}").json()
-        if until(job):
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} never got there: {job}")
 
 
 def test_a_server_killed_mid_run_re_attaches_and_re_queues_its_jobs(tmp_path):
@@ -39,17 +30,24 @@ def test_a_server_killed_mid_run_re_attaches_and_re_queues_its_jobs(tmp_path):
         for _ in range(2):
             spec = image_spec(tmp_path, max_steps=60, checkpoint_every=5, options={"sleep_s": 0.1})
             ids.append(http.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)}).json()["id"])
-        survivor, victim = (_wait(http, i, lambda j: (j["step"] or 0) >= 12) for i in ids)
+        survivor, victim = (
+            wait_for_job(http, i, lambda j: (j["step"] or 0) >= 12, timeout=180.0) for i in ids
+        )
         before = {i: http.get(f"/api/v1/jobs/{i}/events").json() for i in ids}
 
         server.kill()  # SIGKILL: the server dies between two ticks, or in one
-        os.kill(_runner_pid(victim["run_dir"]), signal.SIGKILL)  # and this job's runner with it
+        os.kill(runner_pid(victim["run_dir"]), signal.SIGKILL)  # and this job's runner with it
         time.sleep(1.0)  # the survivor goes on writing while no server watches
 
         server.start()  # the same home and port
-        kept = _wait(http, survivor["id"], lambda j: j["state"] != "running" or (j["step"] or 0) >= 30)
+        kept = wait_for_job(
+            http, survivor["id"], lambda j: j["state"] != "running" or (j["step"] or 0) >= 30, timeout=180.0
+        )
         assert kept["state"] == "running" and kept["restarts"] == 0  # re-attached, not restarted
-        done = [_wait(http, i, lambda j: j["state"] not in ("queued", "running")) for i in ids]
+        done = [
+            wait_for_job(http, i, lambda j: j["state"] not in ("queued", "running"), timeout=180.0)
+            for i in ids
+        ]
         assert [j["state"] for j in done] == ["finished", "finished"]
         assert done[0]["restarts"] == 0 and done[1]["restarts"] == 1
         for job_id in ids:
@@ -66,18 +64,6 @@ def test_a_server_killed_mid_run_re_attaches_and_re_queues_its_jobs(tmp_path):
     finally:
         server.stop()
         for job_id in ids:
-            pid = _runner_pid(str(home / "runs" / f"job-{job_id}"))
+            pid = runner_pid(str(home / "runs" / f"job-{job_id}"))
             if pid:
                 os.kill(pid, signal.SIGKILL)
-
-
-def _runner_pid(run_dir: str) -> int | None:
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if run_dir.encode() in argv:
-                return int(entry)
-    return None

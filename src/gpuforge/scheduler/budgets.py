@@ -22,6 +22,10 @@ class ProjectBudgets:
         self.shares: dict[int, float] = {}  # project id -> share
         self._read_at = 0.0
 
+    def read_again(self) -> None:
+        """At the next refresh, whatever the time (an admin raised a budget: no job paused after that)."""
+        self._read_at = 0.0
+
     def refresh(self, s: Session, force: bool = False) -> None:
         if not force and time.monotonic() - self._read_at < REFRESH_S:
             return

@@ -112,7 +112,9 @@ class Scheduler:
             self._thread.join(10)
 
     def wake(self) -> None:
-        """Tick now rather than at the next half second (a job was submitted, resumed or cancelled)."""
+        """Tick now rather than at the next half second (a job was submitted, resumed or cancelled, a
+        project changed: its budget is read again)."""
+        self.budgets.read_again()
         self._wake.set()
 
     def _run(self) -> None:
@@ -131,7 +133,8 @@ class Scheduler:
             running = list(s.scalars(select(Job).where(Job.state == JobState.RUNNING)))
             self._count_busy(s, running)
             live = s.scalars(select(Deployment).where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES)))
-            ledger.accrue(s, running, live)
+            # a process that died while the server was down is not charged for the time it was gone
+            ledger.accrue(s, [job for job in running if self._alive(job)], live)
             self.budgets.refresh(s)
             for job in running:
                 self._watch(s, job)
@@ -257,13 +260,16 @@ class Scheduler:
     def _stopped_by_server(self, s: Session, job: Job) -> None:
         """A job the server stopped has ended its process: preempted back into the queue, or paused."""
         if job.stop_requested != "preempt":
-            states.pause(s, job.id, job.reason or "paused by the server")
+            if not states.pause(s, job.id, job.reason or "paused by the server"):
+                states.end(s, job.id, "cancelled", None)  # a cancel landed meanwhile: its reason stays
             return
         by, priority = self.preempted_for.pop(job.id, (None, None))
         boost = None
         if job.preemptions + 1 >= self.max_preemptions and priority is not None:
             boost = max(0, priority - job.priority)  # preempted too often: it queues beside its preemptor
-        states.preempt(s, job.id, job.reason or "preempted", boost)
+        if not states.preempt(s, job.id, job.reason or "preempted", boost):
+            states.end(s, job.id, "cancelled", None)  # a cancel landed meanwhile: its reason stays
+            return
         RunDir(Path(job.run_dir)).event("preempted", by_job=by, reason=job.reason)
         ingest(s, job)  # into the store now: only a running job's directory is read otherwise
 
@@ -284,51 +290,34 @@ class Scheduler:
         now = utcnow()
         running_columns = (
             Job.id,
-            Job.priority + Job.boost,
+            (Job.priority + Job.boost).label("priority"),
             Job.device_type,
             Job.devices,
             Job.owner_id,
             Job.project_id,
             Job.preemptible,
-            Job.preemptions,
             Job.cancel_requested,
             Job.stop_requested,
             Job.planned_s,
             Job.run_started_at,
-            Job.eta_s,
         )
         running_jobs, owners, project_devices = [], Counter(), Counter()
         for row in s.execute(select(*running_columns).where(Job.state == JobState.RUNNING)):
-            (
-                job_id,
-                priority,
-                kind,
-                devices,
-                owner,
-                project,
-                preemptible,
-                preemptions,
-                cancel,
-                stop,
-                planned,
-                began,
-                eta,
-            ) = row
-            ids = tuple(devices.split(",")) if devices else ()
-            owners[owner] += 1  # max_running counts it
-            project_devices[project] += len(ids)
-            ends = eta  # its runner's estimate; its max_time, when it has one, is a promise
-            if planned is not None and began is not None:
-                ends = max(0.0, planned - (now - began).total_seconds())
+            ids = tuple(row.devices.split(",")) if row.devices else ()
+            owners[row.owner_id] += 1  # max_running counts it
+            project_devices[row.project_id] += len(ids)
+            ends = None  # unknown unless its max_time promises it (an ETA may run long: backfill would delay)
+            if row.planned_s is not None and row.run_started_at is not None:
+                ends = max(0.0, row.planned_s - (now - row.run_started_at).total_seconds())
             running_jobs.append(
                 RunningJob(
-                    job_id,
-                    priority,
-                    kind,
+                    row.id,
+                    row.priority,
+                    row.device_type,
                     ids,
-                    project,
-                    preemptible=preemptible and preemptions < self.max_preemptions,
-                    stopping=bool(cancel or stop),
+                    row.project_id,
+                    preemptible=row.preemptible,  # one preempted too often is lifted (boost), not shielded
+                    stopping=bool(row.cancel_requested or row.stop_requested),
                     ends_in_s=ends,
                 )
             )

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.store.ledger import month_spend
-from gpuforge.store.models import QUEUE_JOB_STATES, ApiKey, Device, Job, JobState, Project, utcnow
+from gpuforge.store.models import QUEUE_JOB_STATES, ApiKey, Job, JobState, Project, utcnow
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")  # as a key's name: it travels in URLs and CLI lines
 MAX_NAME = 100
@@ -118,14 +118,11 @@ def figures(s: Session, only: int | None = None) -> list[ProjectFigures]:
     for project_id, usd in month_spend(s, utcnow()).items():
         if project_id in rows:
             rows[project_id].spend_usd_month = usd
-    held = (
-        select(Job.project_id, func.count(Device.id))
-        .join(Job, Device.job_id == Job.id)
-        .where(Job.project_id.in_(rows))
-        .group_by(Job.project_id)
+    running = select(Job.project_id, Job.devices).where(
+        Job.project_id.in_(rows), Job.state == JobState.RUNNING, Job.devices.is_not(None)
     )
-    for project_id, count in s.execute(held):
-        rows[project_id].devices_held = count
+    for project_id, devices in s.execute(running):  # the devices a claim gave it ("cuda:0,cuda:1")
+        rows[project_id].devices_held += len(devices.split(","))
     states = (
         select(Job.project_id, Job.state, func.count())
         .where(Job.project_id.in_(rows), Job.state.in_((*QUEUE_JOB_STATES, JobState.RUNNING)))

@@ -65,19 +65,25 @@ RUNNER_ENDINGS = {
 }
 
 
-def _move(s: Session, row: type[Job | Deployment], row_id: int, sources: Collection, values: dict) -> bool:
-    """Set `values` on the row if its state is one of `sources` at this moment; whether it was."""
+def _move(
+    s: Session, row: type[Job | Deployment], row_id: int, sources: Collection, values: dict, *also: Any
+) -> bool:
+    """Set `values` on the row if its state is one of `sources` at this moment (and `also` holds); whether
+    it was."""
     moved = s.execute(
         update(row)
-        .where(row.id == row_id, row.state.in_(sources))
+        .where(row.id == row_id, row.state.in_(sources), *also)
         .values(**values)
         .execution_options(synchronize_session="fetch")  # what the store did, not what the session guessed
     )
     return moved.rowcount == 1
 
 
-def _move_job(s: Session, job_id: int, sources: Collection[JobState], **values: Any) -> bool:
-    return _move(s, Job, job_id, sources, values)
+def _move_job(s: Session, job_id: int, sources: Collection[JobState], *also: Any, **values: Any) -> bool:
+    return _move(s, Job, job_id, sources, values, *also)
+
+
+NOT_CANCELLED = Job.cancel_requested.is_(False)  # a cancel asked for meanwhile wins over the server's stop
 
 
 def _move_deployment(
@@ -167,12 +173,13 @@ def request_stop(s: Session, job_id: int, why: str, reason: str) -> bool:
 
 def preempt(s: Session, job_id: int, reason: str, boost: int | None = None) -> bool:
     """running → preempted (in the queue again), one preemption more in a row; `boost`, when given, is
-    its new lift in the queue (it was preempted too often)."""
+    its new lift in the queue (it was preempted too often). False when a cancel was asked for meanwhile."""
     lift = {} if boost is None else {"boost": boost}
     return _move_job(
         s,
         job_id,
         _RUNNING,
+        NOT_CANCELLED,
         state=JobState.PREEMPTED,
         pid=None,
         devices=None,
@@ -184,9 +191,18 @@ def preempt(s: Session, job_id: int, reason: str, boost: int | None = None) -> b
 
 
 def pause(s: Session, job_id: int, reason: str) -> bool:
-    """running → paused for the server's `reason` (its project's budget, its max_time): resumable."""
+    """running → paused for the server's `reason` (its project's budget, its max_time): resumable. False
+    when a cancel was asked for meanwhile."""
     return _move_job(
-        s, job_id, _RUNNING, state=JobState.PAUSED, pid=None, devices=None, stop_requested=None, reason=reason
+        s,
+        job_id,
+        _RUNNING,
+        NOT_CANCELLED,
+        state=JobState.PAUSED,
+        pid=None,
+        devices=None,
+        stop_requested=None,
+        reason=reason,
     )
 
 

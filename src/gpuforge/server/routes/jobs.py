@@ -183,7 +183,7 @@ def submit(
         if idempotency_key is None or (earlier := _earlier(request, key, idempotency_key)) is None:
             raise
         return _replayed(earlier, job, response)
-    _wake(request)
+    wake_scheduler(request)
     return job
 
 
@@ -244,7 +244,8 @@ def _replayed(earlier: Job, asked: Job, response: Response) -> Job:
     return earlier
 
 
-def _wake(request: Request) -> None:
+def wake_scheduler(request: Request) -> None:
+    """Tick now: a job or a project changed (routes/projects.py too)."""
     scheduler = getattr(request.app.state, "scheduler", None)
     if scheduler is not None:
         scheduler.wake()
@@ -317,7 +318,7 @@ def cancel_job(job_id: JobId, request: Request, key: Key) -> Job:
         if not states.cancel(s, job.id, f"cancelled by {key.name}"):
             s.refresh(job)  # the state that ended it, perhaps since it was read
             raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {job.state}")
-    _wake(request)
+    wake_scheduler(request)
     return job
 
 
@@ -341,7 +342,7 @@ def resume_job(job_id: JobId, body: JobResume, request: Request, key: Key) -> Jo
         if not states.resume(s, job.id, yaml.safe_dump(spec, sort_keys=False), reason):
             s.refresh(job)  # cancelled since it was read
             raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}, not paused")
-    _wake(request)
+    wake_scheduler(request)
     return job
 
 

@@ -150,6 +150,10 @@ def costs(
     with an admin key. At most a year back."""
     today = utcnow().date()
     until_day = _day_param("until", until) or today
+    if until_day > today + timedelta(days=MAX_COST_DAYS):
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, f"until: {until_day} is more than a year ahead"
+        )
     since_day = _day_param("since", since) or until_day - timedelta(days=29)
     earliest = today - timedelta(days=MAX_COST_DAYS - 1)
     if since_day < earliest:

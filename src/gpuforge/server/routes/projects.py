@@ -10,6 +10,7 @@ from fastapi import Path as PathParam
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.server.auth import Key
+from gpuforge.server.routes.jobs import wake_scheduler
 from gpuforge.server.schemas import ProjectCreate, ProjectPublic, ProjectUpdate
 from gpuforge.server.visibility import admin_only
 from gpuforge.store.db import session
@@ -27,13 +28,6 @@ def _public(row: ProjectFigures) -> ProjectPublic:
         created_at=p.created_at, spend_usd_month=row.spend_usd_month, devices_held=row.devices_held,
         jobs_queued=row.jobs_queued, jobs_running=row.jobs_running, keys=row.keys,
     )  # fmt: skip
-
-
-def _wake(request: Request) -> None:
-    """The queue holds or starts jobs by the projects' settings: a change is read at the next tick."""
-    scheduler = getattr(request.app.state, "scheduler", None)
-    if scheduler is not None:
-        scheduler.wake()
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ProjectPublic)
@@ -80,7 +74,7 @@ def change_project(name: Name, body: ProjectUpdate, request: Request, key: Key) 
         except ValueError as err:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from err
         public = _public(figures(s, only=changed.id)[0])
-    _wake(request)
+    wake_scheduler(request)  # the queue holds or starts jobs by the projects' settings
     return public
 
 
