@@ -22,4 +22,4 @@ if [ -z "${GPUFORGE_TEST_POSTGRES_URL+set}" ] \
 fi
 ruff check src tests benchmarks scripts
 lint-imports  # the layer contracts in pyproject.toml
-python -m pytest "$@"
+python -m pytest --durations=20 "$@"  # the slowest, to keep the run under 30 minutes

@@ -24,7 +24,9 @@ def runs(tmp_path_factory):
 
 def test_runs_are_listed_by_start_with_their_figures(runs):
     client = TestClient(create_local_app(runs), base_url="http://127.0.0.1")
-    assert client.get("/api/v1/whoami").json() == {"name": "local", "admin": True, "read_only": True}
+    who = client.get("/api/v1/whoami").json()
+    assert (who["name"], who["admin"], who["read_only"]) == ("local", True, True)
+    assert "stopped" in who["states"]["jobs_ended"]  # a run that ended without a word
     listed = client.get("/api/v1/jobs")
     assert listed.headers["X-Total-Count"] == "2"
     newest, oldest = listed.json()

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from gpuforge.server.local import LocalServer
+from gpuforge.store.models import JobState
 from tests.helpers.paths import TEST_MODELS
 from tests.helpers.specs import image_spec
 
@@ -55,9 +56,13 @@ def _as(server, key):
     return httpx.Client(base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {key}"})
 
 
-def test_whoami_names_the_key(served):
+def test_whoami_names_the_key_and_the_states_the_dashboard_shows(served):
     server, http, _, user = served
-    assert http.get("/api/v1/whoami").json() == {"name": "admin", "admin": True, "read_only": False}
+    who = http.get("/api/v1/whoami").json()
+    assert (who["name"], who["admin"], who["read_only"]) == ("admin", True, False)
+    assert who["states"]["jobs"] == [s.value for s in JobState]  # one list: the store's
+    assert set(who["states"]["jobs_ended"]) == {"finished", "failed", "cancelled"}
+    assert set(who["states"]["deployments_ended"]) == {"stopped", "failed"}
     assert _as(server, user).get("/api/v1/whoami").json()["name"] == "bob"
     assert httpx.get(f"{server.url}/api/v1/whoami").status_code == 401
 

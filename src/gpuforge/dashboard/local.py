@@ -28,7 +28,7 @@ from gpuforge.dashboard.compare import finals, parse_ids, spec_diff
 from gpuforge.dashboard.pages import add_pages
 from gpuforge.run_files import events_page, last_record, log_tail, metrics_page, read_report, series
 from gpuforge.runs import RunDir
-from gpuforge.store.models import ENDED_JOB_STATES, JobState
+from gpuforge.store.models import ENDED_JOB_STATES, JobState, state_lists
 
 RUN_FILES = ("spec.yaml", "events.jsonl", "metrics.jsonl")
 READ = (*RUN_FILES, "summary.json", "logs", "logs/process.log", "compressed", "compressed/report.json")
@@ -167,7 +167,7 @@ def create_local_app(root: Path, key: str | None = None) -> FastAPI:
 
     @app.get("/api/v1/whoami")
     def whoami() -> dict[str, Any]:
-        return {"name": "local", "admin": True, "read_only": True}
+        return {"name": "local", "admin": True, "read_only": True, "states": state_lists(("stopped",))}
 
     @app.get("/api/v1/jobs")
     def list_jobs(

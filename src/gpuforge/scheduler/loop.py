@@ -62,6 +62,7 @@ from gpuforge.store.quotas import running_limits
 
 log = logging.getLogger("gpuforge.scheduler")
 TICK_S = 0.5
+USAGE_REFRESH_S = 10.0
 PREEMPTED_BY = re.compile(r"preempted by job \d+.*?\(priority -?\d+\)")  # the head of _preempt's reason
 
 
@@ -97,6 +98,7 @@ class Scheduler:
             int, tuple[int, int]
         ] = {}  # victim -> (the job it made room for, its priority)
         self.budgets = ProjectBudgets()
+        self._usage_read: tuple[float, tuple[dict, dict]] | None = None
         self._last_tick: float | None = None
         self._stop, self._wake = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
@@ -221,6 +223,13 @@ class Scheduler:
             log.info("job %d: %s (%s)", job.id, job.state, job.reason)
         else:
             log.info("job %d: %s", job.id, job.state)
+
+    def _usage(self, s: Session) -> tuple[dict, dict]:
+        """Device-time lately by key and by project (usage.py), read again every USAGE_REFRESH_S: it moves
+        by a minute's worth at most meanwhile, and a read covers hours of the ledger."""
+        if self._usage_read is None or time.monotonic() - self._usage_read[0] > USAGE_REFRESH_S:
+            self._usage_read = (time.monotonic(), recent_usage(s, half_life_s=self.half_life_s))
+        return self._usage_read[1]
 
     def _preempt(self, s: Session, victim_id: int, for_job: Job) -> None:
         """Stop a running job at its next checkpoint for `for_job`; it goes back to the queue once stopped."""
@@ -347,8 +356,7 @@ class Scheduler:
         groups = {(j.project, None) if j.project is not None else (None, j.owner) for j in queued}
         fairness = None
         if len(groups) > 1:  # fair share matters once two projects (or keys) wait
-            usage, project_usage = recent_usage(s, half_life_s=self.half_life_s)
-            fairness = Fairness(usage, project_usage, self.budgets.shares)
+            fairness = Fairness(*self._usage(s), self.budgets.shares)
         limits = Limits(
             running=owners,
             max_running=running_limits(s, {j.owner for j in queued}),

@@ -30,7 +30,7 @@ from gpuforge.server.schemas import Health
 from gpuforge.server.settings import Settings, job_policy
 from gpuforge.store.db import connect, migrate, session
 from gpuforge.store.keys import ensure_admin_key, has_admin_key
-from gpuforge.store.models import Device, Job, JobState
+from gpuforge.store.models import QUEUE_JOB_STATES, Device, Job, JobState
 
 log = logging.getLogger("gpuforge.server")
 UPLOADS_PREFIX = uploads.router.prefix + "/"
@@ -111,7 +111,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 busy.labels(device_id).set(seconds or 0.0)
         for state in JobState:
             by_state.labels(state.value).set(counts.get(state, 0))
-        queued.set(counts.get(JobState.QUEUED, 0))
+        queued.set(sum(counts.get(state, 0) for state in QUEUE_JOB_STATES))
         for seconds in request.app.state.scheduler.tick_seconds:
             tick.observe(seconds)
         return generate_latest(registry).decode()

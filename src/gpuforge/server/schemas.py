@@ -9,6 +9,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
 
 from gpuforge.serve.options import deployment_options_model
+from gpuforge.store.models import MAX_NAME, NAME_PATTERN, state_lists
+from gpuforge.store.projects import ProjectName, ProjectSettings
 from gpuforge.store.quotas import QUOTAS, Quota, limits
 
 FilePath = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
@@ -89,6 +91,9 @@ class WhoAmI(BaseModel):
     name: str
     admin: bool
     read_only: bool = Field(False, description="true under `gpuforge dashboard`: nothing can be changed")
+    states: dict[str, list[str]] = Field(
+        default_factory=state_lists, description="every job state, and the job and deployment states ended"
+    )
 
 
 class Health(BaseModel):
@@ -122,7 +127,7 @@ def _quota_fields(describe: Callable[[Quota], str], bounded: bool = True) -> dic
 class _KeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", max_length=100)
+    name: str = Field(pattern=NAME_PATTERN, max_length=MAX_NAME)
     admin: bool = False
     project: str | None = Field(
         None, max_length=100, description="the project it belongs to, by name; an admin key belongs to none"
@@ -171,29 +176,12 @@ class KeyCreated(KeyPublic):
     key: str = Field(description="the key itself: shown this once, stored as a digest only")
 
 
-ProjectName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", max_length=100)]
-BudgetUsdMonth = Annotated[float, Field(ge=0, le=1e9, description="USD a month; null: no budget")]
-MaxDevices = Annotated[int, Field(ge=0, le=2**31 - 1, description="devices held at once; null: no cap")]
-Share = Annotated[float, Field(gt=0, le=1e6, description="fair-share weight: 2 gets twice the time of 1")]
-
-
-class ProjectCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ProjectCreate(ProjectSettings):
     name: ProjectName
-    budget_usd_month: BudgetUsdMonth | None = None
-    max_devices: MaxDevices | None = None
-    share: Share = 1.0
 
 
-class ProjectUpdate(BaseModel):
+class ProjectUpdate(ProjectSettings):
     """Only the fields sent change; null: no budget, no cap."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    budget_usd_month: BudgetUsdMonth | None = None
-    max_devices: MaxDevices | None = None
-    share: Share = 1.0
 
 
 class ProjectPublic(BaseModel):

@@ -26,6 +26,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column, relationship
 
 MAX_IDEMPOTENCY_KEY = 200  # characters: a UUID is 36
+# a key's or a project's name: it travels in URLs and command lines
+NAME_PATTERN, MAX_NAME = r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", 100
 
 
 class _StoredState(str, enum.Enum):
@@ -65,6 +67,18 @@ ACTIVE_JOB_STATES = (
     JobState.PAUSED,
 )  # not ended: max_queued counts them
 ENDED_JOB_STATES = (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)  # for good: nothing moves them
+
+
+def state_lists(also_ended: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """The states as the dashboard reads them (whoami's answer): every job state in order, and those that
+    have ended for jobs and deployments; `also_ended`: ends of runs that have no job (`stopped`)."""
+    return {
+        "jobs": [*(s.value for s in JobState), *also_ended],
+        "jobs_ended": [*(s.value for s in ENDED_JOB_STATES), *also_ended],
+        "deployments_ended": [s.value for s in ENDED_DEPLOYMENT_STATES],
+    }
+
+
 LIVE_DEPLOYMENT_STATES = (
     DeploymentState.STARTING,
     DeploymentState.READY,

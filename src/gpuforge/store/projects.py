@@ -11,24 +11,53 @@ The scheduler reads them each few seconds (scheduler/budgets.py): a change holds
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.store.ledger import month_spend
-from gpuforge.store.models import QUEUE_JOB_STATES, ApiKey, Job, JobState, Project, utcnow
+from gpuforge.store.models import (
+    MAX_NAME,
+    NAME_PATTERN,
+    QUEUE_JOB_STATES,
+    ApiKey,
+    Job,
+    JobState,
+    Project,
+    utcnow,
+)
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")  # as a key's name: it travels in URLs and CLI lines
-MAX_NAME = 100
-MAX_BUDGET_USD = 1e9
-MAX_SHARE = 1e6
-MAX_DEVICES = 2**31 - 1  # an integer column on every store
-SETTABLE = ("budget_usd_month", "max_devices", "share")
+# the one definition of what a project may be: the API's schemas (server/schemas.py) are made of these
+ProjectName = Annotated[str, StringConstraints(pattern=NAME_PATTERN, min_length=1, max_length=MAX_NAME)]
+BudgetUsdMonth = Annotated[
+    float, Field(ge=0, le=1e9, allow_inf_nan=False, description="USD a month; null: none")
+]
+MaxDevices = Annotated[int, Field(ge=0, le=2**31 - 1, description="devices held at once; null: no cap")]
+Share = Annotated[
+    float,
+    Field(gt=0, le=1e6, allow_inf_nan=False, description="fair-share weight: 2 gets twice the time of 1"),
+]
+
+
+class ProjectSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    budget_usd_month: BudgetUsdMonth | None = None
+    max_devices: MaxDevices | None = None
+    share: Share = 1.0
+
+
+SETTABLE = tuple(ProjectSettings.model_fields)
+
+
+def _first_problem(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "value"
+    return f"{where}: {first['msg']}"
 
 
 @dataclass
@@ -44,33 +73,21 @@ class ProjectFigures:
 
 
 def check_name(name: str) -> None:
-    if not (0 < len(name) <= MAX_NAME and NAME.match(name)):
+    try:
+        TypeAdapter(ProjectName).validate_python(name)
+    except ValidationError:
         raise ValueError(
             f"name: {name!r} is not a project name (letters, digits and . _ @ -, starting with a letter or "
             f"digit, at most {MAX_NAME})"
-        )
+        ) from None
 
 
 def check_settable(values: dict[str, Any]) -> None:
     """ValueError naming the field, unless each is a setting a project may have (None: no budget, no cap)."""
-    for name, value in values.items():
-        if name not in SETTABLE:
-            raise ValueError(f"{name}: not a project setting (known: {', '.join(SETTABLE)})")
-        if name == "share":
-            if value is None or not (isinstance(value, int | float) and math.isfinite(value)):
-                raise ValueError(f"share: must be a number > 0, not {value!r}")
-            if not 0 < value <= MAX_SHARE:
-                raise ValueError(f"share: must be > 0 and at most {MAX_SHARE:g}, not {value:g}")
-        elif value is None:
-            continue  # no budget, no cap
-        elif name == "max_devices" and (
-            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DEVICES
-        ):
-            raise ValueError(f"max_devices: must be a whole number >= 0, not {value!r}")
-        elif name == "budget_usd_month" and not (
-            isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= MAX_BUDGET_USD
-        ):
-            raise ValueError(f"budget_usd_month: must be a number >= 0 (dollars), not {value!r}")
+    try:
+        ProjectSettings.model_validate(values)
+    except ValidationError as err:
+        raise ValueError(_first_problem(err)) from None
 
 
 def create_project(s: Session, name: str, **settings: Any) -> Project:

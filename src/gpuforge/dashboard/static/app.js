@@ -8,8 +8,13 @@ import { el, notFound } from "/static/dom.js";
 const KEY = "gpuforge.key";
 const POLL_MS = 2000;
 
-// Who is signed in: whoami's answer {name, admin, read_only}; null while signed out.
+// Who is signed in: whoami's answer {name, admin, read_only, states}; null while signed out.
 export let me = null;
+
+// The states as the server defines them (whoami's `states`): no page keeps a list of its own.
+export const jobStates = () => me?.states?.jobs ?? [];
+export const jobEnded = (state) => (me?.states?.jobs_ended ?? []).includes(state);
+export const deploymentEnded = (state) => (me?.states?.deployments_ended ?? []).includes(state);
 
 // Thrown by api() on a 401 once the tab is signed out: it ends whatever was running (a poll, an action).
 export class SignedOut extends Error {}

@@ -1,7 +1,7 @@
 // Compare (/compare?ids=3,5,8): the runs' curves overlaid on shared axes (x: step), the spec keys that
 // differ, and the final figures side by side; refreshed every 2 s while a run is still live.
 
-import { api, onLeave, poll } from "/static/app.js";
+import { api, jobEnded, onLeave, poll } from "/static/app.js";
 import { PALETTE, align, chartedMetrics, lineChart } from "/static/charts.js";
 import { badge, detailText, el, notFound } from "/static/dom.js";
 import * as f from "/static/format.js";
@@ -9,7 +9,6 @@ import * as f from "/static/format.js";
 // throughput and quality; memory and step cost say little across runs of different shapes
 const COMPARED = (name) => name === "loss" || name.startsWith("eval_") || name === "samples_per_s" || name === "mfu";
 
-const ENDED = new Set(["finished", "failed", "cancelled", "stopped"]);
 
 export async function render(root, { params }) {
   const ids = params.get("ids") ?? "";
@@ -84,7 +83,7 @@ export async function render(root, { params }) {
     }
     const order = names.map((n) => charts.get(n).div);
     if (order.some((div, i) => chartsBox.children[i] !== div)) chartsBox.append(...order);
-    return data.jobs.some((job) => !ENDED.has(job.state));
+    return data.jobs.some((job) => !jobEnded(job.state));
   }
 
   let first = answer.data;

@@ -1,12 +1,11 @@
 // Deployments (/deployments): each deployment with its replicas' live figures (polled), undeploy, and a
 // box to try one: inputs in, its JSON answer out.
 
-import { api, poll, SignedOut } from "/static/app.js";
+import { api, deploymentEnded, poll, SignedOut } from "/static/app.js";
 import { badge, detailText, el, setText } from "/static/dom.js";
 import * as f from "/static/format.js";
 
 const SERVING = new Set(["starting", "ready"]); // replicas up: their stats are worth asking for
-const ENDED = new Set(["stopped", "failed"]);
 
 export async function render(root) {
   const showEnded = el("input", { type: "checkbox", name: "all" });
@@ -69,7 +68,7 @@ export async function render(root) {
       if (tbody.children[i] !== row.tr) tbody.insertBefore(row.tr, tbody.children[i] ?? null);
     });
     empty.hidden = deployments.length > 0;
-    tryBox.offer(deployments.filter((d) => !ENDED.has(d.state)).map((d) => d.name));
+    tryBox.offer(deployments.filter((d) => !deploymentEnded(d.state)).map((d) => d.name));
   }
 
   function newRow(d) {
@@ -116,7 +115,7 @@ export async function render(root) {
 
   function drawActions(cell, d) {
     cell.replaceChildren();
-    if (ENDED.has(d.state) || d.state === "stopping") return;
+    if (deploymentEnded(d.state) || d.state === "stopping") return;
     const b = el("button", { type: "button", "data-action": "undeploy", text: "Undeploy" });
     b.addEventListener("click", async () => {
       for (const old of cell.querySelectorAll(".row-error")) old.remove();

@@ -2,12 +2,11 @@
 // summary and the compression report. Polled every 2 s until the job has ended; then one last refresh
 // (its summary, its last metrics) and the page stays as it is.
 
-import { api, onLeave, poll } from "/static/app.js";
+import { api, jobEnded, onLeave, poll } from "/static/app.js";
 import { chartedMetrics, lineChart, reportChart } from "/static/charts.js";
 import { badge, detailText, el, notFound, setText } from "/static/dom.js";
 import * as f from "/static/format.js";
 
-const ENDED = new Set(["finished", "failed", "cancelled", "stopped"]); // stopped: a local run that ended unsaid
 
 export async function render(root, { id }) {
   const first = await api(`/api/v1/jobs/${id}`);
@@ -71,7 +70,7 @@ export async function render(root, { id }) {
     if (job.state !== lastState) reads.push(loadSummary(), loadReport()); // written when a run stops
     lastState = job.state;
     await Promise.all(reads);
-    return !ENDED.has(job.state);
+    return !jobEnded(job.state);
   }
 
   function drawHead(job) {
@@ -85,7 +84,7 @@ export async function render(root, { id }) {
       ["step", job.step == null && job.total_steps == null ? "—" : `${job.step ?? 0}/${job.total_steps ?? "?"}`],
       ["loss", f.sig4(job.loss)],
       ["cost", f.dollars(job.cost_usd)],
-      ["ETA", ENDED.has(job.state) ? "—" : f.duration(job.eta_s)],
+      ["ETA", jobEnded(job.state) ? "—" : f.duration(job.eta_s)],
       ["restarts", job.restarts == null ? null : `${job.restarts} of ${job.max_restarts}`],
       ["reason", job.reason],
     ];

@@ -3,14 +3,11 @@
 // Rows are kept by job id and updated in place at each poll, so that a checkbox ticked or a budget
 // being typed into a row survives the refresh.
 
-import { api, poll, SignedOut } from "/static/app.js";
+import { api, jobEnded, jobStates, poll, SignedOut } from "/static/app.js";
 import { badge, detailText, el, fill, setText } from "/static/dom.js";
 import * as f from "/static/format.js";
 
 const PAGE = 50;
-const STATES = ["queued", "preempted", "running", "paused", "finished", "failed", "cancelled"];
-const CANCELLABLE = new Set(["queued", "preempted", "running", "paused"]);
-const ENDED = new Set(["finished", "failed", "cancelled", "stopped"]); // stopped: a local run that ended unsaid
 const MAX_COMPARE = 8; // what /api/v1/compare takes
 // the cells a poll refreshes: td[data-field=<name>] and how its text is made from the job
 const FIELDS = {
@@ -23,7 +20,7 @@ const FIELDS = {
   samples_per_s: (j) => f.num(j.samples_per_s),
   mfu: (j) => f.pct(j.mfu),
   cost_usd: (j) => f.dollars(j.cost_usd),
-  eta: (j) => (ENDED.has(j.state) ? "—" : f.duration(j.eta_s)),
+  eta: (j) => (jobEnded(j.state) ? "—" : f.duration(j.eta_s)),
 };
 
 const NUMERIC = new Set(["step", "loss", "samples/s", "MFU", "cost", "ETA"]); // right-aligned headings
@@ -39,9 +36,9 @@ export async function render(root, { me, params }) {
     "select",
     { name: "state" },
     el("option", { value: "", text: "all" }),
-    STATES.map((s) => el("option", { value: s, text: s })),
+    jobStates().map((s) => el("option", { value: s, text: s })),
   );
-  stateFilter.value = STATES.includes(params.get("state")) ? params.get("state") : "";
+  stateFilter.value = jobStates().includes(params.get("state")) ? params.get("state") : "";
   const ownerFilter = el("input", { name: "owner", type: "search", placeholder: "any owner", value: params.get("owner") ?? "" });
   const compareLink = el("a", { id: "compare-selected", class: "button" }, "Compare selected");
   const count = el("span", { id: "jobs-count" });
@@ -170,7 +167,7 @@ export async function render(root, { me, params }) {
   // --- row actions: cancel, resume (with a new budget), deploy (with a name) ---
   function drawActions(cell, job) {
     cell.replaceChildren();
-    if (CANCELLABLE.has(job.state)) {
+    if (!jobEnded(job.state)) {
       const b = el("button", { type: "button", "data-action": "cancel", text: "Cancel" });
       b.addEventListener("click", () =>
         act(cell, b, () => api(`/api/v1/jobs/${job.id}/cancel`, { method: "POST" }), () => {
