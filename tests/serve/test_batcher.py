@@ -41,17 +41,47 @@ def test_requests_arriving_together_share_one_batch_up_to_its_limit():
     assert [len(b) for b in model.batches] == [4, 4, 2] and sum(model.batches, []) == list(range(10))
 
 
-def test_a_lone_request_waits_at_most_max_wait():
+def test_a_request_that_finds_the_model_idle_runs_at_once_and_a_lone_client_never_waits():
     async def main():
-        batcher = Batcher(Model(), max_batch=32, max_wait_ms=20)
+        batcher = Batcher(Model(), max_batch=32, max_wait_ms=200)  # a wait no lone request may pay
         await batcher.start()
-        start = time.perf_counter()
-        await batcher.submit(1)
-        waited = time.perf_counter() - start
+        waits = []
+        for i in range(5):  # one client: each request sent when the last is answered
+            start = time.perf_counter()
+            await batcher.submit(i)
+            waits.append(time.perf_counter() - start)
         await batcher.stop()
-        return waited
+        return waits
 
-    assert 0.015 <= run(main()) < 0.5
+    assert max(run(main())) < 0.1
+
+
+def test_after_a_batch_of_several_the_next_waits_for_as_many_at_most_max_wait():
+    async def main():
+        model = Model()
+        batcher = Batcher(model, max_batch=32, max_wait_ms=150)
+        await batcher.start()
+        await asyncio.gather(*(batcher.submit(i) for i in range(4)))  # 4 callers, answered together
+        start = time.perf_counter()
+        first = asyncio.ensure_future(batcher.submit(10))  # their next requests come in one by one
+        for i in range(11, 14):
+            await asyncio.sleep(0.01)
+            batcher_task = asyncio.ensure_future(batcher.submit(i))
+        await asyncio.gather(first, batcher_task)
+        together = time.perf_counter() - start
+        late = time.perf_counter()
+        await batcher.submit(20)  # 3 callers of the 4 never came back: the wait ends at max_wait
+        waited = time.perf_counter() - late
+        late = time.perf_counter()
+        await batcher.submit(21)  # the batch before held 1: this one runs at once
+        alone = time.perf_counter() - late
+        await batcher.stop()
+        return model.batches, together, waited, alone
+
+    batches, together, waited, alone = run(main())
+    assert batches[:2] == [[0, 1, 2, 3], [10, 11, 12, 13]]  # the second batch waited for all 4
+    assert together < 0.14  # and no longer than they took to come
+    assert batches[2:] == [[20], [21]] and 0.14 <= waited < 0.5 and alone < 0.1
 
 
 def test_while_the_model_works_the_next_batch_fills_without_waiting():

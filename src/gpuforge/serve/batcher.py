@@ -10,7 +10,11 @@ most `max_batch`, in one model thread, while the event loop goes on accepting re
 an item that failed alone (the others in its batch still get their results). An item whose caller gave
 up (timeout, disconnected client) before its batch formed is dropped, so it costs no model time.
 Batches are taken as soon as the model thread is free: while it works on one batch the next one fills,
-so under load batches are full without waiting, and alone a request waits at most `max_wait_ms`.
+so under load batches are full without waiting. A request that finds the model idle runs at once, alone:
+waiting for a batch pays only when one is coming. It is coming when the model has just answered a batch of
+several (their callers, answered, send their next requests within a few milliseconds): then the batcher
+waits, at most `max_wait_ms` from the first arrival, for as many as that batch held. A lone client, or
+requests spaced wider than `max_wait_ms`, never wait.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._seconds_per_item = 0.01  # a running estimate, for Retry-After
+        self._last_size, self._last_end = 0, 0.0  # the last batch: how many it held, when it ended
 
     @property
     def queued(self) -> int:
@@ -113,9 +118,13 @@ class Batcher:
                 await self._run(batch)
 
     async def _take(self) -> list[_Pending]:
-        """Up to max_batch live items: what is queued now, plus what arrives within max_wait of the first."""
-        deadline = self._queue[0].enqueued + self.max_wait_s
-        while len(self._queue) < self.max_batch and not self._stopping:
+        """Up to max_batch live items: what is queued now, plus, when a batch is coming (see the module's
+        docstring), what arrives within max_wait of the first."""
+        first = self._queue[0].enqueued
+        coming = self._last_size > 1 and first - self._last_end < self.max_wait_s
+        wanted = min(self.max_batch, self._last_size) if coming else 1
+        deadline = first + self.max_wait_s
+        while len(self._queue) < wanted and not self._stopping:
             left = deadline - time.perf_counter()
             if left <= 0:
                 break
@@ -138,7 +147,9 @@ class Batcher:
                 raise RuntimeError(f"run_batch gave {len(results)} results for {len(batch)} items")
         except Exception as err:  # the whole batch failed: each caller hears why
             results = [err] * len(batch)
-        seconds = time.perf_counter() - started
+        self._last_end = time.perf_counter()
+        self._last_size = len(batch)
+        seconds = self._last_end - started
         self._seconds_per_item = 0.8 * self._seconds_per_item + 0.2 * seconds / len(batch)
         for pending, result in zip(batch, results, strict=True):
             if pending.future.done():

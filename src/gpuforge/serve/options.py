@@ -49,7 +49,7 @@ class ServeOptions(BaseModel):
 
     max_batch: Annotated[int, Deployable(le=1024)] = Field(32, ge=1, description="inputs per batch at most")
     max_wait_ms: Annotated[float, Deployable(le=10_000)] = Field(
-        5.0, ge=0, description="how long a batch waits to fill"
+        5.0, ge=0, description="how long a batch waits to fill, once one is coming (never for a lone request)"
     )
     max_queue: Annotated[int, Deployable(le=100_000)] = Field(
         256, ge=1, description="inputs waiting at most; past it 429"
