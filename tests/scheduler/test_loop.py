@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from gpuforge.server.app import create_app
 from gpuforge.server.settings import Settings
+from tests.helpers.jobs import wait_for_job
 from tests.helpers.paths import TEST_MODELS
 from tests.helpers.specs import image_spec
 
@@ -32,21 +33,11 @@ def _submit(api, tmp_path, **train) -> int:
     return response.json()["id"]
 
 
-def _wait(api, job_id, until, timeout=120.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = api.get(f"/api/v1/jobs/{job_id}").json()
-        if until(job):
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} never got there: {job}")
-
-
 def test_jobs_run_one_slot_at_a_time_and_their_runs_are_ingested(api, tmp_path):
     first = _submit(api, tmp_path, max_steps=6)
     second = _submit(api, tmp_path, max_steps=4)
-    a = _wait(api, first, lambda j: j["state"] == "finished")
-    b = _wait(api, second, lambda j: j["state"] == "finished")
+    a = wait_for_job(api, first, lambda j: j["state"] == "finished")
+    b = wait_for_job(api, second, lambda j: j["state"] == "finished")
     assert (a["step"], a["total_steps"], a["devices"]) == (6, 6, "cpu:0")
     assert b["started_at"] >= a["finished_at"]  # one CPU slot: the second waited for the first
     kinds = [e["kind"] for e in api.get(f"/api/v1/jobs/{first}/events").json()]
@@ -55,19 +46,19 @@ def test_jobs_run_one_slot_at_a_time_and_their_runs_are_ingested(api, tmp_path):
 
 def test_cancel_stops_a_running_job_with_a_checkpoint(api, tmp_path):
     job_id = _submit(api, tmp_path, max_steps=500, options={"sleep_s": 0.05})
-    _wait(api, job_id, lambda j: j["state"] == "running" and (j["step"] or 0) >= 2)
+    wait_for_job(api, job_id, lambda j: j["state"] == "running" and (j["step"] or 0) >= 2)
     assert api.post(f"/api/v1/jobs/{job_id}/cancel").json()["state"] == "running"  # stopping
-    job = _wait(api, job_id, lambda j: j["state"] == "cancelled")
+    job = wait_for_job(api, job_id, lambda j: j["state"] == "cancelled")
     kinds = [e["kind"] for e in api.get(f"/api/v1/jobs/{job_id}/events").json()]
     assert kinds[-2:] == ["checkpoint", "cancelled"] and job["reason"] == "cancelled by admin"
 
 
 def test_a_killed_training_process_is_restarted_from_its_checkpoint(api, tmp_path):
     job_id = _submit(api, tmp_path, max_steps=60, checkpoint_every=5, options={"sleep_s": 0.05})
-    running = _wait(api, job_id, lambda j: j["state"] == "running" and (j["step"] or 0) >= 12)
+    running = wait_for_job(api, job_id, lambda j: j["state"] == "running" and (j["step"] or 0) >= 12)
     pid = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _is_runner(int(p), running["run_dir"]))
     os.kill(pid, signal.SIGKILL)
-    job = _wait(api, job_id, lambda j: j["state"] == "finished")
+    job = wait_for_job(api, job_id, lambda j: j["state"] == "finished")
     assert job["step"] == 60 and "restart 1 of 2" in (job["reason"] or "")
     events = api.get(f"/api/v1/jobs/{job_id}/events").json()
     starts = [e for e in events if e["kind"] == "started"]
@@ -85,7 +76,7 @@ def test_a_spent_budget_pauses_the_job_and_resume_goes_on_from_its_checkpoint(ap
     spec = image_spec(tmp_path, max_steps=40, options={"sleep_s": 0.05})
     spec["cost"] = {"usd_per_hour": 3600.0, "budget_usd": 0.4}  # a dollar a second: paused within a second
     job_id = api.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)}).json()["id"]
-    paused = _wait(api, job_id, lambda j: j["state"] in ("paused", "finished", "failed"))
+    paused = wait_for_job(api, job_id, lambda j: j["state"] in ("paused", "finished", "failed"))
     assert paused["state"] == "paused" and "cost.budget_usd 0.4 spent" in paused["reason"]
     assert paused["cost_usd"] >= 0.4 and paused["step"] < 40 and paused["finished_at"] is None
     event = api.get(f"/api/v1/jobs/{job_id}/events").json()[-1]
@@ -97,7 +88,7 @@ def test_a_spent_budget_pauses_the_job_and_resume_goes_on_from_its_checkpoint(ap
     assert too_low.status_code == 422 and "not above" in too_low.json()["detail"]
     resumed = api.post(f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": 1000.0})
     assert resumed.status_code == 200 and resumed.json()["state"] == "queued"
-    done = _wait(api, job_id, lambda j: j["state"] in ("finished", "failed", "paused"))
+    done = wait_for_job(api, job_id, lambda j: j["state"] in ("finished", "failed", "paused"))
     assert done["state"] == "finished" and done["step"] == 40
     starts = [e for e in api.get(f"/api/v1/jobs/{job_id}/events").json() if e["kind"] == "started"]
     assert starts[1]["data"]["resumed_from"] == paused["step"]
@@ -172,7 +163,7 @@ def test_a_runner_that_refuses_its_input_fails_once_with_its_error_in_the_users_
     files = {str(upload): "/home/me/digits.npz"}
     response = api.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec), "files": files})
     assert response.status_code == 201, response.text
-    job = _wait(api, response.json()["id"], lambda j: j["state"] in ("failed", "finished"))
+    job = wait_for_job(api, response.json()["id"], lambda j: j["state"] in ("failed", "finished"))
     assert job["state"] == "failed" and job["restarts"] == 0  # never started again: it would refuse again
     assert job["reason"] == (
         "data.train: /home/me/digits.npz: expected arrays 'x' and 'y' (or 'images' and 'labels'), found a"

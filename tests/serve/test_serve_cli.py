@@ -32,8 +32,9 @@ def test_serve_answers_and_finishes_in_flight_requests_on_sigterm(digits_model):
     images = (load_digits().images[:64] / 16.0).tolist()
     process, url = _serve(digits_model, "--max-batch", "128", "--max-wait-ms", "1500")
     try:
-        answer = httpx.post(f"{url}/predict", json={"inputs": images[:3]}, timeout=30).json()
-        assert len(answer["outputs"]) == 3 and answer["model"] == "digits-cnn"
+        # a batch of 128: the next batch, coming within 1.5 s, waits that long for as many
+        answer = httpx.post(f"{url}/predict", json={"inputs": images * 2}, timeout=30).json()
+        assert len(answer["outputs"]) == 128 and answer["model"] == "digits-cnn"
 
         def ask(i):
             return httpx.post(f"{url}/predict", json={"inputs": images[i : i + 8]}, timeout=60).status_code
@@ -83,12 +84,13 @@ def test_a_client_that_goes_away_frees_its_place(digits_model):
     image = (load_digits().images[0] / 16.0).tolist()
     process, url = _serve(digits_model, "--max-batch", "64", "--max-wait-ms", "1500")
     try:
-        with pytest.raises(httpx.ReadTimeout):  # the batch would wait 1.5 s to fill: the client leaves first
-            httpx.post(f"{url}/predict", json={"inputs": [image]}, timeout=0.3)
+        assert httpx.post(f"{url}/predict", json={"inputs": [image] * 2}, timeout=30).status_code == 200
+        with pytest.raises(httpx.ReadTimeout):  # after a batch of 2 the next waits 1.5 s for a second input:
+            httpx.post(f"{url}/predict", json={"inputs": [image]}, timeout=0.3)  # the client leaves first
         time.sleep(2.0)  # past the batch's wait
         figures = _figures(url)
         assert figures['gpuforge_serve_rejected_total{reason="client gone"}'] == 1
-        assert figures["gpuforge_serve_inputs_total"] == 0  # the model never saw it
+        assert figures["gpuforge_serve_inputs_total"] == 2  # the model never saw the third
         assert httpx.post(f"{url}/predict", json={"inputs": [image]}, timeout=30).status_code == 200
     finally:
         process.kill()

@@ -8,24 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from gpuforge.server.app import create_app
 from gpuforge.server.local import LocalServer
-from gpuforge.server.settings import Settings
 from gpuforge.store.db import session
 from gpuforge.store.ledger import month_start
 from gpuforge.store.models import ApiKey, Deployment, Device, Job, JobState, LedgerEntry, Project, utcnow
 from tests.helpers.cli import run_cli
-
-
-@pytest.fixture
-def server(tmp_path, store_url):
-    settings = Settings(home=tmp_path / "home", db=store_url, schedule=False)
-    with TestClient(create_app(settings)) as client:
-        admin = (tmp_path / "home" / "admin.key").read_text().strip()
-        yield client, admin
 
 
 def _auth(key: str) -> dict:

@@ -7,30 +7,18 @@ import os
 import threading
 from pathlib import Path
 
-import pytest
 import yaml
-from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from gpuforge.scheduler.allocator import DeviceInfo
 from gpuforge.scheduler.executor import Launched
 from gpuforge.scheduler.loop import Scheduler
-from gpuforge.server.app import create_app
-from gpuforge.server.settings import Settings
 from gpuforge.store.db import session
 from gpuforge.store.models import ApiKey, Deployment, Job, Upload
 from gpuforge.store.quotas import QUOTAS
 
 DEFAULTS = {q.name: q.default for q in QUOTAS}
 NONE = dict.fromkeys(DEFAULTS)
-
-
-@pytest.fixture
-def server(tmp_path, store_url):
-    settings = Settings(home=tmp_path / "home", db=store_url, schedule=False)
-    with TestClient(create_app(settings)) as client:
-        admin = (tmp_path / "home" / "admin.key").read_text().strip()
-        yield client, admin
 
 
 def _auth(key: str) -> dict:

@@ -32,7 +32,12 @@ def serve(
     # ServeOptions' fields, written out so that no verb pays for pydantic at start-up;
     # tests/serve/test_options.py keeps their names, defaults, help and bounds equal to serve/options.py's
     max_batch: Annotated[int, typer.Option(help="inputs per batch at most", min=1)] = 32,
-    max_wait_ms: Annotated[float, typer.Option(help="how long a batch waits to fill", min=0)] = 5.0,
+    max_wait_ms: Annotated[
+        float,
+        typer.Option(
+            help="how long a batch waits to fill, once one is coming (never for a lone request)", min=0
+        ),
+    ] = 5.0,
     max_queue: Annotated[int, typer.Option(help="inputs waiting at most; past it 429", min=1)] = 256,
     timeout_s: Annotated[float, typer.Option(help="per request; past it 504", min=0.1)] = 30.0,
     quantize: Annotated[str | None, typer.Option(help="int8 | int4 | int8-dynamic, at load")] = None,

@@ -275,7 +275,12 @@ def deploy(
     name: Annotated[str, typer.Option("--name", help="the deployment's name (its address)")],
     replicas: Annotated[int, typer.Option(min=1, help="worker processes behind the one address")] = 1,
     max_batch: Annotated[int | None, typer.Option(min=1, help="inputs per batch at most")] = None,
-    max_wait_ms: Annotated[float | None, typer.Option(min=0, help="how long a batch waits to fill")] = None,
+    max_wait_ms: Annotated[
+        float | None,
+        typer.Option(
+            min=0, help="how long a batch waits to fill, once one is coming (never for a lone request)"
+        ),
+    ] = None,
     quantize: Annotated[str | None, typer.Option(help="int8 | int4 | int8-dynamic, at load")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="return once every replica is ready")] = False,
     url: Url = None,
