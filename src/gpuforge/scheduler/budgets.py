@@ -26,8 +26,8 @@ class ProjectBudgets:
         """At the next refresh, whatever the time (an admin raised a budget: no job paused after that)."""
         self._read_at = 0.0
 
-    def refresh(self, s: Session, force: bool = False) -> None:
-        if not force and time.monotonic() - self._read_at < REFRESH_S:
+    def refresh(self, s: Session) -> None:
+        if time.monotonic() - self._read_at < REFRESH_S:
             return
         self._read_at = time.monotonic()
         now = utcnow()

@@ -307,7 +307,7 @@ class Scheduler:
             Job.preemptible,
             Job.cancel_requested,
             Job.stop_requested,
-            Job.planned_s,
+            Job.max_time_s,
             Job.run_started_at,
         )
         running_jobs, owners, project_devices = [], Counter(), Counter()
@@ -316,8 +316,8 @@ class Scheduler:
             owners[row.owner_id] += 1  # max_running counts it
             project_devices[row.project_id] += len(ids)
             ends = None  # unknown unless its max_time promises it (an ETA may run long: backfill would delay)
-            if row.planned_s is not None and row.run_started_at is not None:
-                ends = max(0.0, row.planned_s - (now - row.run_started_at).total_seconds())
+            if row.max_time_s is not None and row.run_started_at is not None:
+                ends = max(0.0, row.max_time_s - (now - row.run_started_at).total_seconds())
             running_jobs.append(
                 RunningJob(
                     row.id,
@@ -344,7 +344,7 @@ class Scheduler:
             Job.devices_wanted,
             Job.owner_id,
             Job.project_id,
-            Job.planned_s,
+            Job.max_time_s,  # what backfill trusts: the loop stops a job past it
             Job.placement,
             Job.state,
             Job.reason,

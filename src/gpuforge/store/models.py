@@ -198,7 +198,6 @@ class Job(Base):
     boost: Mapped[int] = mapped_column(default=0)  # added to its priority in the queue (never preempted)
     # the loop stops its process for a reason of the server's, not the user's: preempt | pause | timeout
     stop_requested: Mapped[str | None] = mapped_column(String(16), default=None)
-    planned_s: Mapped[float | None] = mapped_column(default=None)  # resources.max_time, else the plan's time
     max_time_s: Mapped[float | None] = mapped_column(default=None)  # resources.max_time: stopped past it
     placement: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
     accrued_at: Mapped[datetime | None] = mapped_column(default=None)  # the ledger holds its cost until then

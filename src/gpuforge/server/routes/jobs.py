@@ -159,7 +159,6 @@ def submit(
         devices_wanted=spec.resources.devices,
         usd_per_hour=spec.cost.usd_per_hour * spec.resources.devices,
         preemptible=spec.resources.preemptible,
-        planned_s=spec.resources.max_time_s,
         max_time_s=spec.resources.max_time_s,
         placement=dict(spec.resources.placement) or None,
         spec_yaml=spec.to_yaml(),

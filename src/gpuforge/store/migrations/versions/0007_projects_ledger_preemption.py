@@ -38,7 +38,6 @@ def upgrade() -> None:
         table.add_column(sa.Column("preemptions", sa.Integer(), nullable=False, server_default="0"))
         table.add_column(sa.Column("boost", sa.Integer(), nullable=False, server_default="0"))
         table.add_column(sa.Column("stop_requested", sa.String(length=16), nullable=True))
-        table.add_column(sa.Column("planned_s", sa.Double(), nullable=True))
         table.add_column(sa.Column("max_time_s", sa.Double(), nullable=True))
         table.add_column(sa.Column("placement", sa.JSON(none_as_null=True), nullable=True))
         table.add_column(sa.Column("accrued_at", NOW, nullable=True))
@@ -84,7 +83,6 @@ def downgrade() -> None:
             "accrued_at",
             "placement",
             "max_time_s",
-            "planned_s",
             "stop_requested",
             "boost",
             "preemptions",
