@@ -83,6 +83,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -225,59 +226,43 @@ def make_server(name: str, model: Path, threads: int, logs: Path) -> Server:
 # ---------------------------------------------------------------- the load generator (its own process)
 
 
-def loadgen(conn, url: str, clients: int, warmup: float, seconds: float, texts: list[str]) -> None:
-    """`clients` closed-loop clients on one event loop; sends ("window", t0, t1), then ("result", {...}).
+def closed_loop(
+    conn,
+    url: str,
+    clients: int,
+    warmup: float,
+    seconds: float,
+    client: Callable[[int, httpx.AsyncClient, float, float], Awaitable[None]],
+    probe: str,
+    timeout: float,
+) -> dict:
+    """`clients` closed-loop clients on one event loop, each its own keep-alive connection to `url`; sends
+    ("window", t0, t1) and returns {"cpu_s", "window_s"}: this process's CPU over the window, its length.
 
-    The window is on the wall clock (shared with the parent); send and answer times of the 200s, for the
-    arrival order, are on this process's monotonic clock: (sent, answered, answered inside the window).
+    `client(i, http, t0, t1)` is client i's request loop: it sends until t1 (wall clock, shared with the
+    parent) on `http`, whose connection is opened (GET `probe`) before the clock starts. The caller sends
+    ("result", {...}) with what its clients collected.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     with contextlib.suppress(ImportError):
         import uvloop
 
         uvloop.install()
-    statuses: Counter = Counter()
-    latencies: list[float] = []
-    order: list[tuple[float, float, bool]] = []
     window = {}
 
-    async def client(i: int, connected: asyncio.Event, go: asyncio.Event) -> None:
+    async def connect(i: int, connected: asyncio.Event, go: asyncio.Event) -> None:
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as http:
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as http:
             with contextlib.suppress(httpx.HTTPError):
-                await http.get("/")  # open the connection before the clock starts
+                await http.get(probe)  # open the connection before the clock starts
             connected.set()
             await go.wait()
-            t0, t1 = window["t0"], window["t1"]
-            k = (i * 37) % len(texts)
-            while time.time() < t1:
-                body = {"inputs": [texts[k]]}
-                k = (k + 1) % len(texts)
-                sent = time.monotonic()
-                retry_after = 0.0
-                try:
-                    response = await http.post("/predict", json=body)
-                    status = response.status_code
-                    if status == 429:
-                        retry_after = float(response.headers.get("retry-after") or 1)
-                except httpx.HTTPError as err:
-                    status = type(err).__name__
-                answered = time.monotonic()
-                ended = time.time()
-                inside = t0 <= ended <= t1
-                if inside:
-                    statuses[status] += 1
-                    if status == 200:
-                        latencies.append(1000 * (answered - sent))
-                if status == 200:  # warm-up and tail too: every request's successors are in the list
-                    order.append((sent, answered, inside))
-                if retry_after:
-                    await asyncio.sleep(min(5.0, retry_after))
+            await client(i, http, window["t0"], window["t1"])
 
     async def run() -> float:
         go = asyncio.Event()
         events = [asyncio.Event() for _ in range(clients)]
-        tasks = [asyncio.create_task(client(i, events[i], go)) for i in range(clients)]
+        tasks = [asyncio.create_task(connect(i, events[i], go)) for i in range(clients)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)
         start = time.time() + 0.2
         window.update(t0=start + warmup, t1=start + warmup + seconds)
@@ -292,12 +277,52 @@ def loadgen(conn, url: str, clients: int, warmup: float, seconds: float, texts: 
         return cpu
 
     cpu = asyncio.run(run())
+    return {"cpu_s": cpu, "window_s": window["t1"] - window["t0"]}
+
+
+def loadgen(conn, url: str, clients: int, warmup: float, seconds: float, texts: list[str]) -> None:
+    """`clients` closed-loop clients on one event loop; sends ("window", t0, t1), then ("result", {...}).
+
+    The window is on the wall clock (shared with the parent); send and answer times of the 200s, for the
+    arrival order, are on this process's monotonic clock: (sent, answered, answered inside the window).
+    """
+    statuses: Counter = Counter()
+    latencies: list[float] = []
+    order: list[tuple[float, float, bool]] = []
+
+    async def client(i: int, http: httpx.AsyncClient, t0: float, t1: float) -> None:
+        k = (i * 37) % len(texts)
+        while time.time() < t1:
+            body = {"inputs": [texts[k]]}
+            k = (k + 1) % len(texts)
+            sent = time.monotonic()
+            retry_after = 0.0
+            try:
+                response = await http.post("/predict", json=body)
+                status = response.status_code
+                if status == 429:
+                    retry_after = float(response.headers.get("retry-after") or 1)
+            except httpx.HTTPError as err:
+                status = type(err).__name__
+            answered = time.monotonic()
+            ended = time.time()
+            inside = t0 <= ended <= t1
+            if inside:
+                statuses[status] += 1
+                if status == 200:
+                    latencies.append(1000 * (answered - sent))
+            if status == 200:  # warm-up and tail too: every request's successors are in the list
+                order.append((sent, answered, inside))
+            if retry_after:
+                await asyncio.sleep(min(5.0, retry_after))
+
+    timing = closed_loop(conn, url, clients, warmup, seconds, client, probe="/", timeout=60)
     result = {
         "statuses": {str(k): v for k, v in statuses.items()},
         "latencies_ms": sorted(latencies),
         "order": order,
     }
-    conn.send(("result", {**result, "cpu_s": cpu, "window_s": window["t1"] - window["t0"]}))
+    conn.send(("result", {**result, **timing}))
 
 
 # ---------------------------------------------------------------- measuring one level
@@ -377,6 +402,50 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
+def drive(
+    server: Server,
+    clients: int,
+    target: Callable[..., None],
+    args: tuple,
+    sample: Callable[[], tuple],
+    finish_s: float,
+    during: Callable[[float, float], None] | None = None,
+) -> tuple[dict, tuple, tuple]:
+    """The load generator `target(conn, *args)` (a closed_loop) in a process of its own against `server`:
+    its result, and `sample()` at the window's start and end (`during(t0, t1)` runs between the two)."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=target, args=(child, *args))
+    process.start()
+    child.close()
+
+    def receive(within: float, late: str) -> tuple:
+        if not parent.poll(within):
+            raise RuntimeError(late)
+        try:
+            return parent.recv()
+        except EOFError:
+            raise RuntimeError(f"the load generator exited (code {process.exitcode})") from None
+
+    try:
+        _, t0, t1 = receive(180, f"the load generator did not connect {clients} clients")
+        time.sleep(max(0.0, t0 - time.time()))
+        before = sample()
+        if during:
+            during(t0, t1)
+        time.sleep(max(0.0, t1 - time.time()))
+        after = sample()
+        _, result = receive(finish_s, "the load generator did not finish")
+        process.join(10)
+    finally:
+        if process.is_alive():
+            process.terminate()
+            process.join(5)
+    if server.process is None or server.process.poll() is not None:
+        raise RuntimeError(f"{server.name} died under load:\n{server.log_tail()}")
+    return result, before, after
+
+
 def run_level(
     server: Server,
     clients: int,
@@ -385,42 +454,24 @@ def run_level(
     texts: list[str],
     rss_every: float | None = None,
 ) -> dict:
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=loadgen, args=(child, server.url, clients, warmup, seconds, texts))
-    process.start()
-    child.close()
     rss: list[tuple[float, float]] = []
-    try:
-        if not parent.poll(180):
-            raise RuntimeError(f"the load generator did not connect {clients} clients")
-        try:
-            _, t0, t1 = parent.recv()
-        except EOFError:
-            raise RuntimeError(f"the load generator exited (code {process.exitcode})") from None
-        time.sleep(max(0.0, t0 - time.time()))
-        before = (server.cpu_seconds(), busy_seconds(), self_cpu(), scrape(server))
-        if rss_every:
-            pid = server.process.pid
-            while time.time() < t1:
-                with contextlib.suppress(psutil.Error):
-                    rss.append((time.time() - t0, psutil.Process(pid).memory_info().rss / 2**20))
-                time.sleep(max(0.0, min(rss_every, t1 - time.time())))
-        time.sleep(max(0.0, t1 - time.time()))
-        after = (server.cpu_seconds(), busy_seconds(), self_cpu(), scrape(server))
-        if not parent.poll(120):
-            raise RuntimeError("the load generator did not finish")
-        try:
-            _, result = parent.recv()
-        except EOFError:
-            raise RuntimeError(f"the load generator exited (code {process.exitcode})") from None
-        process.join(10)
-    finally:
-        if process.is_alive():
-            process.terminate()
-            process.join(5)
-    if server.process is None or server.process.poll() is not None:
-        raise RuntimeError(f"{server.name} died under load:\n{server.log_tail()}")
+
+    def sample_rss(t0: float, t1: float) -> None:
+        pid = server.process.pid
+        while time.time() < t1:
+            with contextlib.suppress(psutil.Error):
+                rss.append((time.time() - t0, psutil.Process(pid).memory_info().rss / 2**20))
+            time.sleep(max(0.0, min(rss_every, t1 - time.time())))
+
+    result, before, after = drive(
+        server,
+        clients,
+        loadgen,
+        (server.url, clients, warmup, seconds, texts),
+        lambda: (server.cpu_seconds(), busy_seconds(), self_cpu(), scrape(server)),
+        finish_s=120,
+        during=sample_rss if rss_every else None,
+    )
     wall = result.pop("window_s")
     lat = result.pop("latencies_ms")
     behind = arrival_order(result.pop("order"))
@@ -461,21 +512,9 @@ def run_level(
 # ---------------------------------------------------------------- the run
 
 
-def train_model(tmp: Path) -> Path:
-    out = tmp / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "gpuforge",
-        "train",
-        str(SPEC),
-        "--out",
-        str(out),
-        "--max-steps",
-        "10",
-        "--set",
-        "train.precision=fp32",
-    ]
+def train(spec: Path, out: Path, *options: str) -> Path:
+    """`gpuforge train SPEC --out OUT [options]` in a subprocess, timed: the run's model/ directory."""
+    command = [sys.executable, "-m", "gpuforge", "train", str(spec), "--out", str(out), *options]
     print("training the model:", " ".join(command[1:]), flush=True)
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
@@ -483,6 +522,22 @@ def train_model(tmp: Path) -> Path:
         raise RuntimeError(f"training failed:\n{(done.stdout + done.stderr)[-3000:]}")
     print(f"  trained in {time.perf_counter() - started:.0f} s: {out / 'model'}", flush=True)
     return out / "model"
+
+
+def train_model(tmp: Path) -> Path:
+    return train(SPEC, tmp / "run", "--max-steps", "10", "--set", "train.precision=fp32")
+
+
+def write_figures(path: Path, args: argparse.Namespace, levels: list[int], **figures) -> None:
+    """Every figure as JSON at `path`, after the run's settings: cores, threads, levels, seconds, warm-up."""
+    settings = {
+        "cores": os.cpu_count(),
+        "threads": args.threads,
+        "levels": levels,
+        "seconds": args.seconds,
+        "warmup": args.warmup,
+    }
+    path.write_text(json.dumps({**settings, **figures}, indent=2, default=str))
 
 
 def measure_ceiling(model: Path, threads: int, seconds: float, rounds: int, int8: bool) -> dict:
@@ -879,19 +934,16 @@ def main() -> None:
         )
         overload["verdict"] = "PASS" if not bad and (flat or not long_enough) else "BELOW"
     if args.json:
-        figures = {
-            "cores": os.cpu_count(),
-            "threads": args.threads,
-            "levels": levels,
-            "seconds": args.seconds,
-            "warmup": args.warmup,
-            "rows": rows,
-            "ceiling": ceiling,
-            "auto_precision": auto_precision,
-            "floors": judged,
-            "overload": overload,
-        }
-        args.json.write_text(json.dumps(figures, indent=2, default=str))
+        write_figures(
+            args.json,
+            args,
+            levels,
+            rows=rows,
+            ceiling=ceiling,
+            auto_precision=auto_precision,
+            floors=judged,
+            overload=overload,
+        )
 
 
 if __name__ == "__main__":

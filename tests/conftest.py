@@ -103,8 +103,8 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789.,!?'-")
     words = list(dict.fromkeys(re.findall(r"[a-z]+", TOPICS.read_text().lower())))[:400]
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *(f"##{c}" for c in letters), *words]
-    (out / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(out / "vocab.txt"))
+    # the vocabulary itself, not a file: transformers 5 ignores `vocab_file` and left 5 tokens (all [UNK])
+    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(dict.fromkeys(vocab))})
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=len(tokenizer),

@@ -137,9 +137,29 @@ class Client:
             raise _unreachable(self.url, err) from err
 
     # --- deployments ---
-    def deploy(self, job_id: int, name: str, replicas: int = 1, options: dict | None = None) -> dict:
-        body = {"job_id": job_id, "name": name, "replicas": replicas, "options": options or {}}
+    def deploy(self, job_id: int, name: str, options: dict | None = None, **fields: Any) -> dict:
+        """A new deployment, or on a live name its next version. `fields`: replicas, min_replicas,
+        max_replicas, target_queue, scale_down_after_s, max_metric_drop (None: the server's default)."""
+        body = {"job_id": job_id, "name": name, **{k: v for k, v in fields.items() if v is not None}}
+        if options:
+            body["options"] = options
         return self._call("POST", "/api/v1/deployments", json=body)
+
+    def deployment_versions(self, name: str) -> list[dict]:
+        return self._call("GET", f"/api/v1/deployments/{name}/versions")
+
+    def deployment_events(self, name: str) -> list[dict]:
+        return self._call("GET", f"/api/v1/deployments/{name}/events")
+
+    def rollback(self, name: str, to: int | None = None) -> dict:
+        return self._call("POST", f"/api/v1/deployments/{name}/rollback", json={"to": to})
+
+    def add_adapter(self, name: str, job_id: int, adapter: str | None = None) -> dict:
+        body = {"job_id": job_id, **({"name": adapter} if adapter else {})}
+        return self._call("POST", f"/api/v1/deployments/{name}/adapters", json=body)
+
+    def remove_adapter(self, name: str, adapter: str) -> dict:
+        return self._call("DELETE", f"/api/v1/deployments/{name}/adapters/{adapter}")
 
     def deployments(self, every: bool = False) -> list[dict]:
         """The live deployments; every=True: the stopped and failed too."""

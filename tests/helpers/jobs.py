@@ -6,16 +6,21 @@ import os
 import time
 
 
+def wait_for(http, path: str, until, timeout: float = 120.0):
+    """GET `path`'s answer once `until(answer)` holds; AssertionError with its last answer past `timeout`."""
+    deadline = time.monotonic() + timeout
+    found = None
+    while time.monotonic() < deadline:
+        found = http.get(path).json()
+        if until(found):
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never got there: {found}")
+
+
 def wait_for_job(http, job_id: int, until, timeout: float = 120.0) -> dict:
     """The job's answer once `until(job)` holds; AssertionError with its last answer past `timeout`."""
-    deadline = time.monotonic() + timeout
-    job = None
-    while time.monotonic() < deadline:
-        job = http.get(f"/api/v1/jobs/{job_id}").json()
-        if until(job):
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} never got there: {job}")
+    return wait_for(http, f"/api/v1/jobs/{job_id}", until, timeout)
 
 
 def runner_pid(run_dir: str) -> int | None:

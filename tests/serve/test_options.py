@@ -65,3 +65,12 @@ def test_a_value_outside_its_choices_is_refused_in_the_flag_s_words():
         "--quantize int3: expected int8, int4 or int8-dynamic",
         "--precision fp8: expected auto, bf16, fp16 or fp32",
     ]
+
+
+def test_a_bool_option_is_a_bare_flag_when_true_and_left_out_when_false(tmp_path):
+    assert serve_flags({"eval_at_load": True, "max_batch": 8}) == ["--max-batch", "8", "--eval-at-load"]
+    assert serve_flags({"eval_at_load": False, "adapters_root": "/runs"}) == ["--adapters-root", "/runs"]
+    for value in (True, False):
+        flags = serve_flags({"eval_at_load": value})
+        parsed = _serve_command().make_context("serve", [str(tmp_path), *flags]).params
+        assert parsed["eval_at_load"] is value

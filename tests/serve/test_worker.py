@@ -11,10 +11,6 @@ from gpuforge.artifact import built_from, load_artifact
 from gpuforge.runtime import tasks
 from gpuforge.serve.options import ServeOptions
 from gpuforge.serve.worker import create_worker
-from gpuforge.spec import load_spec
-from gpuforge.train.engine import train
-from tests.helpers.paths import TOPICS
-from tests.helpers.specs import write_spec
 from tests.serve.tiny_runs import train_digits, train_topics
 
 
@@ -210,26 +206,6 @@ def test_info_names_the_quantization_a_compressed_variant_carries(digits_model, 
             assert client.post("/predict", json={"inputs": [[[0.5] * 8] * 8]}).status_code == 200
         finally:
             client.__exit__(None, None, None)
-
-
-def _adapter(tmp, tiny_bert_dir, topics, name, seed):
-    raw = {
-        "name": name,
-        "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},
-        "data": {"train": str(topics), "max_length": 16, "eval_fraction": 0.25},
-        "train": {"max_steps": 4, "batch_size": 8, "lr": 2e-2, "precision": "fp32", "seed": seed},
-        "adapt": {"lora": {"r": 4}},
-    }
-    train(load_spec(write_spec(tmp / f"{name}.yaml", raw)), tmp / name)
-    return tmp / name / "model"
-
-
-@pytest.fixture(scope="module")
-def three_adapters(tmp_path_factory, tiny_bert_dir):
-    tmp = tmp_path_factory.mktemp("serve-adapters")
-    topics = tmp / "topics.jsonl"
-    topics.write_text("\n".join(TOPICS.read_text().splitlines()[:96]) + "\n")
-    return [_adapter(tmp, tiny_bert_dir, topics, name, seed) for seed, name in enumerate(("own", "b", "c"))]
 
 
 def test_many_adapters_on_one_base_mixed_in_one_batch(three_adapters):

@@ -3,7 +3,6 @@ behind the server's address, a dead replica restarted, undeploy, and the refusal
 
 import os
 import signal
-import time
 
 import pytest
 import yaml
@@ -12,7 +11,9 @@ from sklearn.datasets import load_digits
 
 from gpuforge.server.app import create_app
 from gpuforge.server.settings import Settings
+from tests.helpers.jobs import wait_for
 from tests.helpers.paths import TEST_MODELS
+from tests.helpers.processes import kill_processes_under
 from tests.helpers.specs import image_spec
 
 pytestmark = pytest.mark.slow
@@ -25,16 +26,7 @@ def api(tmp_path, monkeypatch):
     with TestClient(create_app(settings)) as client:
         client.headers["Authorization"] = "Bearer " + (tmp_path / "home" / "admin.key").read_text().strip()
         yield client
-
-
-def _wait(api, path, until, timeout=120.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = api.get(path).json()
-        if until(found):
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"{path} never got there: {found}")
+    kill_processes_under(tmp_path)
 
 
 def test_a_finished_job_served_by_two_replicas_behind_the_server(api, tmp_path):
@@ -42,16 +34,17 @@ def test_a_finished_job_served_by_two_replicas_behind_the_server(api, tmp_path):
     job_id = api.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)}).json()["id"]
     early = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits"})
     assert early.status_code == 409 and "no trained model" in early.json()["detail"]
-    _wait(api, f"/api/v1/jobs/{job_id}", lambda j: j["state"] == "finished")
+    wait_for(api, f"/api/v1/jobs/{job_id}", lambda j: j["state"] == "finished")
 
     too_many = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits", "replicas": 3})
     assert too_many.status_code == 422 and "this server has 2 cpu device(s)" in too_many.json()["detail"]
     made = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits", "replicas": 2,
                                                  "options": {"max_batch": 8}})  # fmt: skip
     assert made.status_code == 201 and made.json()["state"] == "starting", made.text
-    again = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits"})
-    assert again.status_code == 409
-    ready = _wait(api, "/api/v1/deployments/digits", lambda d: d["state"] == "ready")
+    # the same name again is the deployment's next version, which keeps its replicas and options
+    again = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits", "replicas": 1})
+    assert again.status_code == 422 and "keeps its replicas and options" in again.json()["detail"]
+    ready = wait_for(api, "/api/v1/deployments/digits", lambda d: d["state"] == "ready")
     assert [w["ready"] for w in ready["workers"]] == [True, True]
 
     images = (load_digits().images[:2] / 16.0).tolist()
@@ -79,12 +72,12 @@ def test_a_finished_job_served_by_two_replicas_behind_the_server(api, tmp_path):
     def restarts(d):
         return sum(w["restarts"] for w in d["workers"])
 
-    back = _wait(api, "/api/v1/deployments/digits", lambda d: d["state"] == "ready" and restarts(d) == 1)
+    back = wait_for(api, "/api/v1/deployments/digits", lambda d: d["state"] == "ready" and restarts(d) == 1)
     assert back["state"] == "ready"
 
     stopping = api.delete("/api/v1/deployments/digits")
     assert stopping.status_code == 200 and stopping.json()["state"] == "stopping"
-    _wait(api, "/api/v1/deployments/digits", lambda d: d["state"] == "stopped")
+    wait_for(api, "/api/v1/deployments/digits", lambda d: d["state"] == "stopped")
     assert not any(_serves(int(p), ready["model_dir"]) for p in os.listdir("/proc") if p.isdigit())
     assert api.post("/api/v1/deployments/digits/predict", json={"inputs": images}).status_code == 404
     assert api.delete("/api/v1/deployments/digits").status_code == 409

@@ -55,6 +55,16 @@ def serve(
         list[str] | None, typer.Option("--adapter", help="NAME=DIR: another LoRA adapter on the same base")
     ] = None,
     max_adapters: Annotated[int, typer.Option(help="adapters loaded at once (LRU past it)", min=1)] = 8,
+    eval_at_load: Annotated[
+        bool,
+        typer.Option(
+            "--eval-at-load",
+            help="measure the eval metric on the run's held-out split at load (/info's eval)",
+        ),
+    ] = False,  # one name: a bare flag, as serve_flags writes it (no --no-eval-at-load)
+    adapters_root: Annotated[
+        str | None, typer.Option(help="a folder: POST /admin/adapters may add LoRA adapters found under it")
+    ] = None,
 ) -> None:
     """Serve a trained model: POST /predict (a causal LM: /v1/completions), batching, Prometheus /metrics."""
     # the parameters named as ServeOptions' fields (tests/serve/test_options.py keeps the two equal)
@@ -74,6 +84,8 @@ def serve(
                             "(GPUFORGE_API_KEY or --api-key-file)")  # fmt: skip
     check_model_dir(model_dir)
     options = _serve_options(given)
+    if adapters_root is not None and not Path(adapters_root).is_dir():
+        raise GpuforgeError(f"--adapters-root {adapters_root}: no such directory")
     adapters = _adapters(adapter or [])
     check_adapters(model_dir, adapters)  # before listening: a bad adapter is one line, not a 503 later
     worker = create_worker(

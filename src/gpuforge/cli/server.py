@@ -4,8 +4,7 @@
     gpuforge submit SPEC.yaml [--priority N] [--name NAME] [--set k=v]... [--json]
     gpuforge jobs [--state S] [--json] | job ID [--json] | logs ID [--follow] [--tail N]
     gpuforge cancel ID | resume ID --budget USD | wait ID...
-    gpuforge deploy JOB_ID --name NAME [--replicas N] [--max-batch 32] [--quantize int8] [--wait]
-    gpuforge deployments [--all] | undeploy NAME | predict NAME TEXT... [--json]
+    gpuforge deploy ... | deployments ... | rollback ... | undeploy ... | predict ...  (cli/deployments.py)
     gpuforge costs [--project P] [--by day|key|project] [--since DATE] [--json]
     gpuforge keys create NAME [--admin | --project P] [--max-queued N] [--max-running N]
                               [--max-upload-bytes B] [--max-deployments N] [--max-priority P]
@@ -267,87 +266,6 @@ def wait(
         out_console.print(jobs_table(rows, title="jobs"))
     if any(r["state"] != "finished" for r in rows):
         raise typer.Exit(1)
-
-
-@app.command()
-def deploy(
-    job_id: int,
-    name: Annotated[str, typer.Option("--name", help="the deployment's name (its address)")],
-    replicas: Annotated[int, typer.Option(min=1, help="worker processes behind the one address")] = 1,
-    max_batch: Annotated[int | None, typer.Option(min=1, help="inputs per batch at most")] = None,
-    max_wait_ms: Annotated[
-        float | None,
-        typer.Option(
-            min=0, help="how long a batch waits to fill, once one is coming (never for a lone request)"
-        ),
-    ] = None,
-    quantize: Annotated[str | None, typer.Option(help="int8 | int4 | int8-dynamic, at load")] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="return once every replica is ready")] = False,
-    url: Url = None,
-    key_file: KeyFile = None,
-    as_json: AsJson = False,
-) -> None:
-    """Serve a finished job's model through the server (started, watched and restarted by it)."""
-    client = _client(url, key_file)
-    options = {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "quantize": quantize}
-    made = client.deploy(job_id, name, replicas, {k: v for k, v in options.items() if v is not None})
-    while wait and made["state"] == "starting":
-        time.sleep(0.5)
-        made = client.deployment(name)
-    if as_json:
-        _print_json(made)
-    else:
-        out_console.print(f"deployment {name}: {made['state']}; POST {client.url}{made['url']}/predict",
-                          highlight=False, markup=False)  # fmt: skip
-    if wait and made["state"] != "ready":
-        raise GpuforgeError(f"deployment {name} is {made['state']}: {made.get('reason')}")
-
-
-@app.command()
-def deployments(
-    url: Url = None,
-    key_file: KeyFile = None,
-    as_json: AsJson = False,
-    every: Annotated[bool, typer.Option("--all", help="stopped and failed ones too")] = False,
-) -> None:
-    """List the live deployments (--all: the stopped and failed too): name, job, state, ready, address."""
-    client = _client(url, key_file)
-    rows = client.deployments(every)
-    if as_json:
-        _print_json(rows)
-        return
-    table = Table(title="gpuforge deployments")
-    for column in ("name", "job", "state", "ready", "address"):
-        table.add_column(column)
-    for d in rows:
-        ready = f"{sum(w['ready'] for w in d['workers'])}/{d['replicas']}"
-        table.add_row(d["name"], str(d["job_id"]), d["state"], ready, f"{client.url}{d['url']}/predict")
-    out_console.print(table)
-
-
-@app.command()
-def undeploy(name: str, url: Url = None, key_file: KeyFile = None) -> None:
-    """Stop a deployment's replicas (each finishes what it holds)."""
-    d = _client(url, key_file).undeploy(name)
-    out_console.print(f"deployment {d['name']}: {d['state']}", highlight=False)
-
-
-@app.command()
-def predict(
-    name: str,
-    inputs: Annotated[list[str], typer.Argument(help="texts")],
-    adapter: Annotated[str | None, typer.Option(help="a LoRA adapter the deployment serves")] = None,
-    url: Url = None,
-    key_file: KeyFile = None,
-    as_json: AsJson = False,
-) -> None:
-    """Ask a deployment: one line per input, its label and score (--json: the server's answer)."""
-    answer = _client(url, key_file).predict(name, list(inputs), adapter)
-    if as_json:
-        _print_json(answer)
-        return
-    for text, output in zip(inputs, answer["outputs"], strict=True):
-        out_console.print(f"{output['label']}\t{output['score']:.3f}\t{text}", highlight=False, markup=False)
 
 
 @app.command()

@@ -2,12 +2,24 @@
 on a device of its own, restarted when it dies, stopped on undeploy.
 
 A tick (in the loop's transaction) walks the deployments that are starting, ready or stopping:
-- stopping: SIGTERM every replica (it finishes what it holds), `stopped` once all are gone;
-- otherwise each replica whose process is gone is started again (a free device, a new port) while
-  `restarts < max_restarts`, else the deployment fails; a live one is asked /readyz (50 ms at most);
-  the deployment is `ready` when all its replicas are.
+- stopping or failing: SIGTERM every replica (it finishes what it holds), `stopped` once all are gone;
+- otherwise the autoscaler (scheduler/autoscale.py) may move `replicas`, the count it wants now;
+- each replica whose process is gone is started again while `restarts < max_restarts`; a live one is
+  asked /readyz (50 ms at most);
+- a version being rolled out (store/versions.py) first gets one replica, which measures the eval metric
+  at load: more than `max_metric_drop` below the serving version's and the version is refused. Then new
+  replicas replace old ones one by one: an old one is drained only once a new one is ready (or, with no
+  device free for a new one, while another ready replica still serves). A drained replica leaves the
+  forwarder's picks at once and gets SIGTERM DRAIN_DELAY_S later, so no request is sent to a closing
+  port; the forwarder retries on another replica where one was anyway;
+- the adapters added to the deployment (`deploy --into`) are registered on each ready replica that lacks
+  them, and removed from those that have one taken away: no replica restarts for it.
 Workers listen on 127.0.0.1 only and want the deployment's own key: clients reach them through the
 server (routes/deployments.py), which forwards each request to the least loaded ready replica.
+
+A replica's entry in `workers`: {"index", "version", "model_dir", "pid", "port", "device", "restarts",
+"loaded" (answers /readyz), "ready" (the forwarder may pick it), "eval" (launched to measure its version's
+metric), "draining" (when it was drained), "signalled_at", "adapters" (the names it serves)}.
 """
 
 from __future__ import annotations
@@ -20,42 +32,57 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpuforge.runtime.host import free_port, is_alive
+from gpuforge.scheduler import replica_calls
 from gpuforge.scheduler.allocator import DeviceInfo
+from gpuforge.scheduler.autoscale import Autoscaler
 from gpuforge.serve.options import serve_flags
-from gpuforge.store import states
+from gpuforge.store import states, versions
 from gpuforge.store.models import LIVE_DEPLOYMENT_STATES as LIVE
-from gpuforge.store.models import Deployment, DeploymentState
+from gpuforge.store.models import Deployment, DeploymentState, DeploymentVersion, VersionState
 
 log = logging.getLogger("gpuforge.scheduler")
 ReplicaEnv = Callable[[Session, Deployment, DeviceInfo], dict[str, str]]
 STOP_GRACE_S = 30.0
+DRAIN_DELAY_S = 1.0
+
+
+@dataclass
+class Keeper:
+    """What the loop hands over: its devices, where replicas log, a replica's environment and key, the
+    folder adapters may be added from (the server's runs/), and the autoscaler."""
+
+    devices: list[DeviceInfo]
+    logs_dir: Path
+    replica_env: ReplicaEnv
+    replica_key: Callable[[Deployment], str]
+    adapters_root: Path
+    autoscaler: Autoscaler
 
 
 def held_devices(s: Session) -> set[str]:
-    """Devices the replicas of live deployments hold."""
+    """Devices the replicas of live deployments hold (a draining one too, until it has gone)."""
     held = set()
     for (workers,) in s.execute(select(Deployment.workers).where(Deployment.state.in_(LIVE))):
         held |= {w["device"] for w in workers or [] if w.get("pid") and w.get("device")}
     return held
 
 
-def keep(
-    s: Session, devices: list[DeviceInfo], held: set[str], logs_dir: Path, replica_env: ReplicaEnv
-) -> None:
-    """One pass over the live deployments (see the module's docstring). `held`: devices jobs hold;
-    `replica_env`: the whole environment of a replica (Scheduler.replica_env: allow-listed, its key).
+def keep(s: Session, held: set[str], keeper: Keeper) -> None:
+    """One pass over the live deployments (see the module's docstring). `held`: devices jobs hold.
 
-    The loop alone writes `workers`; the API writes `state` (undeploy: `stopping`). So workers are
-    written as they are, and a state only by a move of store/states.py, which leaves from the state this
-    pass read alone: an undeploy that lands mid-pass is never overwritten. Each launch is committed at
-    once, so a server that dies next still knows the process it started."""
+    The loop alone writes `workers` and `replicas`; the API writes `state` (undeploy: `stopping`). So a
+    state is written only by a move of store/states.py, which leaves from the state this pass read alone:
+    an undeploy that lands mid-pass is never overwritten. Each launch is committed at once, so a server
+    that dies next still knows the process it started."""
     rows = s.execute(select(Deployment.id, Deployment.state).where(Deployment.state.in_(LIVE))).all()
     for deployment_id, state in rows:
         deployment = s.get(Deployment, deployment_id, populate_existing=True)
@@ -67,44 +94,278 @@ def keep(
             elif done:
                 states.deployment_failed(s, deployment.id)
             continue
-        workers = [dict(w) for w in deployment.workers or []]
-        while len(workers) < deployment.replicas:
-            workers.append({"index": len(workers), "pid": None, "restarts": -1, "ready": False})
-        taken = held | held_devices(s)
-        failure = None  # why it cannot serve
-        for worker in workers:
-            if worker.get("pid") and is_alive(worker["pid"], deployment.model_dir):
-                ready, error = _ready(worker["port"])
-                worker["ready"] = worker["ready"] or ready
-                if error:  # it answers, and says its model will not load: no restart will help
-                    failure = f"replica {worker['index']}: {error}"
+        _Pass(s, deployment, state, held, keeper).run()
+
+
+class _Pass:
+    """One deployment's replicas, for one tick."""
+
+    def __init__(self, s: Session, d: Deployment, state: DeploymentState, held: set[str], keeper: Keeper):
+        self.s, self.d, self.state, self.keeper = s, d, state, keeper
+        self.taken = held | held_devices(s)
+        self.workers = [dict(w) for w in d.workers or []]
+        for w in self.workers:  # entries written before versions existed
+            w.setdefault("version", d.version)
+            w.setdefault("model_dir", d.model_dir)
+            w.setdefault("loaded", w.get("ready", False))
+        self.serving = versions.of_state(s, d.id, VersionState.SERVING)
+        self.rolling = versions.of_state(s, d.id, VersionState.ROLLING)
+        self.failure: str | None = None  # why the serving version cannot serve: the deployment fails
+
+    def run(self) -> None:
+        self._scale()
+        self._watch()
+        if self.failure is None:
+            self._measure()
+            self._place()
+            self._push_adapters()
+            self._finish_rollout()
+        ready = sum(1 for w in self.workers if w["ready"])
+        cold = self.keeper.autoscaler.cold_start(self.d, ready)
+        if cold is not None:
+            versions.record(self.s, self.d.id, "cold_start", seconds=round(cold, 3))
+        _write_workers(self.s, self.d, self.workers)
+        _settle(self.s, self.d.id, self.state, self.failure, ready >= self.d.replicas)
+
+    # --- what it wants ---
+    def _scale(self) -> None:
+        ready = sum(1 for w in self.workers if w.get("ready"))
+        decision = self.keeper.autoscaler.decide(self.d, ready)
+        if decision is None:
+            return
+        versions.record(self.s, self.d.id, "scaled", replicas_from=self.d.replicas,
+                        replicas_to=decision.replicas, why=decision.why)  # fmt: skip
+        log.info("deployment %s: %d -> %d replicas (%s)", self.d.name, self.d.replicas, decision.replicas,
+                 decision.why)  # fmt: skip
+        self.s.execute(
+            update(Deployment).where(Deployment.id == self.d.id).values(replicas=decision.replicas)
+        )
+        self.d.replicas = decision.replicas
+
+    # --- the processes ---
+    def _watch(self) -> None:
+        """Drop the drained replicas that have gone (signal those still there); ask the others whether
+        they are ready; mark the dead ones for a restart, or say why their version cannot serve."""
+        failed: dict[int, str] = {}  # version -> why
+        kept = []
+        for w in self.workers:
+            alive = bool(w.get("pid")) and is_alive(w["pid"], w["model_dir"])
+            if w.get("draining"):
+                if alive:
+                    _signal(w, DRAIN_DELAY_S)
+                    kept.append(w)
+                else:
+                    _reap(w.get("pid"))
                 continue
-            previous = worker.get("device")
-            if worker.get("pid"):
-                _reap(worker["pid"])
-                log.info("deployment %s: replica %d ended", deployment.name, worker["index"])
-            worker.update(pid=None, ready=False, device=None)
-            if worker["restarts"] >= deployment.max_restarts:
-                failure = f"replica {worker['index']} ended {worker['restarts'] + 1} times"
-                break
-            free = [
-                d
-                for d in devices
-                if d.kind == deployment.device_type and (d.id == previous or d.id not in taken)
-            ]
-            free.sort(
-                key=lambda d: d.id != previous
-            )  # its own device first: not handed to the queue meanwhile
-            if not free:
+            kept.append(w)
+            if alive:
+                loaded, error = replica_calls.ready(w["port"])
+                w["loaded"] = w["loaded"] or loaded
+                if error:  # it answers, and says its model will not load: no restart will help
+                    failed[w["version"]] = f"replica {w['index']}: {error}"
+                continue
+            if w.get("pid"):
+                _reap(w["pid"])
+                log.info("deployment %s: replica %d ended", self.d.name, w["index"])
+            w.update(pid=None, loaded=False, ready=False)
+            if w["restarts"] >= self.d.max_restarts:
+                failed[w["version"]] = f"replica {w['index']} ended {w['restarts'] + 1} times"
+        self.workers = kept
+        for version, why in failed.items():
+            if self.rolling is not None and version == self.rolling.version:
+                self._end_rollout(versions.fail_version, f"v{version} would not serve: {why}", "failed")
+            elif version == self.d.version:
+                self.failure = why
+            else:  # a leftover of an ended version: let it go
+                self._drain([w for w in self.workers if w["version"] == version])
+
+    def _measure(self) -> None:
+        """Read the eval metric of each version whose replica measured it; refuse a rolling version whose
+        metric fell too far."""
+        for version in (self.serving, self.rolling):
+            if version is None or version.metric is not None:
+                continue
+            probe = next((w for w in self._active(version.version) if w["loaded"] and w.get("eval")), None)
+            if probe is None:
+                continue
+            try:
+                found = replica_calls.eval_metric(probe["port"], self.keeper.replica_key(self.d))
+            except (httpx.HTTPError, ValueError):
+                continue  # asked again at the next pass
+            version.metric = found or {"metric": None, "value": None, "note": "no held-out split beside it"}
+            versions.measured(self.s, version.id, version.metric)
+        rolling, serving = self.rolling, self.serving
+        if rolling is None or not rolling.checked or rolling.metric is None or serving is None:
+            return
+        why = _worse(serving, rolling, self.d.max_metric_drop)
+        if why is not None:
+            self._end_rollout(versions.refuse, why, "refused")
+
+    def _place(self) -> None:
+        """Drain what is over the wanted counts, start what is missing (dead ones first), each on a device
+        of its own: during a rollout, new replicas first."""
+        n, rolling = self.d.replicas, self.rolling
+        new = self._active(rolling.version) if rolling else []
+        old = [w for w in self._active() if w not in new]
+        for w in self.workers:
+            w["ready"] = w["loaded"] and not w.get("draining") and self._routable(w)
+        if rolling is None:
+            want_new, want_old = 0, n
+        elif self._gate_open():
+            want_new, want_old = n, max(0, n - sum(w["ready"] for w in new))
+        else:
+            want_new, want_old = 1, n  # the probe: one replica that measures the metric
+        serving_first = lambda w: (w["version"] == self.d.version, w["ready"], -w["index"])  # noqa: E731
+        self._drain(sorted(old, key=serving_first)[: max(0, len(old) - want_old)])
+        self._drain(sorted(new, key=serving_first)[: max(0, len(new) - want_new)])
+        new = self._active(rolling.version) if rolling else []
+        old = [w for w in self._active() if w not in new]
+        short = 0
+        if rolling is not None:
+            short = self._fill(new, want_new, rolling.version, rolling.model_dir, rolling.metric is None)
+        self._fill(old, want_old, self.d.version, self.d.model_dir, self._serving_unmeasured())
+        ready = [w for w in self.workers if w["ready"]]
+        draining = any(w.get("draining") for w in self.workers)
+        if short and len(ready) >= 2 and not draining:  # no device for a new one: free one that serves
+            spare = [w for w in ready if w["version"] != (rolling.version if rolling else None)]
+            self._drain(sorted(spare, key=serving_first)[:1])
+
+    def _fill(self, group: list[dict], want: int, version: int, model_dir: str, measure: bool) -> int:
+        """Start the dead replicas of `group` again and add replicas up to `want`; how many could not
+        start for want of a free device."""
+        while len(group) < want:
+            index = max((w["index"] for w in self.workers), default=-1) + 1
+            entry = {"index": index, "version": version, "model_dir": model_dir, "pid": None,
+                     "restarts": -1, "loaded": False, "ready": False}  # fmt: skip
+            self.workers.append(entry)
+            group.append(entry)
+        short = 0
+        for w in group:
+            if w.get("pid"):
+                continue
+            device = self._free_device(w.get("device"))
+            if device is None:
+                short += 1
                 continue  # waits for a device, like a queued job
-            taken.add(free[0].id)
-            env = replica_env(s, deployment, free[0])
-            worker.update(_launch(deployment, worker["index"], free[0], logs_dir, env), device=free[0].id)
-            worker["restarts"] += 1
-            _write_workers(s, deployment, workers)
-            s.commit()  # the pid is in the store before anything else can fail
-        _write_workers(s, deployment, workers)
-        _settle(s, deployment.id, state, failure, all(w["ready"] for w in workers))
+            measuring = measure and not any(x.get("eval") and x.get("pid") for x in self._active(version))
+            env = self.keeper.replica_env(self.s, self.d, device)
+            w.update(_launch(self.d, w, device, self.keeper, env, measuring), device=device.id, loaded=False,
+                     ready=False, eval=measuring, adapters=sorted(self.d.adapters or {}))  # fmt: skip
+            w["restarts"] += 1
+            _write_workers(self.s, self.d, self.workers)
+            self.s.commit()  # the pid is in the store before anything else can fail
+        return short
+
+    def _free_device(self, previous: str | None) -> DeviceInfo | None:
+        """A device of the deployment's kind that nothing holds; a dead replica's own one first."""
+        free = [d for d in self.keeper.devices if d.kind == self.d.device_type and d.id not in self.taken]
+        free.sort(key=lambda d: d.id != previous)
+        if not free:
+            return None
+        self.taken.add(free[0].id)
+        return free[0]
+
+    def _drain(self, workers: list[dict]) -> None:
+        """Out of the forwarder's picks now; SIGTERM once DRAIN_DELAY_S has passed (one not running:
+        simply gone)."""
+        for w in workers:
+            if not w.get("pid"):
+                self.workers.remove(w)
+                continue
+            w.update(draining=time.time(), ready=False)
+            log.info("deployment %s: replica %d (v%d) drained", self.d.name, w["index"], w["version"])
+
+    # --- adapters ---
+    def _push_adapters(self) -> None:
+        wanted = dict(self.d.adapters or {})
+        key = None
+        for w in self.workers:
+            if not (w["loaded"] and w.get("pid")) or w.get("draining"):
+                continue
+            have = set(w.get("adapters") or [])
+            refused = w.setdefault("adapter_refusals", {})
+            for name in sorted(set(wanted) - have - set(refused)):
+                key = key or self.keeper.replica_key(self.d)
+                try:
+                    why = replica_calls.add_adapter(w["port"], key, name, wanted[name])
+                except httpx.HTTPError:
+                    continue  # asked again at the next pass
+                if why is None:
+                    have.add(name)
+                else:
+                    refused[name] = why
+                    versions.record(self.s, self.d.id, "adapter_refused", adapter=name, replica=w["index"],
+                                    why=why)  # fmt: skip
+            for name in sorted(have - set(wanted)):
+                key = key or self.keeper.replica_key(self.d)
+                try:
+                    replica_calls.remove_adapter(w["port"], key, name)
+                except httpx.HTTPError:
+                    continue
+                have.discard(name)
+            w["adapters"] = sorted(have)
+
+    # --- versions ---
+    def _gate_open(self) -> bool:
+        """Whether the rolling version may serve: unchecked (a rollback), or its metric is known and was
+        not refused (a serving version whose metric is unknown does not hold it back)."""
+        rolling = self.rolling
+        return rolling is not None and (not rolling.checked or rolling.metric is not None)
+
+    def _routable(self, w: dict) -> bool:
+        if self.rolling is not None and w["version"] == self.rolling.version:
+            return self._gate_open()
+        if w["version"] != self.d.version:
+            return True  # an older version still serving while the one after it rolls out
+        # the serving version's first replicas are picked once its metric is read (or none was asked)
+        return not (w.get("eval") and self.serving is not None and self.serving.metric is None)
+
+    def _serving_unmeasured(self) -> bool:
+        return self.serving is not None and self.serving.metric is None
+
+    def _end_rollout(self, move: Callable[..., bool], why: str, kind: str) -> None:
+        rolling = self.rolling
+        if rolling is not None and move(self.s, rolling.id, why):
+            versions.record(self.s, self.d.id, kind, version=rolling.version, why=why)
+            log.warning("deployment %s: v%d %s: %s", self.d.name, rolling.version, kind, why)
+            self._drain(self._active(rolling.version))
+        self.rolling = None
+
+    def _finish_rollout(self) -> None:
+        rolling = self.rolling
+        if rolling is None or not self._gate_open():
+            return
+        if any(w["version"] != rolling.version for w in self.workers):
+            return  # old replicas (or drained ones not gone yet) remain
+        if sum(w["ready"] for w in self.workers) < self.d.replicas:
+            return
+        before = self.d.version
+        if versions.rolled_out(self.s, self.d, rolling):
+            versions.record(self.s, self.d.id, "rolled_out", version=rolling.version, replaced=before)
+            log.info("deployment %s: v%d serves (was v%d)", self.d.name, rolling.version, before)
+            self.s.refresh(self.d)
+            self.serving, self.rolling = rolling, None
+
+    def _active(self, version: int | None = None) -> list[dict]:
+        return [w for w in self.workers
+                if not w.get("draining") and (version is None or w["version"] == version)]  # fmt: skip
+
+
+def _worse(serving: DeploymentVersion, rolling: DeploymentVersion, tolerance: float) -> str | None:
+    """Why `rolling` is refused beside `serving` (its eval metric fell by more than `tolerance`), or None."""
+    before, after = serving.metric or {}, rolling.metric or {}
+    if (
+        before.get("value") is None
+        or after.get("value") is None
+        or before.get("metric") != after.get("metric")
+    ):
+        return None  # nothing to compare: one of them has no held-out split
+    name = after["metric"]
+    drop = (after["value"] - before["value"]) if name == "perplexity" else (before["value"] - after["value"])
+    if drop <= tolerance:
+        return None
+    return (f"eval {name} {after['value']:.4f} on its held-out split, {drop:.4f} worse than "
+            f"v{serving.version}'s {before['value']:.4f} (max_metric_drop {tolerance:g})")  # fmt: skip
 
 
 def _write_workers(s: Session, d: Deployment, workers: list[dict]) -> None:
@@ -114,7 +375,7 @@ def _write_workers(s: Session, d: Deployment, workers: list[dict]) -> None:
 def _settle(
     s: Session, deployment_id: int, read_state: DeploymentState, failure: str | None, all_ready: bool
 ) -> None:
-    """The state its replicas say: failing when one cannot serve, else ready once all of them are."""
+    """The state its replicas say: failing when one cannot serve, else ready once all it wants are."""
     if failure is not None:
         states.deployment_failing(s, deployment_id, failure)
     elif all_ready and read_state == DeploymentState.STARTING:
@@ -123,60 +384,55 @@ def _settle(
         states.deployment_starting(s, deployment_id)
 
 
-def _launch(deployment: Deployment, index: int, device: DeviceInfo, logs_dir: Path, env: dict) -> dict:
+def _launch(d: Deployment, w: dict, device: DeviceInfo, keeper: Keeper, env: dict, measure: bool) -> dict:
     port = free_port()
-    command = [sys.executable, "-m", "gpuforge", "serve", deployment.model_dir, "--port", str(port),
+    command = [sys.executable, "-m", "gpuforge", "serve", w["model_dir"], "--port", str(port),
                "--host", "127.0.0.1", "--device", device.kind]  # fmt: skip
-    command += serve_flags(deployment.options)
-    log_path = logs_dir / deployment.name / f"replica-{index}.log"
+    options: dict[str, Any] = {
+        **d.options,
+        "adapters_root": str(keeper.adapters_root),
+        "eval_at_load": measure,
+    }
+    command += serve_flags(options)
+    for name, path in sorted((d.adapters or {}).items()):
+        command += ["--adapter", f"{name}={path}"]
+    log_path = keeper.logs_dir / d.name / f"replica-{w['index']}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True,  # outlives a server restart, like a job's runner
         )  # fmt: skip
-    log.info(
-        "deployment %s: replica %d on %s, port %d (pid %d)",
-        deployment.name,
-        index,
-        device.id,
-        port,
-        process.pid,
-    )
-    return {"pid": process.pid, "port": port, "ready": False}
+    log.info("deployment %s: replica %d (v%d) on %s, port %d (pid %d)", d.name, w["index"], w["version"],
+             device.id, port, process.pid)  # fmt: skip
+    return {"pid": process.pid, "port": port}
 
 
-def _ready(port: int) -> tuple[bool, str | None]:
-    """(ready, why it never will be): a replica that answers 503 with another reason than loading failed."""
-    try:
-        answer = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=0.05)
-    except httpx.HTTPError:
-        return False, None
-    if answer.status_code == 200:
-        return True, None
-    try:
-        detail = str(answer.json().get("detail"))
-    except ValueError:
-        detail = answer.text[:200]
-    return False, (None if "still loading" in detail else detail)
+def _signal(worker: dict, after_s: float) -> None:
+    """SIGTERM a replica `after_s` after it was drained, once (a second one would cut its graceful stop
+    short); SIGKILL one still there STOP_GRACE_S later."""
+    now = time.time()
+    if now - worker.get("draining", now) < after_s:
+        return
+    signalled = worker.get("signalled_at")
+    if signalled is None or now - signalled > STOP_GRACE_S:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker["pid"], signal.SIGTERM if signalled is None else signal.SIGKILL)
+        worker["signalled_at"] = signalled or now
 
 
 def _stop(deployment: Deployment) -> tuple[list[dict], bool]:
-    """SIGTERM each replica still running, once (a second one would cut its graceful stop short), SIGKILL
-    one still there after STOP_GRACE_S. (the workers, whether none is left)."""
+    """SIGTERM each replica still running (see _signal). (the workers, whether none is left)."""
     workers = [dict(w) for w in deployment.workers or []]
-    now = time.time()
     for worker in workers:
         worker["ready"] = False
-        if not (worker.get("pid") and is_alive(worker["pid"], deployment.model_dir)):
+        model_dir = worker.get("model_dir", deployment.model_dir)
+        if not (worker.get("pid") and is_alive(worker["pid"], model_dir)):
             _reap(worker.get("pid"))
             worker["pid"] = None
             continue
-        signalled = worker.get("signalled_at")
-        if signalled is None or now - signalled > STOP_GRACE_S:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker["pid"], signal.SIGTERM if signalled is None else signal.SIGKILL)
-            worker["signalled_at"] = signalled or now
+        worker.setdefault("draining", 0.0)  # stopping: no delay
+        _signal(worker, 0.0)
     return workers, not any(w.get("pid") for w in workers)
 
 

@@ -38,9 +38,11 @@ from gpuforge.runs import RunDir
 from gpuforge.runtime.host import is_alive
 from gpuforge.scheduler import deployments
 from gpuforge.scheduler.allocator import DeviceInfo, job_environment
+from gpuforge.scheduler.autoscale import Autoscaler
 from gpuforge.scheduler.budgets import ProjectBudgets
 from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Launched, launch
 from gpuforge.scheduler.queue import HELD, Fairness, Limits, QueuedJob, RunningJob, plan_starts
+from gpuforge.scheduler.traffic import Traffic
 from gpuforge.scheduler.usage import HALF_LIFE_S, recent_usage
 from gpuforge.scheduler.worker_keys import replicas_key
 from gpuforge.settings import as_environment
@@ -83,6 +85,7 @@ class Scheduler:
         runner_env: Mapping[str, str] | None = None,
         half_life_s: float = HALF_LIFE_S,
         max_preemptions: int = 3,
+        runs_dir: Path | None = None,
     ):
         self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
         self.runner_env = dict(runner_env or {})  # where jobs' processes run (Settings.runner_environment)
@@ -98,6 +101,13 @@ class Scheduler:
             int, tuple[int, int]
         ] = {}  # victim -> (the job it made room for, its priority)
         self.budgets = ProjectBudgets()
+        self.traffic = Traffic()  # the forwarder's counts: the autoscaler's load
+        self.keeper = deployments.Keeper(
+            devices, deployments_dir, self.replica_env,
+            replica_key=lambda d: replicas_key(self.worker_secret, d),
+            adapters_root=runs_dir or deployments_dir.parent / "runs",  # where jobs' models lie
+            autoscaler=Autoscaler(self.traffic),
+        )  # fmt: skip
         self._usage_read: tuple[float, tuple[dict, dict]] | None = None
         self._last_tick: float | None = None
         self._stop, self._wake = threading.Event(), threading.Event()
@@ -146,7 +156,7 @@ class Scheduler:
                 if job.state == JobState.RUNNING and job.devices
                 for d in job.devices.split(",")
             }
-            deployments.keep(s, self.devices, jobs_hold, self.deployments_dir, self.replica_env)
+            deployments.keep(s, jobs_hold, self.keeper)
             self._start_queued(s)
         self.tick_seconds = [*self.tick_seconds[-999:], time.perf_counter() - began]
 

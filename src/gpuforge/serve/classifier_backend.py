@@ -3,6 +3,13 @@ share batches (serve/batcher.py).
 
 A request is taken whole or refused whole: past the queue's room, 429 with Retry-After; past `timeout_s`,
 504; a client that goes away frees its place (its inputs are dropped before they reach the model).
+
+With --adapters-root, LoRA adapters come and go while the worker runs (no restart, no reload of the base):
+
+    POST   /admin/adapters {"name": "topics", "path": "runs/7/model"}  201 {"adapters": [...]}; 200 if there
+           already; 403 a path outside the root; 409 a name taken, or a full model served; 422 another base
+    DELETE /admin/adapters/topics                                      200 {"adapters": [...]}; 404 unknown;
+           409 "default" (the served model's own)
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.responses import JSONResponse, Response
 
+from gpuforge.errors import GpuforgeError
+from gpuforge.serve.adapters import OWN, AdapterConflict, Adapters, check_adapters
 from gpuforge.serve.batcher import Batcher, QueueFull
-from gpuforge.serve.endpoint import Info, LoadState, PredictRequest, freeze_garbage
+from gpuforge.serve.endpoint import AdapterAdd, AdapterList, Info, LoadState, PredictRequest, freeze_garbage
 from gpuforge.serve.metrics import ServeMetrics
 from gpuforge.serve.options import ServeOptions
 from gpuforge.serve.predict import InputError, Predictor, load_predictor
@@ -44,7 +53,58 @@ class ClassifierBackend:
         self.batcher: Batcher | None = None  # set last: the model answers once it is
 
     def install(self, app: FastAPI) -> None:
-        pass  # /predict is the worker's own route
+        # /predict is the worker's own route; these are sync, so they run in a thread: a model thread
+        # loading an adapter holds the Adapters' lock for a while, and the event loop must not wait on it
+        app.add_api_route("/admin/adapters", self.add_adapter, methods=["POST"], status_code=201,
+                          response_model=AdapterList, responses={200: {"model": AdapterList}})  # fmt: skip
+        app.add_api_route(
+            "/admin/adapters/{name}", self.remove_adapter, methods=["DELETE"], response_model=AdapterList
+        )
+
+    def add_adapter(self, body: AdapterAdd) -> Response:
+        """Serve one more LoRA adapter on the served base, from a model/ directory under --adapters-root;
+        it loads on first use. 201, or 200 when it is served from that path already."""
+        adapters = self._adapter_admin()
+        if adapters is None:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, "a full model is served; adapters need an adapter's base"
+            )
+        root = Path(self.options.adapters_root).resolve()
+        path = (root / body.path).resolve()  # links followed: where it really is must be under the root
+        if not path.is_relative_to(root):
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"path: {body.path} is outside --adapters-root")
+        try:
+            added = not adapters.registered(body.name, path)
+            if added:
+                manifest = check_adapters(self.model_dir, {body.name: path})[body.name]
+                added = adapters.add(body.name, path, manifest)  # False: a request just like this was first
+        except AdapterConflict as err:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
+        except GpuforgeError as err:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from None
+        return JSONResponse({"adapters": adapters.names()}, 201 if added else 200)
+
+    def remove_adapter(self, name: str) -> AdapterList:
+        """Stop serving an adapter: requests naming it are refused from now on, as an unknown one's."""
+        adapters = self._adapter_admin()
+        if adapters is not None and name == OWN:
+            raise HTTPException(status.HTTP_409_CONFLICT, f"adapter: {OWN!r} is the served model's own")
+        if adapters is None or not adapters.known(name):
+            raise HTTPException(status.HTTP_404_NOT_FOUND, self._unknown(name))
+        adapters.remove(name)  # its weights go in the model thread, between batches
+        return AdapterList(adapters=adapters.names())
+
+    def _adapter_admin(self) -> Adapters | None:
+        """The served model's adapters (None: a full model); 404 without --adapters-root, 503 before the
+        model is ready."""
+        if self.options.adapters_root is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, "adapter admin is off (--adapters-root)")
+        self.ready()
+        return self.predictor.adapters
+
+    def _unknown(self, name: str) -> str:
+        adapters = self.predictor.adapters
+        return adapters.unknown(name) if adapters else f"adapter: unknown adapter {name!r} (served: none)"
 
     async def load(self) -> None:
         await self.loading.run(self._load)
@@ -53,7 +113,7 @@ class ClassifierBackend:
         o = self.options
         predictor = await asyncio.to_thread(
             load_predictor, self.model_dir, o.device, o.precision, o.quantize, o.max_length, self.adapters,
-            o.max_adapters,
+            o.max_adapters, o.eval_at_load,
         )  # fmt: skip
         await asyncio.to_thread(predictor.warm_up, (1, min(8, o.max_batch), o.max_batch))
         freeze_garbage()
@@ -93,6 +153,8 @@ class ClassifierBackend:
                                 headers={"Retry-After": str(math.ceil(err.retry_after_s))})  # fmt: skip
         except ClientGone:
             return JSONResponse({"detail": "client closed the request"}, 499)  # nobody reads it
+        except InputError as err:  # its adapter was removed while it waited
+            return JSONResponse({"detail": str(err)}, err.status)
         except TimeoutError:
             self.metrics.rejected.labels("timeout").inc()
             timeout = f"no answer within {self.options.timeout_s:g} s"
@@ -119,10 +181,7 @@ class ClassifierBackend:
             raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, too_many)
         adapter = body.adapter
         if adapter is not None and not (predictor.adapters and predictor.adapters.known(adapter)):
-            served = ", ".join(predictor.adapters.names()) if predictor.adapters else "none"
-            raise HTTPException(
-                status.HTTP_404_NOT_FOUND, f"adapter: unknown adapter {adapter!r} (served: {served})"
-            )
+            raise HTTPException(status.HTTP_404_NOT_FOUND, self._unknown(adapter))
         items = []
         for i, raw in enumerate(inputs):
             try:
@@ -159,6 +218,7 @@ class ClassifierBackend:
             quantized=p.quantized, max_length=p.max_length, batching="dynamic", max_batch=o.max_batch,
             max_wait_ms=o.max_wait_ms, max_queue=o.max_queue,
             adapters=p.adapters.names() if p.adapters else [], quantize_report=p.quantize_report,
+            eval=p.eval_result,
         )  # fmt: skip
 
     def update_metrics(self) -> None:

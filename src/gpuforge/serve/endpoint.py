@@ -17,6 +17,8 @@ from typing import Any, Protocol
 from fastapi import FastAPI, HTTPException, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuforge.serve.adapters import NAME_MAX, NAME_PATTERN
+
 log = logging.getLogger("gpuforge.serve")
 
 
@@ -44,6 +46,23 @@ class Status(BaseModel):
     status: str
 
 
+class AdapterAdd(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX, description="what requests call it")
+    path: str = Field(description="its model/ directory, under --adapters-root (a relative path: from there)")
+
+
+class AdapterList(BaseModel):
+    adapters: list[str] = Field(description="the adapters served now, the served model's own first")
+
+
+class EvalMetric(BaseModel):
+    metric: str = Field(description="accuracy for a classifier")
+    value: float
+    examples: int = Field(description="of the run's held-out split, every one measured")
+
+
 class Info(BaseModel):
     model: str
     task: str
@@ -63,6 +82,11 @@ class Info(BaseModel):
     adapters: list[str]
     quantize_report: dict[str, Any] | None = Field(
         None, description="eval metric before and after --quantize"
+    )
+    eval: EvalMetric | None = Field(
+        None,
+        description="the eval metric as served, after any --quantize (--eval-at-load; null without "
+        "it or without a held-out split)",
     )
 
 

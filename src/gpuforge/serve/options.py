@@ -4,6 +4,7 @@ replica's command line (scheduler/deployments.py) all come from `ServeOptions`.
 
     options = ServeOptions(max_batch=8, precision="fp32")
     serve_flags({"max_batch": 8})           ->  ["--max-batch", "8"]
+    serve_flags({"eval_at_load": True})     ->  ["--eval-at-load"]
     DeployBody = deployment_options_model("ServeOptions")   # the deployable ones, each optional
 
 Light on purpose (pydantic only): the server and the scheduler import it without torch.
@@ -69,6 +70,14 @@ class ServeOptions(BaseModel):
     )
     max_body_bytes: int = Field(1 << 20, ge=1, description="a request body over it: 413")
     max_adapters: int = Field(8, ge=1, description="adapters loaded at once (LRU past it)")
+    # the server's own, never a deployment's: it asks for the metric a rolling update is judged by, and
+    # names the folder its runs live in
+    eval_at_load: bool = Field(
+        False, description="measure the eval metric on the run's held-out split at load (/info's eval)"
+    )
+    adapters_root: str | None = Field(
+        None, description="a folder: POST /admin/adapters may add LoRA adapters found under it"
+    )
 
 
 CHOICES = {"quantize": QUANTIZE_KINDS, "precision": PRECISIONS}
@@ -87,9 +96,16 @@ def lower_bound(name: str) -> float | None:
 
 
 def serve_flags(options: Mapping[str, Any]) -> list[str]:
-    """`gpuforge serve`'s flags for the options set (not None) in `options`, in ServeOptions' order."""
-    given = [name for name in ServeOptions.model_fields if options.get(name) is not None]
-    return [part for name in given for part in (flag(name), str(options[name]))]
+    """`gpuforge serve`'s flags for the options set (not None) in `options`, in ServeOptions' order; a bool
+    one is a bare flag when true and left out when false (`--eval-at-load True` would not parse)."""
+    flags = []
+    for name in ServeOptions.model_fields:
+        value = options.get(name)
+        if isinstance(value, bool):
+            flags += [flag(name)] if value else []
+        elif value is not None:
+            flags += [flag(name), str(value)]
+    return flags
 
 
 def refusal(error: Mapping[str, Any]) -> str:

@@ -48,6 +48,7 @@ class Predictor:
     quantized: str | None = None
     adapters: Adapters | None = None  # several LoRA adapters on this base (serve/adapters.py)
     quantize_report: dict[str, Any] | None = None  # the eval metric before and after --quantize
+    eval_result: dict[str, Any] | None = None  # the eval metric as served (--eval-at-load)
     tokens_read: int = 0  # real tokens (padding not counted) of every text batch so far, for /metrics
 
     @property
@@ -91,24 +92,33 @@ class Predictor:
             raise InputError("an image input holds NaN or infinity")
         return pixels
 
-    def run_batch(self, items: list[tuple[str | None, Any]]) -> list[dict[str, Any]]:
-        """Results for (adapter name or None, checked input) pairs; one forward pass for all of them."""
-        batch, truncated = self._collate([payload for _, payload in items])
+    def run_batch(self, items: list[tuple[str | None, Any]]) -> list[dict[str, Any] | InputError]:
+        """Results for (adapter name or None, checked input) pairs; one forward pass for all of them. An
+        input naming an adapter removed since its request came gets an InputError (404) instead."""
         names = [name or OWN for name, _ in items]
+        labels = self.adapters.ready(set(names)) if self.adapters is not None else {OWN: self.labels}
+        if all(name in labels for name in names):
+            return self._forward([payload for _, payload in items], names, labels)
+        kept = [i for i, name in enumerate(names) if name in labels]
+        answers = iter(self._forward([items[i][1] for i in kept], [names[i] for i in kept], labels))
+        return [next(answers) if n in labels else InputError(self.adapters.unknown(n), 404) for n in names]
+
+    def _forward(self, payloads: list[Any], names: list[str], labels: dict[str, list[str]]):
+        if not payloads:
+            return []
+        batch, truncated = self._collate(payloads)
         with torch.inference_mode(), autocast(self.precision, self.device):
             if self.adapters is None or set(names) == {OWN}:  # the active adapter alone: the plain path
                 logits = tasks.forward(built_from(self.module, self.manifest), self.task, batch)
             else:  # rows of one batch may each name another adapter: PEFT routes them
-                self.adapters.ready(set(names))
-                out = self.module(**batch, adapter_names=names)
+                out = self.module(**batch, adapter_names=self.adapters.peft_names(names))
                 logits = out.logits if hasattr(out, "logits") else out
         probs = torch.softmax(logits.float(), dim=-1).cpu()
         results = []
         for row, cut, name in zip(probs, truncated, names, strict=True):
-            labels = self.adapters.labels[name] if self.adapters else self.labels
             best = int(row.argmax())
-            result = {"label": _label(labels, best), "score": float(row[best])}
-            result["scores"] = {_label(labels, i): float(p) for i, p in enumerate(row)}
+            result = {"label": _label(labels[name], best), "score": float(row[best])}
+            result["scores"] = {_label(labels[name], i): float(p) for i, p in enumerate(row)}
             if cut:
                 result["truncated"] = True
             results.append(result)
@@ -153,6 +163,7 @@ def load_predictor(
     max_length: int | None = None,
     adapters: dict[str, Path] | None = None,
     max_adapters: int = 8,
+    eval_at_load: bool = False,
 ) -> Predictor:
     model_dir = Path(model_dir)
     if not (model_dir / "gpuforge.json").is_file():
@@ -167,12 +178,14 @@ def load_predictor(
     if manifest.task == "causal-lm":
         raise GpuforgeError(f"{model_dir}: a causal-lm model; this release serves classifiers only")
     chosen = choose_precision(precision, torch_device)
-    report = None
+    asker = "--quantize" if quantize else "--eval-at-load"
+    eval_data = _eval_data(model_dir, asker) if quantize or eval_at_load else None
+    before = _metric(module, manifest, eval_data, chosen, torch_device) if quantize else None
     if quantize:
-        eval_data = _eval_data(model_dir)
-        before = _metric(module, manifest, eval_data, chosen, torch_device)
         module = _quantize(module, manifest, quantize)
-        report = _metric_change(before, _metric(module, manifest, eval_data, chosen, torch_device), eval_data)
+    served = _metric(module, manifest, eval_data, chosen, torch_device)  # as served: after any --quantize
+    report = _metric_change(before, served, eval_data) if quantize else None
+    if report is not None:
         log.info("--quantize %s: %s", quantize, report["summary"])
     length = max_length or manifest.max_length
     if length is not None and hasattr(module, "config"):
@@ -182,7 +195,11 @@ def load_predictor(
     quantized = quantize or manifest.quantization
     predictor = Predictor(module, tokenizer, manifest, torch_device, chosen, length, quantized)
     predictor.quantize_report = report
-    if manifest.is_adapter:  # its own adapter, and any others on the same base
+    if eval_at_load and served is not None:
+        metric = _metric_name(served)
+        predictor.eval_result = {"metric": metric, "value": served[metric], "examples": len(eval_data)}
+        log.info("--eval-at-load: eval %s %.4f (%d examples)", metric, served[metric], len(eval_data))
+    if manifest.is_adapter and not quantize:  # its own adapter, and any others on the same base
         predictor.adapters = Adapters(module, predictor.labels, adapters or {}, manifests, max_adapters)
     return predictor
 
@@ -202,14 +219,15 @@ def _quantize(module: torch.nn.Module, manifest: Manifest, kind: str) -> torch.n
     return module
 
 
-def _eval_data(model_dir: Path):
-    """The run's held-out split (rebuilt from the run's spec.yaml beside model/), or None without one."""
+def _eval_data(model_dir: Path, asker: str):
+    """The run's held-out split (rebuilt from the run's spec.yaml beside model/), or None without one
+    (logged, naming the flag `asker` that wanted it)."""
     from gpuforge.artifact.origin import ArtifactError, open_source
 
     try:
         return open_source(model_dir).data.eval
     except (ArtifactError, GpuforgeError, OSError) as err:
-        log.info("no eval set to measure quantization on (%s)", err)
+        log.warning("%s: no held-out split to measure on (%s)", asker, err)
         return None
 
 
@@ -224,8 +242,12 @@ def _metric(module, manifest, eval_data, precision, device) -> dict[str, float] 
 def _metric_change(before, after, eval_data) -> dict[str, Any]:
     if before is None or after is None:
         return {"summary": "no eval set beside the model: the accuracy change is not measured"}
-    name = "accuracy" if "accuracy" in before else "perplexity"
+    name = _metric_name(before)
     delta = after[name] - before[name]
     summary = f"eval {name} {before[name]:.4f} -> {after[name]:.4f} ({delta:+.4f}, {len(eval_data)} examples)"
     return {"metric": name, "before": before[name], "after": after[name], "delta": delta,
             "examples": len(eval_data), "summary": summary}  # fmt: skip
+
+
+def _metric_name(result: dict[str, float]) -> str:
+    return "accuracy" if "accuracy" in result else "perplexity"

@@ -6,7 +6,10 @@
 
     POST /predict   {"inputs": ["great film", ...]}  ->  {"model", "outputs": [{"label", "score", "scores"}]}
     POST /v1/completions, /v1/chat/completions     a causal LM instead (serve/openai_api.py)
-    GET  /info      what is served (task, labels or context length, precision, batching)
+    GET  /info      what is served (task, labels or context length, precision, batching, adapters, and
+                    with --eval-at-load the eval metric as served, measured before /readyz turns 200)
+    POST /admin/adapters, DELETE /admin/adapters/{name}   LoRA adapters added to a running classifier or
+                    removed from it (--adapters-root; serve/classifier_backend.py)
     GET  /healthz   the process answers;  /readyz: the model is loaded and warmed up (503 before)
     GET  /metrics   Prometheus: request latency, queue time, batch sizes, inputs, tokens, in flight
 

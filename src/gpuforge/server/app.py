@@ -25,7 +25,16 @@ from gpuforge.scheduler.loop import Scheduler
 from gpuforge.scheduler.worker_keys import load_secret
 from gpuforge.secret_files import shown_url
 from gpuforge.server.auth import RequireKey
-from gpuforge.server.routes import deployments, jobs, keys, overview, projects, uploads
+from gpuforge.server.routes import (
+    deployment_versions,
+    deployments,
+    forward,
+    jobs,
+    keys,
+    overview,
+    projects,
+    uploads,
+)
 from gpuforge.server.schemas import Health
 from gpuforge.server.settings import Settings, job_policy
 from gpuforge.store.db import connect, migrate, session
@@ -58,10 +67,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             runner_env=settings.runner_environment,
             half_life_s=settings.fair_share_half_life_s,
             max_preemptions=settings.max_preemptions,
+            runs_dir=settings.runs_dir,
         )
         if settings.schedule:
             app.state.scheduler.start()
-        app.state.replica_load = {}  # (deployment, replica) -> requests forwarded and not yet answered
+        app.state.traffic = app.state.scheduler.traffic  # requests forwarded to replicas, not yet answered
         app.state.replica_readings = {}  # (deployment, replica) -> its counters at the last look (stats)
         async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=5)) as app.state.http:
             yield
@@ -71,7 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
     app.state.settings, app.state.known_keys, app.state.revoked_keys = settings, {}, set()
     app.state.open_streams = {}  # key id -> live streams it holds (routes/jobs.py)
-    for routes in (jobs, keys, projects, uploads, deployments, overview):
+    for routes in (jobs, keys, projects, uploads, deployments, deployment_versions, forward, overview):
         app.include_router(routes.router)
     add_pages(app)
 

@@ -6,7 +6,15 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from gpuforge.serve.options import deployment_options_model
 from gpuforge.store.models import MAX_NAME, NAME_PATTERN, state_lists
@@ -208,21 +216,65 @@ class UploadPublic(BaseModel):
 ServeOptions = deployment_options_model("ServeOptions")
 
 
+DEPLOYMENT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
 class DeploymentCreate(BaseModel):
+    """A new deployment; on the name of a live one (its owner's or an admin's key), that deployment's next
+    version: the job's model, rolled out replica by replica with the deployment's own replicas and options
+    (those given here are then refused)."""
+
     model_config = ConfigDict(extra="forbid")
 
     job_id: int = Field(ge=1, le=2**31 - 1, description="a finished job: its run's model/ is served")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
-    replicas: int = Field(1, ge=1, le=64)
+    name: str = Field(pattern=DEPLOYMENT_NAME, max_length=100)
+    replicas: int | None = Field(None, ge=0, le=64, description="at the start (default: 1, within min..max)")
+    min_replicas: int | None = Field(None, ge=0, le=64, description="autoscaling's floor; 0: scales to zero")
+    max_replicas: int | None = Field(None, ge=1, le=64, description="autoscaling's ceiling")
+    target_queue: float = Field(
+        4.0, gt=0, le=10_000, description="requests in flight per ready replica above which one is added"
+    )
+    scale_down_after_s: float = Field(
+        300.0, ge=0.5, le=7 * 86400, description="a replica is removed after this long with no request"
+    )
+    max_metric_drop: float = Field(
+        0.01, ge=0, le=1, description="a new version's eval metric may fall by this much, no more"
+    )
     options: ServeOptions = Field(default_factory=ServeOptions)
+
+
+class AdapterAdd(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: int = Field(ge=1, le=2**31 - 1, description="a finished LoRA job on the deployment's base")
+    name: str | None = Field(
+        None, pattern=DEPLOYMENT_NAME, max_length=100, description="default: the job's name"
+    )
+
+
+class Rollback(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    to: int | None = Field(
+        None, ge=1, le=2**31 - 1, description="a version it served (default: the one before)"
+    )
 
 
 class ReplicaPublic(BaseModel):
     index: int
+    version: int | None = None
+    pid: int | None = None
     port: int | None = None
     device: str | None = None
     ready: bool = False
+    draining: bool = False
     restarts: int = 0
+    adapters: list[str] = Field(default_factory=list)
+
+    @field_validator("draining", mode="before")
+    @classmethod
+    def _since(cls, value: Any) -> bool:
+        return value is not None and value is not False  # the loop keeps when it was drained
 
 
 class DeploymentPublic(BaseModel):
@@ -232,7 +284,15 @@ class DeploymentPublic(BaseModel):
     name: str
     job_id: int | None
     model_dir: str
-    replicas: int
+    version: int = Field(description="the version serving")
+    rolling_version: int | None = Field(None, description="the version being rolled out, if one is")
+    replicas: int = Field(description="how many it wants now (autoscaling moves it within min..max)")
+    min_replicas: int
+    max_replicas: int
+    target_queue: float
+    scale_down_after_s: float
+    max_metric_drop: float
+    adapters: list[str] = Field(default_factory=list, description="adapters added to it (deploy --into)")
     device_type: str
     state: str
     reason: str | None
@@ -241,6 +301,33 @@ class DeploymentPublic(BaseModel):
     options: dict[str, Any]
     created_at: datetime
     stopped_at: datetime | None
+
+    @field_validator("adapters", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> list[str]:
+        return sorted(value or {})
+
+
+class VersionPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    version: int
+    job_id: int | None
+    model_dir: str
+    state: str
+    reason: str | None
+    metric: dict[str, Any] | None = Field(description="{metric, value, examples}: measured at load")
+    checked: bool = Field(description="compared with the serving version before rolling out (not a rollback)")
+    created_at: datetime
+    ended_at: datetime | None
+
+
+class DeploymentEventPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    ts: float
+    kind: str
+    data: dict[str, Any]
 
 
 class ReplicaStats(BaseModel):

@@ -286,6 +286,55 @@ class Deployment(Base):
         default=None
     )  # one replica's device: the ledger's rate
     accrued_at: Mapped[datetime | None] = mapped_column(default=None)  # the ledger holds its cost until then
+    version: Mapped[int] = mapped_column(default=1)  # the version serving (model_dir, job_id: its own)
+    # autoscaling: `replicas` is how many it wants now, moved within [min, max] by the loop
+    min_replicas: Mapped[int] = mapped_column(default=1)
+    max_replicas: Mapped[int] = mapped_column(default=1)
+    target_queue: Mapped[float] = mapped_column(default=4.0)  # requests in flight per ready replica
+    scale_down_after_s: Mapped[float] = mapped_column(default=300.0)
+    max_metric_drop: Mapped[float] = mapped_column(default=0.01)  # a new version's eval metric may fall by
+    adapters: Mapped[dict[str, str] | None] = mapped_column(JSON, default=dict)  # name -> model/ added
+
+
+class VersionState(_StoredState):
+    """Where a deployment's version is (scheduler/deployments.py rolls them out)."""
+
+    ROLLING = "rolling"  # being rolled out, replica by replica (first checked, unless a rollback)
+    SERVING = "serving"
+    RETIRED = "retired"  # served before; a rollback may roll it out again
+    REFUSED = "refused"  # its eval metric fell more than max_metric_drop below the serving one's
+    FAILED = "failed"  # its model would not load
+
+
+class DeploymentVersion(Base):
+    """One model a deployment served or was asked to: `gpuforge deploy JOB --name N` on a live N adds one."""
+
+    __tablename__ = "deployment_versions"
+    __table_args__ = (UniqueConstraint("deployment_id", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column()
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    model_dir: Mapped[str] = mapped_column(String(1000))
+    state: Mapped[VersionState] = mapped_column(StateColumn(VersionState))
+    reason: Mapped[str | None] = mapped_column(Text)
+    metric: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {"metric", "value", "examples"} at load
+    checked: Mapped[bool] = mapped_column(default=True)  # its metric is compared before it rolls out
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column()
+
+
+class DeploymentEvent(Base):
+    """What happened to a deployment: versions rolled out or refused, replicas scaled, cold starts."""
+
+    __tablename__ = "deployment_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"), index=True)
+    ts: Mapped[float] = mapped_column()
+    kind: Mapped[str] = mapped_column(String(32))
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
 class Upload(Base):

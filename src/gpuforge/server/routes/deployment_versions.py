@@ -1,0 +1,162 @@
+"""A live deployment's versions and adapters, changed without stopping it.
+
+    GET    /api/v1/deployments/{name}/versions              every version, newest first
+    POST   /api/v1/deployments/{name}/rollback  {"to"?}     roll out a version it served (default: the one
+                                                            before); one rolling out is refused first
+    POST   /api/v1/deployments/{name}/adapters  {"job_id", "name"?}   a LoRA job's adapter, added to the
+                                                            running replicas (none restarts)
+    DELETE /api/v1/deployments/{name}/adapters/{adapter}
+
+A new version itself comes from POST /api/v1/deployments on the deployment's name (routes/deployments.py).
+The scheduling loop carries each change out (scheduler/deployments.py); only the deployment's owner or an
+admin changes it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Request, status
+from fastapi import Path as PathParam
+from sqlalchemy import select
+
+from gpuforge.errors import GpuforgeError
+from gpuforge.serve.adapters import OWN, check_adapters
+from gpuforge.server.auth import Key
+from gpuforge.server.routes.deployments import changeable, finished_model, public, visible
+from gpuforge.server.routes.forward import Name
+from gpuforge.server.schemas import DEPLOYMENT_NAME, AdapterAdd, DeploymentPublic, Rollback, VersionPublic
+from gpuforge.store import versions
+from gpuforge.store.db import session
+from gpuforge.store.models import DeploymentState, DeploymentVersion, VersionState
+
+router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"])
+Adapter = Annotated[str, PathParam(max_length=100, description="the adapter's name in the deployment")]
+SERVING_STATES = (DeploymentState.STARTING, DeploymentState.READY)
+
+
+def _serving(s, key, name: str):
+    deployment = changeable(s, key, name)
+    if deployment.state not in SERVING_STATES:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"deployment {name!r} is {deployment.state}")
+    return deployment
+
+
+@router.get("/{name}/versions", response_model=list[VersionPublic])
+def list_versions(name: Name, request: Request, key: Key) -> list[VersionPublic]:
+    """Every version of the deployment, newest first: its job, state (rolling, serving, retired, refused,
+    failed), why it was refused or failed, and the eval metric its replica measured at load."""
+    with session(request.app.state.engine) as s:
+        deployment = visible(s, key, name)
+        rows = s.scalars(
+            select(DeploymentVersion)
+            .where(DeploymentVersion.deployment_id == deployment.id)
+            .order_by(DeploymentVersion.version.desc())
+        )
+        return [VersionPublic.model_validate(v) for v in rows]
+
+
+@router.post("/{name}/rollback", response_model=DeploymentPublic)
+def rollback(name: Name, body: Rollback, request: Request, key: Key) -> DeploymentPublic:
+    """Stop a rollout under way (its version is refused); and roll out `to` (default: the version served
+    before this one, when nothing was rolling out), replica by replica, without the metric check."""
+    with session(request.app.state.engine) as s:
+        deployment = _serving(s, key, name)
+        rolling = versions.of_state(s, deployment.id, VersionState.ROLLING)
+        if rolling is not None:
+            versions.refuse(s, rolling.id, "rolled back")
+            versions.record(s, deployment.id, "refused", version=rolling.version, why="rolled back")
+        target = _rollback_target(s, deployment, body.to, stopped_one=rolling is not None)
+        if target is not None:
+            versions.roll_out_again(s, target.id)
+            versions.record(s, deployment.id, "rolling", version=target.version, job_id=target.job_id,
+                            rollback=True)  # fmt: skip
+        shown = public(s, deployment)
+    request.app.state.scheduler.wake()
+    return shown
+
+
+def _rollback_target(s, deployment, to: int | None, stopped_one: bool) -> DeploymentVersion | None:
+    """The retired version to roll out again: `to`, or the one served last before the serving one (none
+    when a rollout was just stopped and no `to` was asked: stopping it was the rollback)."""
+    if to is None and stopped_one:
+        return None
+    query = select(DeploymentVersion).where(DeploymentVersion.deployment_id == deployment.id)
+    if to is not None:
+        found = s.scalar(query.where(DeploymentVersion.version == to))
+        if found is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"deployment {deployment.name!r} has no v{to}")
+        if found.version == deployment.version:
+            raise HTTPException(status.HTTP_409_CONFLICT, f"v{to} is the version serving")
+        if found.state != VersionState.RETIRED:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, f"v{to} is {found.state}: only a version that served may come back"
+            )
+        return found
+    found = s.scalar(
+        query.where(DeploymentVersion.state == VersionState.RETIRED)
+        .order_by(DeploymentVersion.ended_at.desc(), DeploymentVersion.version.desc())
+        .limit(1)
+    )
+    if found is None:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"deployment {deployment.name!r} served no version before"
+        )
+    return found
+
+
+@router.post("/{name}/adapters", status_code=status.HTTP_201_CREATED, response_model=DeploymentPublic)
+def add_adapter(name: Name, body: AdapterAdd, request: Request, key: Key) -> DeploymentPublic:
+    """A finished LoRA job's adapter, served by the running replicas under `name` (default: the job's
+    name) without restarting one: requests name it with "adapter"."""
+    with session(request.app.state.engine) as s:
+        deployment = _serving(s, key, name)
+        job, model_dir, _ = finished_model(s, key, body.job_id)
+        adapter = body.name or job.name
+        if not _fits_name(adapter):
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                f"job {job.id}'s name {adapter!r} cannot name an adapter: give one (--adapter-name)",
+            )
+        if adapter == OWN:
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT, f"{OWN!r} names the deployment's own adapter"
+            )
+        added = dict(deployment.adapters or {})
+        if added.get(adapter, str(model_dir)) != str(model_dir):
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, f"adapter {adapter!r} is job {added[adapter]}'s: remove it first"
+            )
+        try:  # the replicas check again; this says why at once
+            check_adapters(Path(deployment.model_dir), {adapter: model_dir})
+        except GpuforgeError as err:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from None
+        deployment.adapters = {**added, adapter: str(model_dir)}
+        versions.record(s, deployment.id, "adapter_added", adapter=adapter, job_id=job.id)
+        shown = public(s, deployment)
+    request.app.state.scheduler.wake()
+    return shown
+
+
+@router.delete("/{name}/adapters/{adapter}", response_model=DeploymentPublic)
+def remove_adapter(name: Name, adapter: Adapter, request: Request, key: Key) -> DeploymentPublic:
+    """Stop serving an adapter added to the deployment (requests naming it are refused from then on)."""
+    with session(request.app.state.engine) as s:
+        deployment = _serving(s, key, name)
+        added = dict(deployment.adapters or {})
+        if adapter not in added:
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND, f"deployment {name!r} has no added adapter {adapter!r}"
+            )
+        del added[adapter]
+        deployment.adapters = added
+        versions.record(s, deployment.id, "adapter_removed", adapter=adapter)
+        shown = public(s, deployment)
+    request.app.state.scheduler.wake()
+    return shown
+
+
+def _fits_name(name: str) -> bool:
+    return re.fullmatch(DEPLOYMENT_NAME, name) is not None and len(name) <= 100
