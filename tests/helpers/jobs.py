@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 
 
 def wait_for(http, path: str, until, timeout: float = 120.0):
@@ -34,3 +36,24 @@ def runner_pid(run_dir: str) -> int | None:
             if run_dir.encode() in argv:
                 return int(entry)
     return None
+
+
+def finished_job(client, owner: str, run_dir: Path, manifest: dict | None = None) -> int:
+    """A job of key `owner`'s stored as finished with a classifier's model/ (nothing is run: its manifest
+    is all a deploy reads), in the store of the app behind `client` (a TestClient)."""
+    from sqlalchemy import select
+
+    from gpuforge.store.db import session
+    from gpuforge.store.models import ApiKey, Job
+
+    (run_dir / "model").mkdir(parents=True)
+    manifest = manifest or {"format": "state_dict", "kind": "full", "source": "bundled:tiny",
+                            "task": "sequence-classification"}  # fmt: skip
+    (run_dir / "model" / "gpuforge.json").write_text(json.dumps(manifest))
+    with session(client.app.state.engine) as s:
+        key = s.scalar(select(ApiKey).where(ApiKey.name == owner))
+        job = Job(name="done", owner_id=key.id, project_id=key.project_id, state="finished", spec_yaml="",
+                  run_dir=str(run_dir))  # fmt: skip
+        s.add(job)
+        s.flush()
+        return job.id

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from gpuforge.server.local import LocalServer
+from tests.helpers.cli import run_cli
 from tests.helpers.jobs import wait_for
 from tests.helpers.paths import TEST_MODELS
 from tests.helpers.processes import kill_processes_under
@@ -36,6 +37,7 @@ def live(tmp_path_factory):
         ids = [http.post("/api/v1/jobs", json={"spec": yaml.safe_dump(s)}).json()["id"] for s in specs]
         for job_id in ids:
             wait_for(http, f"/api/v1/jobs/{job_id}", lambda j: j["state"] in ("finished", "failed"))
+        http.env = {"GPUFORGE_URL": server.url, "GPUFORGE_API_KEY": server.key}  # for the CLI's verbs
         yield http, ids
         http.close()
     kill_processes_under(tmp)
@@ -110,8 +112,9 @@ def test_a_worse_version_is_refused_and_a_rollback_serves_the_one_before(live):
     http, (good, other, bad) = live
     assert http.post("/api/v1/deployments", json={"job_id": good, "name": "guard"}).status_code == 201
     wait_for(http, "/api/v1/deployments/guard", lambda d: d["state"] == "ready")
-    assert http.post("/api/v1/deployments", json={"job_id": bad, "name": "guard"}).status_code == 201
-    refused = wait_for(http, "/api/v1/deployments/guard/versions", lambda vs: vs[0]["state"] != "rolling")[0]
+    worse = run_cli("deploy", str(bad), "--name", "guard", "--wait", env=http.env)  # the CLI waits for it
+    assert worse.returncode != 0 and "v2 refused: eval accuracy" in worse.stderr, worse.stderr
+    refused = http.get("/api/v1/deployments/guard/versions").json()[0]
     assert refused["version"] == 2 and refused["state"] == "refused", refused
     assert "worse than v1's" in refused["reason"] and "max_metric_drop 0.01" in refused["reason"]
     answer = http.post("/api/v1/deployments/guard/predict", json={"inputs": [IMAGE]})
@@ -121,12 +124,15 @@ def test_a_worse_version_is_refused_and_a_rollback_serves_the_one_before(live):
 
     nothing_before = http.post("/api/v1/deployments/guard/rollback", json={})
     assert nothing_before.status_code == 409 and "served no version before" in nothing_before.json()["detail"]
-    allowed = {"job_id": other, "name": "guard", "max_metric_drop": 0.3}
-    assert http.post("/api/v1/deployments", json=allowed).status_code == 201
-    _serving(http, "guard", 3)
-    back = http.post("/api/v1/deployments/guard/rollback", json={})
-    assert back.status_code == 200 and back.json()["rolling_version"] == 1, back.text
+    allowed = run_cli(
+        "deploy", str(other), "--name", "guard", "--max-metric-drop", "0.3", "--wait", env=http.env
+    )
+    assert allowed.returncode == 0 and "ready, v3" in allowed.stdout, allowed.stderr
+    back = run_cli("rollback", "guard", env=http.env)
+    assert back.returncode == 0 and "v1 rolling out" in back.stdout, back.stderr
     _serving(http, "guard", 1)
+    listed = run_cli("deployments", "guard", "--versions", env=http.env)
+    assert listed.returncode == 0 and "refused" in listed.stdout and "retired" in listed.stdout, listed.stdout
     answer = http.post("/api/v1/deployments/guard/predict", json={"inputs": [IMAGE]})
     assert answer.headers["x-gpuforge-version"] == "1"
     assert http.post("/api/v1/deployments/guard/rollback", json={"to": 2}).status_code == 409  # refused one
@@ -140,6 +146,43 @@ def test_a_worse_version_is_refused_and_a_rollback_serves_the_one_before(live):
     assert http.get("/api/v1/deployments/guard").json()["state"] == "ready"
     assert http.delete("/api/v1/deployments/guard").status_code == 200
     wait_for(http, "/api/v1/deployments/guard", lambda d: d["state"] == "stopped")
+
+
+def test_two_replicas_on_two_devices_roll_out_and_back_under_load(live):
+    """No device is free for an extra replica: an old one goes only while another serves; a rollback
+    during (or just after) the rollout brings every replica back to v1, with no failed request."""
+    http, (good, other, _) = live
+    assert (
+        http.post("/api/v1/deployments", json={"job_id": good, "name": "pair", "replicas": 2}).status_code
+        == 201
+    )
+    wait_for(http, "/api/v1/deployments/pair", lambda d: d["state"] == "ready")
+    with Load(http, "pair", clients=4) as load:
+        time.sleep(0.5)
+        body = {"job_id": other, "name": "pair", "max_metric_drop": 0.3}
+        assert http.post("/api/v1/deployments", json=body).status_code == 201
+        wait_for(
+            http,
+            "/api/v1/deployments/pair",
+            lambda d: any(w["ready"] and w["version"] == 2 for w in d["workers"]),
+        )
+        back = http.post("/api/v1/deployments/pair/rollback", json={})
+        assert back.status_code == 200, back.text
+
+        def home(d):
+            workers = sorted((w["version"], w["ready"]) for w in d["workers"])
+            return d["version"] == 1 and d["rolling_version"] is None and workers == [(1, True), (1, True)]
+
+        wait_for(http, "/api/v1/deployments/pair", home)
+        time.sleep(0.5)
+    statuses = Counter(status for answers in load.answers for status, _ in answers)
+    assert set(statuses) == {200}, statuses
+    assert (
+        http.post("/api/v1/deployments/pair/predict", json={"inputs": [IMAGE]}).headers["x-gpuforge-version"]
+        == "1"
+    )
+    assert http.delete("/api/v1/deployments/pair").status_code == 200
+    wait_for(http, "/api/v1/deployments/pair", lambda d: d["state"] == "stopped")
 
 
 def test_replicas_scale_up_under_load_down_to_zero_when_idle_and_wake_on_a_request(live):

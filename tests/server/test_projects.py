@@ -4,7 +4,6 @@ verbs through the real CLI against a real server."""
 
 import json
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import yaml
@@ -13,8 +12,9 @@ from sqlalchemy import select
 from gpuforge.server.local import LocalServer
 from gpuforge.store.db import session
 from gpuforge.store.ledger import month_start
-from gpuforge.store.models import ApiKey, Deployment, Device, Job, JobState, LedgerEntry, Project, utcnow
+from gpuforge.store.models import Deployment, Device, Job, JobState, LedgerEntry, Project, utcnow
 from tests.helpers.cli import run_cli
+from tests.helpers.jobs import finished_job
 
 
 def _auth(key: str) -> dict:
@@ -45,27 +45,6 @@ def _submit(client, key: str) -> dict:
     made = client.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)}, headers=_auth(key))
     assert made.status_code == 201, made.text
     return made.json()
-
-
-def _finished_job(client, owner: str, run_dir: Path) -> int:
-    """A finished job of `owner`s with a classifier (nothing is run: its model/ is all a deploy reads)."""
-    (run_dir / "model").mkdir(parents=True)
-    manifest = {
-        "format": "state_dict",
-        "kind": "full",
-        "source": "bundled:tiny",
-        "task": "sequence-classification",
-    }
-    (run_dir / "model" / "gpuforge.json").write_text(json.dumps(manifest))
-    with session(client.app.state.engine) as s:
-        key = s.scalar(select(ApiKey).where(ApiKey.name == owner))
-        job = Job(
-            name="done", owner_id=key.id, project_id=key.project_id, state="finished", spec_yaml="",
-            run_dir=str(run_dir),
-        )  # fmt: skip
-        s.add(job)
-        s.flush()
-        return job.id
 
 
 def test_the_admin_makes_lists_and_changes_projects_and_others_may_not(server):
@@ -242,7 +221,7 @@ def test_deployments_carry_their_project_and_price_and_members_read_them(server,
     _project(client, admin, "nlp")
     alice, bob = _key(client, admin, "alice", "vision"), _key(client, admin, "bob", "vision")
     carol = _key(client, admin, "carol", "nlp")
-    job_id = _finished_job(client, "alice", tmp_path / "runs" / "done")
+    job_id = finished_job(client, "alice", tmp_path / "runs" / "done")
     made = client.post("/api/v1/deployments", json={"job_id": job_id, "name": "cats"}, headers=_auth(alice))
     assert made.status_code == 201, made.text
     (tmp_path / "home" / "prices.yaml").unlink()  # none priced: a replica then costs $0
@@ -266,6 +245,20 @@ def test_deployments_carry_their_project_and_price_and_members_read_them(server,
         ).status_code
         == 404
     )
+    # a teammate reads its versions and events, and changes nothing; another team sees nothing
+    for path in ("versions", "events"):
+        assert client.get(f"/api/v1/deployments/cats/{path}", headers=_auth(bob)).status_code == 200
+        assert client.get(f"/api/v1/deployments/cats/{path}", headers=_auth(carol)).status_code == 404
+    changes = [
+        ("post", "/api/v1/deployments", {"job_id": job_id, "name": "cats"}),  # a new version
+        ("post", "/api/v1/deployments/cats/rollback", {}),
+        ("post", "/api/v1/deployments/cats/adapters", {"job_id": job_id, "name": "a"}),
+        ("delete", "/api/v1/deployments/cats/adapters/a", None),
+    ]
+    for method, path, body in changes:
+        for who, expected in ((bob, 403), (carol, 404)):
+            answer = client.request(method, path, json=body, headers=_auth(who))
+            assert answer.status_code == expected, (method, path, answer.text)
     refused = client.delete("/api/v1/deployments/cats", headers=_auth(bob))
     assert refused.status_code == 403 and "belongs to key 'alice'" in refused.text
     assert client.delete("/api/v1/deployments/cats", headers=_auth(carol)).status_code == 404

@@ -2,7 +2,6 @@
 each one refused with its status and its name, leaving the store as it was."""
 
 import hashlib
-import json
 import os
 import threading
 from pathlib import Path
@@ -16,6 +15,7 @@ from gpuforge.scheduler.loop import Scheduler
 from gpuforge.store.db import session
 from gpuforge.store.models import ApiKey, Deployment, Job, Upload
 from gpuforge.store.quotas import QUOTAS
+from tests.helpers.jobs import finished_job
 
 DEFAULTS = {q.name: q.default for q in QUOTAS}
 NONE = dict.fromkeys(DEFAULTS)
@@ -238,31 +238,10 @@ def test_an_upload_past_max_upload_bytes_is_429_and_nothing_is_kept(server, tmp_
     assert not [p for p in uploads.iterdir() if p.name.startswith(".upload-")]  # no half files left
 
 
-def _finished_job(client, owner: str, run_dir: Path) -> int:
-    """A job that finished with a classifier (nothing is run: its model/ is all a deploy reads)."""
-    (run_dir / "model").mkdir(parents=True)
-    (run_dir / "model" / "gpuforge.json").write_text(
-        json.dumps(
-            {
-                "format": "state_dict",
-                "kind": "full",
-                "source": "bundled:tiny",
-                "task": "sequence-classification",
-            }
-        )
-    )
-    with session(client.app.state.engine) as s:
-        key = s.scalar(select(ApiKey).where(ApiKey.name == owner))
-        job = Job(name="done", owner_id=key.id, state="finished", spec_yaml="", run_dir=str(run_dir))
-        s.add(job)
-        s.flush()
-        return job.id
-
-
 def test_a_deploy_past_max_deployments_is_429_and_makes_nothing(server, tmp_path):
     client, admin = server
     alice = _make_key(client, admin, "alice", max_deployments=1)
-    job_id = _finished_job(client, "alice", tmp_path / "runs" / "done")
+    job_id = finished_job(client, "alice", tmp_path / "runs" / "done")
     made = client.post("/api/v1/deployments", json={"job_id": job_id, "name": "one"}, headers=_auth(alice))
     assert made.status_code == 201, made.text
     refused = client.post("/api/v1/deployments", json={"job_id": job_id, "name": "two"}, headers=_auth(alice))

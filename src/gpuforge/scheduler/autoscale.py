@@ -5,7 +5,7 @@
   above `target_queue` while every replica it wants is ready (a replica still starting counts for nothing
   yet, so a burst adds one at a time);
 - down by one when no request has come or gone for `scale_down_after_s` (counted again after each change,
-  and from when the replicas it wants are ready);
+  and from when the replicas it started are ready; one waiting for a device does not hold it up);
 - from zero to one as soon as a request waits: the forwarder holds it until a replica is ready, and the
   time that took (the cold start) is an event.
 A deployment with min = max never moves. The decisions are the deployment's events (store/versions.py).
@@ -41,8 +41,11 @@ class Autoscaler:
         self.traffic = traffic
         self._seen: dict[int, _Seen] = {}
 
-    def decide(self, d: Deployment, ready: int, now: float | None = None) -> Decision | None:
-        """The new count of replicas `d` wants, or None to stay; `ready`: its replicas that serve now."""
+    def decide(
+        self, d: Deployment, ready: int, starting: int = 0, now: float | None = None
+    ) -> Decision | None:
+        """The new count of replicas `d` wants, or None to stay; `ready`: its replicas that serve now,
+        `starting`: those whose process loads its model (one waiting for a device is neither)."""
         now = time.monotonic() if now is None else now
         seen = self._seen.setdefault(d.id, _Seen(last_change=now))
         flow = self.traffic.of(d.name)
@@ -66,8 +69,8 @@ class Autoscaler:
                 f"{mean:.1f} requests in flight per ready replica over {SCALE_UP_WINDOW_S:.0f} s, "
                 f"above the target {d.target_queue:g}",
             )
-        if ready < d.replicas:
-            seen.last_change = now  # still starting: idle time counts once what it wants serves
+        if starting:
+            seen.last_change = now  # idle time counts once what it started serves
         idle_for = now - max(flow.last_active, seen.last_change)
         if flow.in_flight == 0 and d.replicas > d.min_replicas and idle_for >= d.scale_down_after_s:
             seen.last_change = now

@@ -12,8 +12,9 @@ A tick (in the loop's transaction) walks the deployments that are starting, read
   device free for a new one, while another ready replica still serves). A drained replica leaves the
   forwarder's picks at once and gets SIGTERM DRAIN_DELAY_S later, so no request is sent to a closing
   port; the forwarder retries on another replica where one was anyway;
-- the adapters added to the deployment (`deploy --into`) are registered on each ready replica that lacks
-  them, and removed from those that have one taken away: no replica restarts for it.
+- the adapters added to the deployment (`deploy --into`) are registered on each loaded replica that lacks
+  them, and removed from those that have one taken away: no replica restarts for it. A replica started
+  since takes requests once it has them all (one that refuses an adapter says why in an event).
 Workers listen on 127.0.0.1 only and want the deployment's own key: clients reach them through the
 server (routes/deployments.py), which forwards each request to the least loaded ready replica.
 
@@ -68,10 +69,11 @@ class Keeper:
     autoscaler: Autoscaler
 
 
-def held_devices(s: Session) -> set[str]:
-    """Devices the replicas of live deployments hold (a draining one too, until it has gone)."""
+def held_devices(s: Session, but: int | None = None) -> set[str]:
+    """Devices the replicas of live deployments (`but` one) hold (a draining one too, until it has gone)."""
     held = set()
-    for (workers,) in s.execute(select(Deployment.workers).where(Deployment.state.in_(LIVE))):
+    query = select(Deployment.workers).where(Deployment.state.in_(LIVE), Deployment.id != (but or -1))
+    for (workers,) in s.execute(query):
         held |= {w["device"] for w in workers or [] if w.get("pid") and w.get("device")}
     return held
 
@@ -93,6 +95,9 @@ def keep(s: Session, held: set[str], keeper: Keeper) -> None:
                 states.deployment_stopped(s, deployment.id)
             elif done:
                 states.deployment_failed(s, deployment.id)
+            rolling = versions.of_state(s, deployment.id, VersionState.ROLLING) if done else None
+            if rolling is not None:  # a rollout the deployment's end cut short
+                versions.refuse(s, rolling.id, f"the deployment {state} before it rolled out")
             continue
         _Pass(s, deployment, state, held, keeper).run()
 
@@ -102,7 +107,7 @@ class _Pass:
 
     def __init__(self, s: Session, d: Deployment, state: DeploymentState, held: set[str], keeper: Keeper):
         self.s, self.d, self.state, self.keeper = s, d, state, keeper
-        self.taken = held | held_devices(s)
+        self.taken = held | held_devices(s, but=d.id)  # and this one's live replicas', once watched
         self.workers = [dict(w) for w in d.workers or []]
         for w in self.workers:  # entries written before versions existed
             w.setdefault("version", d.version)
@@ -115,10 +120,11 @@ class _Pass:
     def run(self) -> None:
         self._scale()
         self._watch()
+        self.taken |= {w["device"] for w in self.workers if w.get("pid") and w.get("device")}
         if self.failure is None:
             self._measure()
-            self._place()
             self._push_adapters()
+            self._place()
             self._finish_rollout()
         ready = sum(1 for w in self.workers if w["ready"])
         cold = self.keeper.autoscaler.cold_start(self.d, ready)
@@ -130,7 +136,10 @@ class _Pass:
     # --- what it wants ---
     def _scale(self) -> None:
         ready = sum(1 for w in self.workers if w.get("ready"))
-        decision = self.keeper.autoscaler.decide(self.d, ready)
+        starting = sum(
+            1 for w in self.workers if w.get("pid") and not w.get("loaded") and not w.get("draining")
+        )
+        decision = self.keeper.autoscaler.decide(self.d, ready, starting)
         if decision is None:
             return
         versions.record(self.s, self.d.id, "scaled", replicas_from=self.d.replicas,
@@ -203,32 +212,39 @@ class _Pass:
 
     def _place(self) -> None:
         """Drain what is over the wanted counts, start what is missing (dead ones first), each on a device
-        of its own: during a rollout, new replicas first."""
-        n, rolling = self.d.replicas, self.rolling
-        new = self._active(rolling.version) if rolling else []
-        old = [w for w in self._active() if w not in new]
-        for w in self.workers:
-            w["ready"] = w["loaded"] and not w.get("draining") and self._routable(w)
-        if rolling is None:
-            want_new, want_old = 0, n
-        elif self._gate_open():
-            want_new, want_old = n, max(0, n - sum(w["ready"] for w in new))
-        else:
-            want_new, want_old = 1, n  # the probe: one replica that measures the metric
-        serving_first = lambda w: (w["version"] == self.d.version, w["ready"], -w["index"])  # noqa: E731
-        self._drain(sorted(old, key=serving_first)[: max(0, len(old) - want_old)])
-        self._drain(sorted(new, key=serving_first)[: max(0, len(new) - want_new)])
-        new = self._active(rolling.version) if rolling else []
-        old = [w for w in self._active() if w not in new]
-        short = 0
-        if rolling is not None:
-            short = self._fill(new, want_new, rolling.version, rolling.model_dir, rolling.metric is None)
-        self._fill(old, want_old, self.d.version, self.d.model_dir, self._serving_unmeasured())
-        ready = [w for w in self.workers if w["ready"]]
-        draining = any(w.get("draining") for w in self.workers)
-        if short and len(ready) >= 2 and not draining:  # no device for a new one: free one that serves
-            spare = [w for w in ready if w["version"] != (rolling.version if rolling else None)]
-            self._drain(sorted(spare, key=serving_first)[:1])
+        of its own. The target is the rolling version once its metric passed, else the serving one; the
+        others (the serving version during a rollout, a version refused or failed after it served) keep
+        serving until enough replicas of the target are ready, and go one by one as they are."""
+        n, rolling, gate = self.d.replicas, self.rolling, self._gate_open()
+        target = rolling.version if rolling is not None and gate else self.d.version
+        probe = rolling.version if rolling is not None and not gate else None
+        self.workers = [w for w in self.workers  # a dead replica of another version is not started again
+                        if w.get("pid") or w.get("draining") or w["version"] in (target, probe)]  # fmt: skip
+        targets, probes = self._active(target), (self._active(probe) if probe else [])
+        others = [w for w in self._active() if w["version"] not in (target, probe)]
+        for w in targets + probes:
+            w["ready"] = w["loaded"] and self._routable(w) and self._has_adapters(w)
+            w["served"] = w.get("served", False) or w["ready"]
+        ready_targets = sum(w["ready"] for w in targets)
+        for w in others:  # one that served before, while the target has fewer ready replicas than wanted
+            w["ready"] = w["loaded"] and w.get("served", w["version"] == self.d.version) and ready_targets < n
+        first_to_go = lambda w: (w["version"] == self.d.version, w["ready"], -w["index"])  # noqa: E731
+        self._drain(sorted(others, key=first_to_go)[: max(0, len(others) - max(0, n - ready_targets))])
+        self._drain(sorted(probes, key=first_to_go)[: max(0, len(probes) - (1 if probe else 0))])
+        self._drain(sorted(targets, key=first_to_go)[: max(0, len(targets) - n)])
+        lacking = None  # the version that wants a replica no device is free for
+        if probe is not None and self._fill(self._active(probe), 1, probe, rolling.model_dir, True):
+            lacking = probe  # the probe measures the metric first
+        version = rolling if rolling is not None and gate else self.serving
+        model_dir = version.model_dir if version is not None else self.d.model_dir
+        measure = version is not None and version.metric is None
+        if self._fill(self._active(target), n, target, model_dir, measure) and lacking is None:
+            lacking = target
+        ready = [w for w in self._active() if w["ready"]]
+        if lacking is not None and len(ready) >= 2 and not any(w.get("draining") for w in self.workers):
+            # free a device from a replica of another version, while another ready one serves on
+            spare = [w for w in ready if w["version"] != lacking]
+            self._drain(sorted(spare, key=first_to_go)[:1])
 
     def _fill(self, group: list[dict], want: int, version: int, model_dir: str, measure: bool) -> int:
         """Start the dead replicas of `group` again and add replicas up to `want`; how many could not
@@ -250,7 +266,7 @@ class _Pass:
             measuring = measure and not any(x.get("eval") and x.get("pid") for x in self._active(version))
             env = self.keeper.replica_env(self.s, self.d, device)
             w.update(_launch(self.d, w, device, self.keeper, env, measuring), device=device.id, loaded=False,
-                     ready=False, eval=measuring, adapters=sorted(self.d.adapters or {}))  # fmt: skip
+                     ready=False, eval=measuring, adapters=[], adapter_refusals={})  # fmt: skip
             w["restarts"] += 1
             _write_workers(self.s, self.d, self.workers)
             self.s.commit()  # the pid is in the store before anything else can fail
@@ -283,7 +299,9 @@ class _Pass:
             if not (w["loaded"] and w.get("pid")) or w.get("draining"):
                 continue
             have = set(w.get("adapters") or [])
-            refused = w.setdefault("adapter_refusals", {})
+            # a refusal holds for the adapter it was about: one taken away and added again is asked anew
+            refused = {n: why for n, why in (w.get("adapter_refusals") or {}).items() if n in wanted}
+            w["adapter_refusals"] = refused
             for name in sorted(set(wanted) - have - set(refused)):
                 key = key or self.keeper.replica_key(self.d)
                 try:
@@ -312,23 +330,28 @@ class _Pass:
         rolling = self.rolling
         return rolling is not None and (not rolling.checked or rolling.metric is not None)
 
+    def _has_adapters(self, w: dict) -> bool:
+        """Whether it serves every adapter added to the deployment (or has refused one for good): a
+        replica just started takes requests once they are registered, so none is answered 404."""
+        done = set(w.get("adapters") or []) | set(w.get("adapter_refusals") or {})
+        return set(self.d.adapters or {}) <= done
+
     def _routable(self, w: dict) -> bool:
+        """Whether a loaded replica of the target or probe version may take requests."""
         if self.rolling is not None and w["version"] == self.rolling.version:
             return self._gate_open()
-        if w["version"] != self.d.version:
-            return True  # an older version still serving while the one after it rolls out
         # the serving version's first replicas are picked once its metric is read (or none was asked)
         return not (w.get("eval") and self.serving is not None and self.serving.metric is None)
 
-    def _serving_unmeasured(self) -> bool:
-        return self.serving is not None and self.serving.metric is None
-
     def _end_rollout(self, move: Callable[..., bool], why: str, kind: str) -> None:
-        rolling = self.rolling
+        """The rolling version refused or failed: its replicas go at once if they never served, else as
+        replicas of the serving version replace them (_place)."""
+        rolling, served = self.rolling, self._gate_open()
         if rolling is not None and move(self.s, rolling.id, why):
             versions.record(self.s, self.d.id, kind, version=rolling.version, why=why)
             log.warning("deployment %s: v%d %s: %s", self.d.name, rolling.version, kind, why)
-            self._drain(self._active(rolling.version))
+            if not served:
+                self._drain(self._active(rolling.version))
         self.rolling = None
 
     def _finish_rollout(self) -> None:
@@ -394,8 +417,6 @@ def _launch(d: Deployment, w: dict, device: DeviceInfo, keeper: Keeper, env: dic
         "eval_at_load": measure,
     }
     command += serve_flags(options)
-    for name, path in sorted((d.adapters or {}).items()):
-        command += ["--adapter", f"{name}={path}"]
     log_path = keeper.logs_dir / d.name / f"replica-{w['index']}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:

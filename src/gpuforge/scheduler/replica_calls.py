@@ -10,7 +10,7 @@ import httpx
 
 log = logging.getLogger("gpuforge.scheduler")
 READY_TIMEOUT_S = 0.05
-CALL_TIMEOUT_S = 5.0  # registering an adapter reads its manifest only: its weights load on first use
+CALL_TIMEOUT_S = 2.0  # registering an adapter reads its manifest only: its weights load on first use
 
 
 def ready(port: int) -> tuple[bool, str | None]:
@@ -37,6 +37,8 @@ def add_adapter(port: int, key: str, name: str, path: str) -> str | None:
     it refused (a refusal is final: the same call would be refused again)."""
     answer = httpx.post(f"http://127.0.0.1:{port}/admin/adapters", json={"name": name, "path": path},
                         headers=_auth(key), timeout=CALL_TIMEOUT_S)  # fmt: skip
+    if answer.status_code >= 500:  # not the adapter's fault: asked again at the next pass
+        answer.raise_for_status()
     return None if answer.status_code in (200, 201) else f"{answer.status_code}: {_detail(answer)}"
 
 

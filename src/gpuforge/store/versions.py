@@ -6,6 +6,7 @@ what happened to a deployment (what `gpuforge deployments N --versions | --event
     rolling --rolled_out-->      serving    (the one serving before: retired)
     rolling --refuse-->          refused    (its metric fell more than max_metric_drop)
     rolling --fail_version-->    failed     (its model would not load, or its replicas kept dying)
+    rolling --retire_again-->    retired    (a rollback's rollout, itself rolled back)
 
 As in store/states.py, each move is one UPDATE that holds only from a state it may leave, and says whether
 it happened; nothing is committed here.
@@ -110,3 +111,9 @@ def fail_version(s: Session, version_id: int, reason: str) -> bool:
 def measured(s: Session, version_id: int, metric: dict[str, Any]) -> None:
     """Its eval metric, as its first replica measured it at load."""
     s.execute(update(DeploymentVersion).where(DeploymentVersion.id == version_id).values(metric=metric))
+
+
+def retire_again(s: Session, version_id: int) -> bool:
+    """rolling → retired: a version rolled out again by a rollback, stopped by another (it served well
+    once; it may come back)."""
+    return _move(s, version_id, (VersionState.ROLLING,), state=VersionState.RETIRED, ended_at=utcnow())

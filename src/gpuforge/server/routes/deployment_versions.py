@@ -38,7 +38,10 @@ SERVING_STATES = (DeploymentState.STARTING, DeploymentState.READY)
 
 
 def _serving(s, key, name: str):
+    """The deployment `key` may change, locked against a second change at the same moment (PostgreSQL;
+    SQLite has one writer at a time anyway); 409 unless it is starting or ready."""
     deployment = changeable(s, key, name)
+    s.refresh(deployment, with_for_update=True)
     if deployment.state not in SERVING_STATES:
         raise HTTPException(status.HTTP_409_CONFLICT, f"deployment {name!r} is {deployment.state}")
     return deployment
@@ -66,11 +69,18 @@ def rollback(name: Name, body: Rollback, request: Request, key: Key) -> Deployme
         deployment = _serving(s, key, name)
         rolling = versions.of_state(s, deployment.id, VersionState.ROLLING)
         if rolling is not None:
-            versions.refuse(s, rolling.id, "rolled back")
-            versions.record(s, deployment.id, "refused", version=rolling.version, why="rolled back")
+            # a version that served before (a rollback's own rollout) may come back again; a new one not
+            stopped = versions.refuse(s, rolling.id, "rolled back") if rolling.checked else (
+                versions.retire_again(s, rolling.id))  # fmt: skip
+            if not stopped:
+                raise HTTPException(status.HTTP_409_CONFLICT, f"v{rolling.version} finished rolling out "
+                                    "meanwhile: ask again to roll it back")  # fmt: skip
+            versions.record(s, deployment.id, "rolled_back", version=rolling.version)
         target = _rollback_target(s, deployment, body.to, stopped_one=rolling is not None)
         if target is not None:
-            versions.roll_out_again(s, target.id)
+            _check_fit(deployment, target.model_dir, deployment.adapters)
+            if not versions.roll_out_again(s, target.id):
+                raise HTTPException(status.HTTP_409_CONFLICT, f"v{target.version} changed meanwhile")
             versions.record(s, deployment.id, "rolling", version=target.version, job_id=target.job_id,
                             rollback=True)  # fmt: skip
         shown = public(s, deployment)
@@ -129,10 +139,9 @@ def add_adapter(name: Name, body: AdapterAdd, request: Request, key: Key) -> Dep
             raise HTTPException(
                 status.HTTP_409_CONFLICT, f"adapter {adapter!r} is job {added[adapter]}'s: remove it first"
             )
-        try:  # the replicas check again; this says why at once
-            check_adapters(Path(deployment.model_dir), {adapter: model_dir})
-        except GpuforgeError as err:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from None
+        rolling = versions.of_state(s, deployment.id, VersionState.ROLLING)
+        for served in {deployment.model_dir, *([rolling.model_dir] if rolling else [])}:
+            _check_fit(deployment, served, {adapter: str(model_dir)})  # the replicas check again
         deployment.adapters = {**added, adapter: str(model_dir)}
         versions.record(s, deployment.id, "adapter_added", adapter=adapter, job_id=job.id)
         shown = public(s, deployment)
@@ -156,6 +165,18 @@ def remove_adapter(name: Name, adapter: Adapter, request: Request, key: Key) -> 
         shown = public(s, deployment)
     request.app.state.scheduler.wake()
     return shown
+
+
+def _check_fit(deployment, model_dir: str, adapters: dict[str, str] | None) -> None:
+    """422 unless each of `adapters` fits the model at `model_dir` (its base, task and labels)."""
+    if not adapters:
+        return
+    try:
+        check_adapters(Path(model_dir), {name: Path(path) for name, path in adapters.items()})
+    except GpuforgeError as err:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, f"deployment {deployment.name!r}: {err}"
+        ) from None
 
 
 def _fits_name(name: str) -> bool:

@@ -26,7 +26,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpuforge.artifact.manifest import MANIFEST, ArtifactError, Manifest, read_manifest
+from gpuforge.errors import GpuforgeError
 from gpuforge.scheduler.worker_keys import replicas_key, worker_key
+from gpuforge.serve.adapters import check_adapters
 from gpuforge.server.auth import Key
 from gpuforge.server.pricing import device_price
 from gpuforge.server.refusals import quota_refusal
@@ -119,6 +121,7 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
         existing = s.scalar(select(Deployment).where(Deployment.name == body.name))
         if existing is not None and existing.state in LIVE_DEPLOYMENT_STATES:
             deployment = changeable(s, key, body.name)  # 404 or 403 where another key's
+            s.refresh(deployment, with_for_update=True)  # one change at a time (PostgreSQL)
             _next_version(s, deployment, job, model_dir, body)
             shown = public(s, deployment)
         else:
@@ -192,6 +195,13 @@ def _next_version(s, deployment: Deployment, job: Job, model_dir: Path, body: De
             status.HTTP_409_CONFLICT,
             f"v{rolling.version} of {deployment.name!r} is rolling out: wait for it, or roll back first",
         )
+    if deployment.adapters:  # the adapters added to it must fit the new model too
+        try:
+            check_adapters(model_dir, {name: Path(path) for name, path in deployment.adapters.items()})
+        except GpuforgeError as err:
+            raise _unprocessable(
+                f"job {job.id}'s model cannot take {deployment.name!r}'s adapters: {err}"
+            ) from None
     if "max_metric_drop" in body.model_fields_set:  # this version's check, and the next ones'
         deployment.max_metric_drop = body.max_metric_drop
     made = versions.add(s, deployment, job.id, str(model_dir), VersionState.ROLLING)

@@ -31,6 +31,7 @@ Name = Annotated[str, PathParam(max_length=100, description="the deployment's na
 FORWARDED_HEADERS = ("content-type", "retry-after")
 HOLD_S = 60.0  # a cold start (a replica loading its model) fits in it
 POLL_S = 0.1
+MAX_HELD = 256  # requests held at once for one deployment; past it 503 (each polls the store)
 TRIES = 3  # replicas tried when one cannot be reached
 _turns = itertools.count()  # breaks ties between equally loaded replicas: round-robin
 
@@ -39,7 +40,7 @@ _turns = itertools.count()  # breaks ties between equally loaded replicas: round
 async def predict(name: Name, request: Request, key: Key) -> Response:
     """Forwarded as it is to the least loaded ready replica (body: as `gpuforge serve` takes it)."""
     body, traffic, began = await request.body(), request.app.state.traffic, time.monotonic()
-    unreachable: set[int] = set()
+    unreachable: set[tuple[int, int]] = set()  # (index, port): a replica started again has a new port
     held = False
     for _ in range(TRIES):
         worker, key_of_replicas, waited = await _ready_replica(request, name, unreachable)
@@ -53,7 +54,7 @@ async def predict(name: Name, request: Request, key: Key) -> Response:
                 headers={"content-type": "application/json", "authorization": f"Bearer {key_of_replicas}"},
             )
         except (httpx.ConnectError, httpx.RemoteProtocolError):
-            unreachable.add(slot)  # closing or gone: the request never reached its model
+            unreachable.add((slot, worker["port"]))  # closing or gone: the request never reached its model
             continue
         except httpx.HTTPError as err:
             raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"replica {slot}: {type(err).__name__}") from err
@@ -70,7 +71,9 @@ async def predict(name: Name, request: Request, key: Key) -> Response:
     )
 
 
-async def _ready_replica(request: Request, name: str, unreachable: set[int]) -> tuple[dict, str, bool]:
+async def _ready_replica(
+    request: Request, name: str, unreachable: set[tuple[int, int]]
+) -> tuple[dict, str, bool]:
     """The least loaded ready replica not found unreachable, its key, and whether the request was held
     for one (while it is, it counts as waiting in the deployment's traffic: the autoscaler sees it)."""
     traffic, deadline, held = request.app.state.traffic, time.monotonic() + HOLD_S, False
@@ -85,6 +88,12 @@ async def _ready_replica(request: Request, name: str, unreachable: set[int]) -> 
                 )[1]
                 return pick, key_of_replicas, held
             if not held:
+                if traffic.of(name).held >= MAX_HELD:
+                    raise HTTPException(
+                        status.HTTP_503_SERVICE_UNAVAILABLE,
+                        f"deployment {name!r} has no ready replica and {MAX_HELD} requests wait already",
+                        headers={"Retry-After": "5"},
+                    )
                 traffic.hold(name)
                 request.app.state.scheduler.wake()
                 held = True
@@ -100,7 +109,7 @@ async def _ready_replica(request: Request, name: str, unreachable: set[int]) -> 
             traffic.hold(name, -1)
 
 
-def _replicas(request: Request, name: str, unreachable: set[int]) -> tuple[list[dict], str]:
+def _replicas(request: Request, name: str, unreachable: set[tuple[int, int]]) -> tuple[list[dict], str]:
     """The deployment's ready replicas (less those found unreachable) and their key; 404 for a deployment
     that does not serve, 503 for one that is stopping or failing."""
     with session(request.app.state.engine) as s:
@@ -111,6 +120,6 @@ def _replicas(request: Request, name: str, unreachable: set[int]) -> tuple[list[
             raise HTTPException(
                 status.HTTP_503_SERVICE_UNAVAILABLE, f"deployment {name!r} is {deployment.state}"
             )
-        ready = [w for w in deployment.workers or []
-                 if w.get("ready") and w.get("port") and w["index"] not in unreachable]  # fmt: skip
+        workers = [w for w in deployment.workers or [] if w.get("ready") and w.get("port")]
+        ready = [w for w in workers if (w["index"], w["port"]) not in unreachable]
         return ready, replicas_key(request.app.state.worker_secret, deployment)
