@@ -60,7 +60,14 @@ from gpuforge.store.quotas import check_deployment
 
 router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"])
 STATS_WINDOW_S = 10.0  # the stats' figures cover at least this long (after the first look)
-KEPT_BY_A_NEW_VERSION = ("replicas", "min_replicas", "max_replicas", "options")
+KEPT_BY_A_NEW_VERSION = (
+    "replicas",
+    "min_replicas",
+    "max_replicas",
+    "target_queue",
+    "scale_down_after_s",
+    "options",
+)
 
 
 def public(s, d: Deployment) -> DeploymentPublic:
