@@ -25,7 +25,8 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.responses import JSONResponse, Response
 
-from gpuforge.errors import GpuforgeError
+from gpuforge.errors import GpuforgeError, SpecError
+from gpuforge.policy import Policy
 from gpuforge.serve.adapters import OWN, AdapterConflict, Adapters, check_adapters
 from gpuforge.serve.batcher import Batcher, QueueFull
 from gpuforge.serve.endpoint import AdapterAdd, AdapterList, Info, LoadState, PredictRequest, freeze_garbage
@@ -69,10 +70,14 @@ class ClassifierBackend:
             raise HTTPException(
                 status.HTTP_409_CONFLICT, "a full model is served; adapters need an adapter's base"
             )
-        root = Path(self.options.adapters_root).resolve()
-        path = (root / body.path).resolve()  # links followed: where it really is must be under the root
-        if not path.is_relative_to(root):
-            raise HTTPException(status.HTTP_403_FORBIDDEN, f"path: {body.path} is outside --adapters-root")
+        root = Path(self.options.adapters_root)
+        path = (root / body.path).resolve()
+        try:  # where it, and each file in it, really is (links followed) must be under the root
+            Policy(roots=(root,)).check_path("path", path)
+        except SpecError as err:
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN, f"path: {body.path} is outside --adapters-root ({err})"
+            ) from None
         try:
             added = not adapters.registered(body.name, path)
             if added:

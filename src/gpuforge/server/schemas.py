@@ -16,6 +16,8 @@ from pydantic import (
     model_validator,
 )
 
+from gpuforge.serve.adapters import NAME_MAX as ADAPTER_NAME_MAX
+from gpuforge.serve.adapters import NAME_PATTERN as ADAPTER_NAME
 from gpuforge.serve.options import deployment_options_model
 from gpuforge.store.models import MAX_NAME, NAME_PATTERN, state_lists
 from gpuforge.store.projects import ProjectName, ProjectSettings
@@ -248,7 +250,7 @@ class AdapterAdd(BaseModel):
 
     job_id: int = Field(ge=1, le=2**31 - 1, description="a finished LoRA job on the deployment's base")
     name: str | None = Field(
-        None, pattern=DEPLOYMENT_NAME, max_length=100, description="default: the job's name"
+        None, pattern=ADAPTER_NAME, max_length=ADAPTER_NAME_MAX, description="default: the job's name"
     )
 
 

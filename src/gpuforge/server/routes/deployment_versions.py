@@ -15,19 +15,17 @@ admin changes it.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi import Path as PathParam
 from sqlalchemy import select
 
-from gpuforge.errors import GpuforgeError
-from gpuforge.serve.adapters import OWN, check_adapters
+from gpuforge.serve.adapters import NAME_MAX, NAME_PATTERN, OWN
 from gpuforge.server.auth import Key
-from gpuforge.server.routes.deployments import changeable, finished_model, public, visible
+from gpuforge.server.routes.deployments import changeable, check_fit, finished_model, public, visible
 from gpuforge.server.routes.forward import Name
-from gpuforge.server.schemas import DEPLOYMENT_NAME, AdapterAdd, DeploymentPublic, Rollback, VersionPublic
+from gpuforge.server.schemas import AdapterAdd, DeploymentPublic, Rollback, VersionPublic
 from gpuforge.store import versions
 from gpuforge.store.db import session
 from gpuforge.store.models import DeploymentState, DeploymentVersion, VersionState
@@ -78,7 +76,7 @@ def rollback(name: Name, body: Rollback, request: Request, key: Key) -> Deployme
             versions.record(s, deployment.id, "rolled_back", version=rolling.version)
         target = _rollback_target(s, deployment, body.to, stopped_one=rolling is not None)
         if target is not None:
-            _check_fit(deployment, target.model_dir, deployment.adapters)
+            check_fit(deployment, target.model_dir, deployment.adapters)
             if not versions.roll_out_again(s, target.id):
                 raise HTTPException(status.HTTP_409_CONFLICT, f"v{target.version} changed meanwhile")
             versions.record(s, deployment.id, "rolling", version=target.version, job_id=target.job_id,
@@ -141,7 +139,7 @@ def add_adapter(name: Name, body: AdapterAdd, request: Request, key: Key) -> Dep
             )
         rolling = versions.of_state(s, deployment.id, VersionState.ROLLING)
         for served in {deployment.model_dir, *([rolling.model_dir] if rolling else [])}:
-            _check_fit(deployment, served, {adapter: str(model_dir)})  # the replicas check again
+            check_fit(deployment, served, {adapter: str(model_dir)})  # the replicas check again
         deployment.adapters = {**added, adapter: str(model_dir)}
         versions.record(s, deployment.id, "adapter_added", adapter=adapter, job_id=job.id)
         shown = public(s, deployment)
@@ -167,17 +165,5 @@ def remove_adapter(name: Name, adapter: Adapter, request: Request, key: Key) -> 
     return shown
 
 
-def _check_fit(deployment, model_dir: str, adapters: dict[str, str] | None) -> None:
-    """422 unless each of `adapters` fits the model at `model_dir` (its base, task and labels)."""
-    if not adapters:
-        return
-    try:
-        check_adapters(Path(model_dir), {name: Path(path) for name, path in adapters.items()})
-    except GpuforgeError as err:
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT, f"deployment {deployment.name!r}: {err}"
-        ) from None
-
-
 def _fits_name(name: str) -> bool:
-    return re.fullmatch(DEPLOYMENT_NAME, name) is not None and len(name) <= 100
+    return re.fullmatch(NAME_PATTERN, name) is not None and len(name) <= NAME_MAX

@@ -109,6 +109,16 @@ def finished_model(s, key: ApiKey, job_id: int) -> tuple[Job, Path, Manifest]:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id}: {err}") from None
 
 
+def check_fit(deployment: Deployment, model_dir: str, adapters: dict[str, str] | None) -> None:
+    """422 unless each of `adapters` fits the model at `model_dir` (its base, task and labels)."""
+    if not adapters:
+        return
+    try:
+        check_adapters(Path(model_dir), {name: Path(path) for name, path in adapters.items()})
+    except GpuforgeError as err:
+        raise _unprocessable(f"deployment {deployment.name!r}: {err}") from None
+
+
 def _unprocessable(why: str) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, why)
 
@@ -202,17 +212,7 @@ def _next_version(s, deployment: Deployment, job: Job, model_dir: Path, body: De
             status.HTTP_409_CONFLICT,
             f"v{rolling.version} of {deployment.name!r} is rolling out: wait for it, or roll back first",
         )
-    if deployment.adapters:  # the adapters added to it must fit the new model too
-        try:
-            check_adapters(model_dir, {name: Path(path) for name, path in deployment.adapters.items()})
-        except GpuforgeError as err:
-            raise _unprocessable(
-                f"job {job.id}'s model cannot take {deployment.name!r}'s adapters: {err}"
-            ) from None
-    if "max_metric_drop" in body.model_fields_set:  # this version's check, and the next ones'
-        deployment.max_metric_drop = body.max_metric_drop
-    made = versions.add(s, deployment, job.id, str(model_dir), VersionState.ROLLING)
-    versions.record(s, deployment.id, "rolling", version=made.version, job_id=job.id)
+    check_fit(deployment, str(model_dir), deployment.adapters)  # the adapters added to it must fit too
 
 
 @router.get("", response_model=list[DeploymentPublic])
