@@ -213,6 +213,10 @@ def _next_version(s, deployment: Deployment, job: Job, model_dir: Path, body: De
             f"v{rolling.version} of {deployment.name!r} is rolling out: wait for it, or roll back first",
         )
     check_fit(deployment, str(model_dir), deployment.adapters)  # the adapters added to it must fit too
+    if "max_metric_drop" in body.model_fields_set:  # this version's check, and the next ones'
+        deployment.max_metric_drop = body.max_metric_drop
+    made = versions.add(s, deployment, job.id, str(model_dir), VersionState.ROLLING)
+    versions.record(s, deployment.id, "rolling", version=made.version, job_id=job.id)
 
 
 @router.get("", response_model=list[DeploymentPublic])
