@@ -155,19 +155,48 @@ def demo(
 def plan(
     spec: SpecPath,
     measure: Annotated[
-        bool, typer.Option("--measure", help="time a few real steps (else: FLOPs / peak)")
+        bool, typer.Option("--measure", help="time a few real steps (else: FLOPs / peak, or the roofline)")
     ] = False,
+    compare: Annotated[
+        str | None,
+        typer.Option(
+            "--compare",
+            help="devices to price the job on, e.g. h100,a100-80gb,l4,cpu (catalog names; cpu: this one)",
+        ),
+    ] = None,
+    link_gbps: Annotated[
+        float | None,
+        typer.Option("--link-gbps", help="with --compare: the link between devices, in Gbit/s", min=0.001),
+    ] = None,
     max_steps: MaxSteps = None,
     set_: Overrides = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
-    """Say before anything runs: parameters, memory, batch, time and cost; refuse a job that cannot fit."""
+    """Say before anything runs: parameters, memory, batch, time and cost; refuse a job that cannot fit.
+    With --compare: the same job's memory, batch, step time, total time and cost on each device named."""
     import json
 
-    from gpuforge.plan import make_plan, table
     from gpuforge.spec import load_spec
 
     overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
+    if compare is not None:
+        from gpuforge.plan.compare import compare as compare_devices
+        from gpuforge.plan.compare import notes, table
+
+        result = compare_devices(load_spec(spec, overrides), compare.split(","), measure, link_gbps)
+        if as_json:
+            out_console.print_json(json.dumps(result.as_dict()))
+        else:
+            out_console.print(table(result))
+            for line in notes(result):
+                out_console.print(line, highlight=False, markup=False, soft_wrap=True)
+        if not result.fits_somewhere:
+            raise GpuforgeError(result.verdict())
+        return
+    if link_gbps is not None:
+        raise GpuforgeError("--link-gbps: only with --compare")
+    from gpuforge.plan import make_plan, table
+
     result = make_plan(load_spec(spec, overrides), measure=measure)
     if as_json:
         out_console.print_json(json.dumps(result.as_dict()))
@@ -229,21 +258,27 @@ def compress(
 
 
 @app.command()
-def hw() -> None:
-    """Show the device gpuforge would use and its measured matmul speed per precision."""
-    from gpuforge.hardware.bench import peak_flops
-    from gpuforge.hardware.probe import device_name, select_device
-    from gpuforge.runtime.precision import choose_precision
+def hw(
+    refresh: Annotated[
+        bool, typer.Option("--refresh", help="measure again (the figures are cached)")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the figures as JSON, units in their names")
+    ] = (False),
+) -> None:
+    """Measure this machine like the article's table: each device's cores, memory, memory bandwidth,
+    matmul speed per precision, host<->device copies, the all-reduce between local processes and the
+    OpenCL devices, each beside its datasheet figure where the model is known. Cached per machine."""
+    import json
 
-    device = select_device("auto")
-    out_console.print(f"device: {device_name(device)} ({device.type})")
-    for precision in ("fp32", "bf16", "fp16"):
-        if device.type == "cpu" and precision == "fp16":
-            continue  # CPU fp16 matmul is an emulation path, orders of magnitude slow; not worth the wait
-        out_console.print(
-            f"  {precision}: {peak_flops(device, precision) / 1e12:.3f} TFLOP/s (measured matmul)"
-        )
-    out_console.print(f"precision auto -> {choose_precision('auto', device).name}")
+    from gpuforge.hardware.report import report, tables
+
+    result = report(refresh=refresh)
+    if as_json:
+        out_console.print_json(json.dumps(result))
+        return
+    for part in tables(result):
+        out_console.print(part)
 
 
 @app.command()

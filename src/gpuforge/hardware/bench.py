@@ -44,6 +44,11 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype, seconds: floa
             return 2 * n**3 * reps / elapsed
 
 
+def forget_peaks() -> None:
+    """Drop the cached peaks: the next peak_flops measures again (`gpuforge hw --refresh`)."""
+    (cache_dir() / "peak_flops.json").unlink(missing_ok=True)
+
+
 def peak_flops(device: torch.device, precision: str) -> float:
     """Measured matmul FLOP/s for this device and precision, measured once per machine then cached."""
     key = f"{device_name(device)}|{precision}"
