@@ -32,7 +32,7 @@ from gpuforge.hardware.roofline import (
 )
 
 CACHE_FILE = "hardware.json"
-FORMAT = 1  # bump when the figures change meaning: an old cache is then measured again
+FORMAT = 3  # bump when the figures change meaning: an old cache is then measured again
 WIDTHS = {"fp32": 4, "bf16": 2, "convert": CONVERSION}
 
 
@@ -61,6 +61,7 @@ class DeviceFigures:
             efficiency=matmul_efficiency(curve, peak),
             bandwidth=bandwidth_by_size(widths),
             op_overhead_s=r["op_overhead_s"],
+            special_gelems=r["special_gelems"],
             step_efficiency=r["step_efficiency"][precision],
         )
 
@@ -132,6 +133,8 @@ def measure_device(device: torch.device) -> DeviceFigures:
             for kind in WIDTHS
         },
         "matmul_curve_tflops": {p: measure.matmul_curve(device, p) for p in precisions},
+        # a GPU's special units keep these memory-bound: only a CPU's bound the roofline
+        "special_gelems": measure.special_gelems(device) if device.type == "cpu" else {},
     }
     figures = DeviceFigures(
         name=device_name(device),
@@ -150,7 +153,9 @@ def measure_device(device: torch.device) -> DeviceFigures:
     return figures
 
 
-def step_efficiency(device: torch.device, precision: str, figures: DeviceFigures, runs: int = 8) -> float:
+def step_efficiency(
+    device: torch.device, precision: str, figures: DeviceFigures, runs: int = 8, seconds: float = 1.5
+) -> float:
     """The roofline's time for our reference training step over its measured median: what a real step
     reaches of the ideal on this device (Python, autograd, the kernels' own inefficiencies)."""
     step = measure.reference_step(device, precision)
@@ -158,8 +163,8 @@ def step_efficiency(device: torch.device, precision: str, figures: DeviceFigures
     trace = OpTrace.of(step)
     figures.roofline.setdefault("step_efficiency", {})[precision] = 1.0  # the roof before we know it
     ideal = trace.ideal_seconds(figures.roof(precision))
-    times = []
-    for _ in range(runs):
+    times: list[float] = []
+    while len(times) < runs or sum(times) < seconds:  # a median over 1.5 s at least: one stall cannot move it
         start = time.perf_counter()
         step()
         measure.synchronize(device)

@@ -142,6 +142,18 @@ def elementwise_curve(
     return out
 
 
+def special_gelems(device: torch.device, seconds: float = 0.3) -> dict[str, float]:
+    """Elements a second (1e9) of the ops a CPU computes slower than it moves: random integers (dropout's
+    masks) and a transcendental function (GELU: erf)."""
+    n = 2**20
+    x = torch.ones(n, device=device)
+    rng = best_time(
+        lambda: torch.randint(0, 2**15, (n,), dtype=torch.int16, device=device), device, seconds / 2
+    )
+    gelu = best_time(lambda: torch.nn.functional.gelu(x), device, seconds / 2)
+    return {"rng": n / rng / 1e9, "transcendental": n / gelu / 1e9}
+
+
 def op_overhead_s(device: torch.device, seconds: float = 0.2) -> float:
     """Seconds one operation of a training step costs beyond its work: Python, dispatch and autograd's
     bookkeeping on a CPU, launch on a GPU. Tiny ops forward and backward, divided by the operations they
@@ -177,16 +189,17 @@ def host_device_bandwidth(device: torch.device, seconds: float = 0.4, size_bytes
 
 
 def reference_step(device: torch.device, precision: str) -> Callable[[], None]:
-    """One training step of a small transformer of our own (2 layers, width 256, 64 tokens, batch 16),
-    with AdamW, in `precision`: how far a real step falls short of the roofline on this device."""
+    """One training step of a small transformer of our own (2 layers, width 384, 32 tokens, batch 32,
+    dropout 0.1: the shape of a small fine-tuning job), with AdamW, in `precision`: how far a real step
+    falls short of the roofline on this device."""
     g = torch.Generator(device="cpu").manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.1, batch_first=True)
+    layer = torch.nn.TransformerEncoderLayer(384, 6, 1536, dropout=0.1, batch_first=True)
     model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)).to(device)
-    head = torch.nn.Linear(256, 8).to(device)
+    head = torch.nn.Linear(384, 8).to(device)
     params = [*model.parameters(), *head.parameters()]
     optimizer = torch.optim.AdamW(params, lr=1e-4)
-    x = torch.randn(16, 64, 256, generator=g).to(device)
-    y = torch.randint(0, 8, (16,), generator=g).to(device)
+    x = torch.randn(32, 32, 384, generator=g).to(device)
+    y = torch.randint(0, 8, (32,), generator=g).to(device)
     dtype = DTYPES[precision]
 
     def step() -> None:

@@ -32,6 +32,26 @@ _NO_DATA = {
 
 CONVERSION = 0  # the width key of a conversion's bandwidth (fp32 <-> bf16)
 
+# ops whose arithmetic, not their bytes, bounds them on a CPU: random numbers (dropout's masks) and
+# transcendental functions (exp, erf, tanh); a GPU's special units make both memory-bound there
+_RNG = (
+    "randint",
+    "rand",
+    "randn",
+    "bernoulli",
+    "bernoulli_",
+    "uniform_",
+    "normal_",
+    "native_dropout",
+    "randperm",
+)
+_TRANSCENDENTAL = (
+    "gelu", "gelu_backward", "_softmax", "_softmax_backward_data", "_log_softmax",
+    "_log_softmax_backward_data", "tanh", "tanh_backward", "exp", "erf", "sigmoid", "sigmoid_backward",
+    "silu", "silu_backward", "log", "pow", "rsqrt", "sqrt", "native_layer_norm", "native_layer_norm_backward",
+)  # fmt: skip
+_SPECIAL = {**dict.fromkeys(_RNG, "rng"), **dict.fromkeys(_TRANSCENDENTAL, "transcendental")}
+
 _CPU_ATTENTION = {
     "_scaled_dot_product_flash_attention_for_cpu": 1.0,  # forward: 4 b h s s d
     "_scaled_dot_product_flash_attention_for_cpu_backward": 2.5,  # two to three times the forward
@@ -48,6 +68,8 @@ class Op:
     weight_only: bool  # an op of the optimizer's update: it does not grow with the batch
     element_bytes: int = 4  # its narrowest type's (1: bool, ints): bf16 moves at its own speed on a CPU
     # CONVERSION (0): between float widths, as autocast's casts: a CPU converts each element, slowly
+    special: str = ""  # "rng" or "transcendental": an op a CPU computes slower than it moves the bytes
+    elements: int = 0  # of its output, for a special op's rate
 
 
 @dataclass(frozen=True)
@@ -59,6 +81,7 @@ class Roof:
     efficiency: Callable[[float], float]  # a matmul's fraction of that peak, by its edge
     bandwidth: Callable[[float, int], float]  # GB/s an op reaches, by the bytes it moves and their width
     op_overhead_s: float
+    special_gelems: dict[str, float] = field(default_factory=dict)  # elements/s (1e9) of special ops
     # what a real step reaches of this ideal (measured on our reference step; a typical figure where we
     # could not measure): the estimate is the roofline's time over it
     step_efficiency: float = 1.0
@@ -107,6 +130,8 @@ class OpTrace:
             if op.size:
                 efficiency = roof.efficiency(op.size * scale ** (1 / 3))
                 compute = op.flops * scale / (roof.peak_tflops * 1e12 * efficiency)
+            elif op.special in roof.special_gelems:
+                compute = op.elements * scale / (roof.special_gelems[op.special] * 1e9)
             out["compute_s" if compute > memory else "memory_s"] += max(compute, memory)
         return out
 
@@ -193,8 +218,20 @@ class _Recorder(TorchDispatchMode):
         if packet.__name__.endswith("_") and args and isinstance(args[0], torch.Tensor):
             batch_bytes, fixed_bytes = _written_again(args[0], batch_bytes, fixed_bytes, self)
         size = (flops / 2) ** (1 / 3) if flops else 0.0  # a matmul's (or convolution's) edge
+        special = _SPECIAL.get(packet.__name__, "")
+        elements = max((t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)), default=0)
         self.trace.ops.append(
-            Op(packet.__name__, flops, batch_bytes, fixed_bytes, size, self.batch_free, element_bytes)
+            Op(
+                packet.__name__,
+                flops,
+                batch_bytes,
+                fixed_bytes,
+                size,
+                self.batch_free,
+                element_bytes,
+                special,
+                elements,
+            )
         )
         return out
 
