@@ -57,45 +57,44 @@ def tables(found: dict[str, Any]) -> list[Table | str]:
 
 
 def _devices(found: dict[str, Any]) -> Table:
-    t = Table(
-        title="this machine, measured (datasheet figure and measured/datasheet where the model is known)"
-    )
-    for col in ("device", "cores", "memory", "memory bandwidth", *PRECISIONS, "host<->device"):
-        t.add_column(col)
+    """The article's table turned a quarter: a row per figure, a column per device."""
+    t = Table(title="this machine, measured (beside: the datasheet's figure, and measured / datasheet)")
+    t.add_column("figure", no_wrap=True)
+    for d in found["devices"]:
+        t.add_column(f"{d['name']} ({d['type']})")
+    rows: dict[str, list[str]] = {}
     for d in found["devices"]:
         sheet = d["datasheet"] or {}
         ratio = sheet.get("ratio", {})
-        bandwidth = f"{d['memory_bandwidth_gbs']:.1f} GB/s"
-        if sheet:
-            bandwidth += f" / {sheet['memory_bandwidth_gbs']:g} ({ratio['memory_bandwidth']:.0%})"
-        cells = []
+        unit = "SMs" if d["type"] == "cuda" else "threads"
+        cells = {
+            "cores": f"{d['cores']} {unit}",
+            "memory": f"{d['memory_bytes'] / 2**30:.1f} GiB",
+            "memory bandwidth": f"{d['memory_bandwidth_gbs']:.1f} GB/s (STREAM triad)"
+            + (f" / {sheet['memory_bandwidth_gbs']:g} ({ratio['memory_bandwidth']:.0%})" if sheet else ""),
+        }
         for p in PRECISIONS:
             measured = d["matmul_tflops"].get(p)
-            cell = "-" if measured is None else _tflops(measured)
+            cell = "-" if measured is None else _tflops(measured, "OP/s" if p == "int8" else "FLOP/s")
             if measured is not None and f"matmul_{p}" in ratio:
                 cell += f" / {sheet['matmul_tflops'][p]:g} ({ratio[f'matmul_{p}']:.0%})"
-            cells.append(cell)
+            cells[f"matmul {p}"] = cell
         copies = d["host_device_gbs"]
-        host = (
-            f"pinned {copies['h2d_pinned_gbs']:.1f}/{copies['d2h_pinned_gbs']:.1f}, "
-            f"pageable {copies['h2d_pageable_gbs']:.1f}/{copies['d2h_pageable_gbs']:.1f} GB/s"
-            if copies
-            else "-"
-        )
-        unit = "SMs" if d["type"] == "cuda" else "threads"
-        t.add_row(
-            f"{d['name']} ({d['type']})",
-            f"{d['cores']} {unit}",
-            f"{d['memory_bytes'] / 2**30:.1f} GiB",
-            bandwidth,
-            *cells,
-            host,
-        )
+        for way, label in (("h2d", "host -> device"), ("d2h", "device -> host")):
+            cells[label] = (
+                f"{copies[f'{way}_pinned_gbs']:.1f} GB/s pinned, {copies[f'{way}_pageable_gbs']:.1f} pageable"
+                if copies
+                else "-"
+            )
+        for label, cell in cells.items():
+            rows.setdefault(label, []).append(cell)
+    for label, cells in rows.items():
+        t.add_row(label, *cells)
     return t
 
 
-def _tflops(value: float) -> str:
-    return f"{value:.3g} TFLOP/s" if value >= 1 else f"{value * 1000:.3g} GFLOP/s"
+def _tflops(value: float, unit: str) -> str:
+    return f"{value:.3g} T{unit}" if value >= 1 else f"{value * 1000:.3g} G{unit}"
 
 
 def _opencl(section: dict[str, Any]) -> Table | str:

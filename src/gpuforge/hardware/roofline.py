@@ -159,10 +159,11 @@ def bandwidth_by_size(curves: dict[int, dict[int, float]]) -> Callable[[float, i
     }
 
     def bandwidth(moved: float, element_bytes: int) -> float:
+        floats = [w for w in tables if w != CONVERSION]
         if element_bytes in tables:
             width = element_bytes
-        else:  # one we did not measure: the slowest below the narrowest measured, else the widest
-            width = min(tables) if element_bytes < min(tables) else max(tables)
+        else:  # one we did not measure: below the narrowest float (bool, int8) as it, else as the widest
+            width = min(floats) if element_bytes < min(floats) else max(floats)
         return _interpolate(tables[width], math.log(max(moved, 1.0)))
 
     return bandwidth

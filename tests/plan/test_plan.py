@@ -10,7 +10,7 @@ from gpuforge.plan import dollars, duration
 from gpuforge.train.batch import size
 from tests.helpers.cli import run_cli
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _plan(*args):

@@ -1,0 +1,55 @@
+"""`gpuforge hw`: this machine measured like the article's table, figures named with their units, cached."""
+
+import json
+import time
+
+import pytest
+
+from gpuforge.hardware.catalog import load_catalog
+from gpuforge.hardware.report import _datasheet
+from tests.helpers.cli import run_cli
+
+
+@pytest.fixture(scope="module")
+def figures():
+    first = run_cli("hw", "--json", timeout=300)  # measures where the session's cache has no figures yet
+    assert first.returncode == 0, first.stderr
+    return json.loads(first.stdout)
+
+
+def test_hw_json_names_each_measured_figure_with_its_unit(figures):
+    (cpu,) = [d for d in figures["devices"] if d["type"] == "cpu"]
+    assert cpu["cores"] >= 1 and cpu["memory_bytes"] > 2**30
+    assert 0.1 < cpu["memory_bandwidth_gbs"] < 10_000 and set(cpu["stream_gbs"]) == {"copy_gbs", "triad_gbs"}
+    assert cpu["matmul_tflops"]["fp32"] > 1e-3
+    assert cpu["host_device_gbs"] == {} and cpu["datasheet"] is None  # no datasheet for an unknown CPU
+    roofline = cpu["roofline"]
+    assert 0 < roofline["op_overhead_s"] < 1e-3
+    assert 0 < roofline["step_efficiency"]["fp32"] <= 1
+    assert figures["allreduce"]["backend"] == "gloo" and figures["allreduce"]["bus_gbs"] > 0
+    opencl = figures["opencl"]
+    assert opencl["devices"] or opencl["note"]  # a device list, or one line saying why there is none
+
+
+def test_hw_is_cached_and_its_table_shows_the_articles_columns(figures):
+    start = time.perf_counter()
+    again = run_cli("hw")
+    assert again.returncode == 0, again.stderr
+    assert time.perf_counter() - start < 30  # read, not measured (a measurement takes ~15 s here)
+    for row in ("memory bandwidth", "matmul fp32", "matmul bf16", "matmul int8", "host -> device"):
+        assert row in again.stdout
+    assert "all-reduce (gloo, 2 local processes" in again.stdout
+    assert f"measured {figures['measured_at']}" in again.stdout  # the same measurement, from the cache
+
+
+def test_a_known_gpu_is_shown_beside_its_datasheet():
+    measured = {
+        "name": "NVIDIA H100 80GB HBM3",
+        "type": "cuda",
+        "memory_bandwidth_gbs": 2680.0,
+        "matmul_tflops": {"bf16": 692.65, "int8": 1000.0},
+    }
+    sheet = _datasheet(measured, load_catalog())
+    assert sheet["key"] == "h100-sxm"
+    assert sheet["ratio"]["memory_bandwidth"] == pytest.approx(2680 / 3350)
+    assert sheet["ratio"]["matmul_bf16"] == pytest.approx(692.65 / 989.5)

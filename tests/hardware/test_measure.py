@@ -1,0 +1,43 @@
+"""The machine's figures: each measurement on the real CPU, small enough to take a fraction of a second."""
+
+import torch
+
+from gpuforge.hardware import measure
+
+CPU = torch.device("cpu")
+
+
+def test_stream_bandwidth_counts_each_array_it_reads_and_writes():
+    found = measure.stream_bandwidth(CPU, seconds=0.05, array_bytes=8 * 2**20)
+    assert set(found) == {"copy_gbs", "triad_gbs"}
+    assert all(0.1 < gbs < 10_000 for gbs in found.values())
+
+
+def test_matmul_peaks_name_each_precision_the_cpu_has_and_skip_what_it_emulates():
+    peaks = measure.matmul_peaks(CPU, seconds=0.05)
+    assert peaks["fp32"] > 1e-3 and peaks["bf16"] > 1e-3  # TFLOP/s: a GFLOP/s at the very least
+    assert "tf32" not in peaks  # a CUDA tensor-core mode
+    assert ("fp16" in peaks) == (not measure.too_slow(CPU, torch.float16))
+
+
+def test_small_matmuls_reach_less_of_the_peak_than_large_ones():
+    curve = measure.matmul_curve(CPU, "fp32", seconds=0.2)
+    assert sorted(curve) == [64, 128, 256, 512, 1024]
+    assert curve[64] < max(curve.values())
+
+
+def test_op_overhead_and_special_ops_are_measured_per_operation_and_per_element():
+    overhead = measure.op_overhead_s(CPU, seconds=0.05)
+    assert 1e-8 < overhead < 1e-3
+    special = measure.special_gelems(CPU, seconds=0.05)
+    assert set(special) == {"rng", "transcendental"} and all(v > 0 for v in special.values())
+
+
+def test_host_device_copies_are_for_gpus_only():
+    assert measure.host_device_bandwidth(CPU) == {}
+
+
+def test_the_all_reduce_between_two_local_gloo_processes_is_measured():
+    found = measure.allreduce_bandwidth("cpu", size_bytes=2**20, runs=2)
+    assert found["backend"] == "gloo" and found["processes"] == 2, found
+    assert found["bus_gbs"] > 0.001 and found["size_bytes"] == 2**20
