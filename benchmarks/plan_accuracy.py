@@ -102,8 +102,9 @@ def main() -> int:
         }
         rows.append(row)
         print(
-            f"{spec.stem:24s} actual {actual * 1000:8.1f} ms   roofline {roofline * 1000:8.1f} ms "
-            f"({row['roofline_error']:+.0%})   calibrated {calibrated * 1000:8.1f} ms ({row['calibrated_error']:+.0%})",
+            f"{spec.stem:24s} actual {actual * 1000:8.1f} ms   "
+            f"roofline {roofline * 1000:8.1f} ms ({row['roofline_error']:+.0%})   "
+            f"calibrated {calibrated * 1000:8.1f} ms ({row['calibrated_error']:+.0%})",
             flush=True,
         )
     result = {"device": args.device, "target": target, "steps": args.steps, "rows": rows}

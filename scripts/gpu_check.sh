@@ -34,6 +34,12 @@ mfu_rc=${PIPESTATUS[0]}
 [ -n "${GPU_CHECK_QUICK:-}" ] || timeout 120 python3 benchmarks/auto_batch.py --rounds 1 --json "$OUT/auto_batch.json" 2>&1 | tee "$OUT/auto_batch.log"
 touch "$OUT/auto_batch.log"
 timeout 180 python3 benchmarks/gpu_compress.py --json "$OUT/gpu_compress.json" 2>&1 | tee "$OUT/gpu_compress.log"
+# the machine measured (bandwidth, matmul per precision, host<->device, NCCL between GPUs when several),
+# then the plan's step-time estimate against real training on this GPU (examples with no downloaded weights)
+timeout 120 python3 -m gpuforge hw --refresh 2>&1 | tee "$OUT/hw.log"
+[ -n "${GPU_CHECK_QUICK:-}" ] || timeout 300 python3 benchmarks/plan_accuracy.py --device cuda --steps 20 \
+  --examples examples/digits-cnn.yaml examples/gpt-docstrings.yaml --json "$OUT/plan_accuracy.json" 2>&1 | tee "$OUT/plan_accuracy.log"
+touch "$OUT/plan_accuracy.log"
 
 echo
 echo "== gpu_check summary =="
@@ -43,4 +49,6 @@ grep -E "^(ratio|gpuforge|hand|HF|naive)" "$OUT/train_overhead.log" || true
 grep -E "^gpu_mfu" "$OUT/gpu_mfu.log" || echo "gpu_mfu: failed (rc $mfu_rc)"
 grep -E "^ratio" "$OUT/auto_batch.log" || true
 grep -E "^gpu_compress" "$OUT/gpu_compress.log" || echo "gpu_compress: failed"
+grep -E "memory bandwidth|matmul (bf16|fp16|tf32)|host -> device|all-reduce" "$OUT/hw.log" || echo "hw: failed"
+grep -E "median \|error\|" "$OUT/plan_accuracy.log" || true
 exit $(( tests_rc || bench_rc || mfu_rc ))

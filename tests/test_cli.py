@@ -133,13 +133,6 @@ def test_a_spent_budget_exits_3_and_says_how_to_go_on(tmp_path):
     assert "paused: cost.budget_usd 0.5 spent" in result.stdout and "raise cost.budget_usd" in result.stdout
 
 
-def test_hw_reports_the_device_and_its_measured_speed():
-    result = run_cli("hw")
-    assert result.returncode == 0, result.stderr
-    assert "device:" in result.stdout and "TFLOP/s (measured matmul)" in result.stdout
-    assert "precision auto ->" in result.stdout
-
-
 def _demo_examples(tmp_path):
     examples = tmp_path / "examples"
     examples.mkdir()

@@ -271,7 +271,9 @@ def hw(
     OpenCL devices, each beside its datasheet figure where the model is known. Cached per machine."""
     import json
 
+    from gpuforge.hardware.probe import device_name, select_device
     from gpuforge.hardware.report import report, tables
+    from gpuforge.runtime.precision import choose_precision
 
     result = report(refresh=refresh)
     if as_json:
@@ -279,6 +281,11 @@ def hw(
         return
     for part in tables(result):
         out_console.print(part)
+    device = select_device("auto")
+    precision = choose_precision("auto", device)
+    out_console.print(
+        f"a job runs on {device_name(device)} ({device.type}); precision auto: {precision.reason}"
+    )
 
 
 @app.command()

@@ -108,6 +108,8 @@ def measure_machine(opencl: bool = True) -> Machine:
         devices.append(measure_device(torch.device("cuda", i)))
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         devices.append(measure_device(torch.device("mps")))
+    if hasattr(torch, "xpu") and torch.xpu.is_available():  # Intel GPUs
+        devices += [measure_device(torch.device("xpu", i)) for i in range(torch.xpu.device_count())]
     kind = "cuda" if torch.cuda.device_count() > 1 else "cpu"
     return Machine(
         host=platform.node(),
@@ -187,6 +189,8 @@ def _cores(device: torch.device) -> int:
 def _memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "xpu":
+        return torch.xpu.get_device_properties(device).total_memory
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

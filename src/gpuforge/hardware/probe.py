@@ -44,6 +44,8 @@ def device_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     if device.type == "mps":
         return f"Apple MPS ({platform.machine()})"
+    if device.type == "xpu":
+        return torch.xpu.get_device_name(device)
     return f"{cpu_model_name()} x{torch.get_num_threads()} threads"
 
 
@@ -79,3 +81,5 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
