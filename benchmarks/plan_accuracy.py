@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FLOORS = {"roofline": 0.35, "calibrated": 0.10}
 
 
-def predict(spec: Path, target: str, measure: bool) -> float:
+def predict(spec: Path, target: str, measure: bool, device: str) -> float:
     cmd = [sys.executable, "-m", "gpuforge", "plan", str(spec), "--compare", target, "--json"]
+    cmd += ["--set", f"resources.device_type={device}"]  # the same device as the training run it predicts
     out = subprocess.run(cmd + (["--measure"] if measure else []), capture_output=True, text=True, cwd=ROOT)
     if out.returncode:
         raise RuntimeError(f"plan {spec.name}: {out.stderr.strip()[-400:]}")
@@ -86,8 +87,8 @@ def main() -> int:
     rows = []
     for spec in specs:
         try:
-            roofline = predict(spec, target, measure=False)
-            calibrated = predict(spec, target, measure=True)
+            roofline = predict(spec, target, False, args.device)
+            calibrated = predict(spec, target, True, args.device)
             actual = train(spec, args.steps, args.device)
         except RuntimeError as err:
             print(f"FAILED: {err}")

@@ -54,3 +54,13 @@ def test_a_known_gpu_is_shown_beside_its_datasheet():
     assert sheet["key"] == "h100-sxm"
     assert sheet["ratio"]["memory_bandwidth"] == pytest.approx(2680 / 3350)
     assert sheet["ratio"]["matmul_bf16"] == pytest.approx(692.65 / 989.5)
+
+
+@pytest.mark.parametrize("damage", ["[1, 2]", '"text"', '{"KEY": "not a machine"}', '{"KEY": {"format": 4}}'])
+def test_a_damaged_cache_is_measured_again_not_a_crash(tmp_path, monkeypatch, damage):
+    from gpuforge.hardware import machine as machine_module
+
+    monkeypatch.setenv("GPUFORGE_CACHE_DIR", str(tmp_path))
+    (tmp_path / machine_module.CACHE_FILE).write_text(damage.replace("KEY", machine_module._machine_key()))
+    assert machine_module._from_dict(machine_module._read(tmp_path / machine_module.CACHE_FILE).get(
+        machine_module._machine_key())) is None  # fmt: skip

@@ -32,7 +32,7 @@ from gpuforge.hardware.roofline import (
 )
 
 CACHE_FILE = "hardware.json"
-FORMAT = 3  # bump when the figures change meaning: an old cache is then measured again
+FORMAT = 4  # bump when the figures change meaning: an old cache is then measured again
 WIDTHS = {"fp32": 4, "bf16": 2, "convert": CONVERSION}
 
 
@@ -52,6 +52,8 @@ class DeviceFigures:
     def roof(self, precision: str) -> Roof:
         """The roofline of this device for a job in `precision`, from what was measured here."""
         r = self.roofline
+        if precision not in r["matmul_curve_tflops"]:  # emulated here (fp16 on a CPU): the nearest we have
+            precision = "bf16" if "bf16" in r["matmul_curve_tflops"] else "fp32"
         peak = self.matmul_tflops[precision]
         curve = {int(n): tf for n, tf in r["matmul_curve_tflops"][precision].items()}
         widths = {WIDTHS[k]: {1: gbs} for k, gbs in r["bandwidth_gbs"].items()}
@@ -91,8 +93,9 @@ def machine(refresh: bool = False, opencl: bool = True) -> Machine:
     path = cache_dir() / CACHE_FILE
     key = _machine_key()
     cached = {} if refresh else _read(path)
-    if key in cached and cached[key].get("format") == FORMAT:
-        return _from_dict(cached[key])
+    found = _from_dict(cached.get(key))
+    if found is not None:
+        return found
     if refresh:
         forget_peaks()  # the MFU peaks are this measurement's matmul figures: measured again with it
     found = measure_machine(opencl=opencl)
@@ -214,10 +217,12 @@ def _machine_key() -> str:
 
 
 def _read(path: Path) -> dict[str, Any]:
+    """The cache's machines; {} for a missing, unreadable or damaged file (it is measured again)."""
     try:
-        return json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -230,6 +235,15 @@ def _write(path: Path, data: dict[str, Any]) -> None:
         pass  # a read-only cache only costs a measurement next time
 
 
-def _from_dict(raw: dict[str, Any]) -> Machine:
-    devices = [DeviceFigures(**d) for d in raw["devices"]]
-    return Machine(**{**raw, "devices": devices})
+def _from_dict(raw: Any) -> Machine | None:
+    """A cached machine, or None for one of another format or damaged: it is measured again."""
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        return None
+    try:
+        found = Machine(**{**raw, "devices": [DeviceFigures(**d) for d in raw["devices"]]})
+        for d in found.devices:  # every figure the roofline reads, there
+            for p in d.roofline["matmul_curve_tflops"]:
+                d.roof(p)
+        return found
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None

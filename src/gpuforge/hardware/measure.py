@@ -9,6 +9,7 @@ can do.
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -47,7 +49,7 @@ def stream_bandwidth(device: torch.device, seconds: float = 0.3, array_bytes: in
     Arrays are far larger than the caches (64 MiB each on a CPU, 1 GiB on a GPU), so this is the memory's
     speed, not a cache's."""
     if array_bytes is None:
-        array_bytes = 2**30 if device.type == "cuda" else 64 * 2**20
+        array_bytes = stream_array_bytes(device)
     n = array_bytes // 4
     a = torch.empty(n, device=device)
     b = torch.ones(n, device=device)
@@ -55,6 +57,31 @@ def stream_bandwidth(device: torch.device, seconds: float = 0.3, array_bytes: in
     copy = best_time(lambda: a.copy_(b), device, seconds / 2)
     triad = best_time(lambda: torch.add(b, c, alpha=3.0, out=a), device, seconds / 2)
     return {"copy_gbs": 2 * array_bytes / copy / GB, "triad_gbs": 3 * array_bytes / triad / GB}
+
+
+def stream_array_bytes(device: torch.device) -> int:
+    """Arrays far larger than the caches: 4x the last-level cache on a CPU (at least 64 MiB), 1 GiB on a GPU
+    (an eighth of its memory at most, three arrays with room to spare)."""
+    if device.type == "cuda":
+        return min(2**30, torch.cuda.get_device_properties(device).total_memory // 8)
+    if device.type != "cpu":
+        return 256 * 2**20
+    return min(2**30, max(64 * 2**20, 4 * last_level_cache_bytes()))
+
+
+def last_level_cache_bytes() -> int:
+    """The largest cache /sys lists for CPU 0 (0 where there is no /sys)."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = index.read_text().strip().upper()
+        except OSError:
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes, default=0)
 
 
 def matmul_peaks(
@@ -197,7 +224,8 @@ def reference_step(device: torch.device, precision: str) -> Callable[[], None]:
     model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)).to(device)
     head = torch.nn.Linear(384, 8).to(device)
     params = [*model.parameters(), *head.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    fused = device.type in ("cuda", "cpu")  # as training's own optimizer (train/step.py)
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=fused)
     x = torch.randn(32, 32, 384, generator=g).to(device)
     y = torch.randint(0, 8, (32,), generator=g).to(device)
     dtype = DTYPES[precision]
@@ -215,42 +243,66 @@ def reference_step(device: torch.device, precision: str) -> Callable[[], None]:
 # --- the all-reduce between local processes: gloo on CPUs, NCCL between GPUs ---------------------------
 
 
-def allreduce_bandwidth(device_type: str = "cpu", size_bytes: int = 32 * 2**20, runs: int = 5) -> dict:
+def allreduce_bandwidth(
+    device_type: str = "cpu", size_bytes: int = 32 * 2**20, runs: int = 5, timeout_s: float = 90
+) -> dict:
     """The bus bandwidth (GB/s) of an all-reduce between local processes: two on a CPU (gloo), one per GPU
-    (NCCL) where there are two or more; {} where there is nothing to reduce between."""
+    (NCCL) where there are two or more; {} where there is nothing to reduce between. A failure is
+    reported in `error`, never raised: the rest of `gpuforge hw` stands without it."""
     world = torch.cuda.device_count() if device_type == "cuda" else 2
     if world < 2:
         return {}
     backend = "nccl" if device_type == "cuda" else "gloo"
-    port = _free_port()
     with tempfile.TemporaryDirectory(prefix="gpuforge-allreduce-") as tmp:
         result = os.path.join(tmp, "result")
-        args = [backend, str(world), str(port), str(size_bytes), str(runs), result]
+        args = [backend, str(world), str(_free_port()), str(size_bytes), str(runs), result]
+        # loopback only: the measurement is between processes of this machine, and opens nothing to others
+        env = child_environment(
+            {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+        )
+        logs = [open(os.path.join(tmp, f"rank{rank}.log"), "w+b") for rank in range(world)]
         ranks = [
             subprocess.Popen(
                 [sys.executable, "-m", "gpuforge.hardware.measure", str(rank), *args],
-                env=child_environment({"OMP_NUM_THREADS": "1"}),
+                env=env,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
+                stderr=logs[rank],
             )
             for rank in range(world)
         ]
-        errors = []
-        for process in ranks:
-            try:
-                _, err = process.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                _, err = process.communicate()
-            if process.returncode:
-                errors.append(err.decode(errors="replace").strip().splitlines()[-1:] or ["killed"])
-        if errors:
-            return {"backend": backend, "processes": world, "error": errors[0][0]}
+        try:
+            error = _wait_all(ranks, logs, time.monotonic() + timeout_s)
+        finally:
+            for process in ranks:  # one that failed leaves its peers waiting for it: none outlives this call
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+            for log in logs:
+                log.close()
+        if error:
+            return {"backend": backend, "processes": world, "error": error}
         with open(result) as f:
             took = float(f.read())
     # a ring all-reduce moves 2(n-1)/n of the buffer through each link: the "bus bandwidth" NCCL's tests print
     bus = 2 * (world - 1) / world * size_bytes / took / GB
     return {"backend": backend, "processes": world, "bus_gbs": bus, "size_bytes": size_bytes}
+
+
+def _wait_all(ranks: list[subprocess.Popen], logs, deadline: float) -> str | None:
+    """None once every rank exited 0; else the first failure's last line (or a timeout)."""
+    while any(p.poll() is None for p in ranks):
+        failed = next((i for i, p in enumerate(ranks) if p.returncode not in (None, 0)), None)
+        if failed is not None:
+            break
+        if time.monotonic() > deadline:
+            return "timed out waiting for the ranks"
+        time.sleep(0.05)
+    for i, process in enumerate(ranks):
+        if process.returncode not in (None, 0):
+            logs[i].seek(0)
+            lines = logs[i].read().decode(errors="replace").strip().splitlines()
+            return f"rank {i} exited {process.returncode}: {lines[-1] if lines else 'no output'}"
+    return None
 
 
 def _allreduce_rank(rank: int, backend: str, world: int, port: int, size_bytes: int, runs: int, result: str):
@@ -259,7 +311,13 @@ def _allreduce_rank(rank: int, backend: str, world: int, port: int, size_bytes: 
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=30),  # a peer that died is noticed, not waited for
+    )
     try:
         buffer = torch.ones(size_bytes // 4, device=device)
         dist.all_reduce(buffer)  # warm-up: connections, buffers

@@ -48,7 +48,7 @@ _RNG = (
 _TRANSCENDENTAL = (
     "gelu", "gelu_backward", "_softmax", "_softmax_backward_data", "_log_softmax",
     "_log_softmax_backward_data", "tanh", "tanh_backward", "exp", "erf", "sigmoid", "sigmoid_backward",
-    "silu", "silu_backward", "log", "pow", "rsqrt", "sqrt", "native_layer_norm", "native_layer_norm_backward",
+    "silu", "silu_backward", "log",
 )  # fmt: skip
 _SPECIAL = {**dict.fromkeys(_RNG, "rng"), **dict.fromkeys(_TRANSCENDENTAL, "transcendental")}
 
@@ -205,19 +205,25 @@ class _Recorder(TorchDispatchMode):
         widths = set()
         seen = set()
         for t in tree_flatten((args, kwargs, out))[0]:
-            if not isinstance(t, torch.Tensor) or t.device.type == "meta" or _storage(t) in seen:
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta" or _view(t) in seen:
                 continue
-            seen.add(_storage(t))
+            seen.add(_view(t))  # the same view twice is read once; two slices of one tensor are two reads
             if t.numel() > 1:
                 widths.add(t.element_size() if t.is_floating_point() else 1)
             if self.batch_free or _storage(t) in self.fixed:
-                fixed_bytes += t.numel() * t.element_size()
+                fixed_bytes += _bytes(t)
             else:
-                batch_bytes += t.numel() * t.element_size()
+                batch_bytes += _bytes(t)
         floats = {w for w in widths if w > 1}
         element_bytes = CONVERSION if len(floats) > 1 else min(widths, default=4)
-        if packet.__name__.endswith("_") and args and isinstance(args[0], torch.Tensor):
-            batch_bytes, fixed_bytes = _written_again(args[0], batch_bytes, fixed_bytes, self)
+        if packet.__name__.endswith("_") and args:  # in place: what it reads, it writes back
+            written = args[0] if isinstance(args[0], list | tuple) else [args[0]]
+            for t in written:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    if self.batch_free or _storage(t) in self.fixed:
+                        fixed_bytes += _bytes(t)
+                    else:
+                        batch_bytes += _bytes(t)
         size = (flops / 2) ** (1 / 3) if flops else 0.0  # a matmul's (or convolution's) edge
         special = _SPECIAL.get(packet.__name__, "")
         elements = max((t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)), default=0)
@@ -237,12 +243,15 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def _written_again(t: torch.Tensor, batch_bytes: int, fixed_bytes: int, recorder: _Recorder):
-    """An in-place op reads its first tensor and writes it back: its bytes count twice."""
-    written = t.numel() * t.element_size()
-    if recorder.batch_free or _storage(t) in recorder.fixed:
-        return batch_bytes, fixed_bytes + written
-    return batch_bytes + written, fixed_bytes
+def _bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor's elements span: a broadcast (a stride of 0) reads its storage, not its shape."""
+    if 0 in t.stride() and t.numel() > 1:
+        return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+    return t.numel() * t.element_size()
+
+
+def _view(t: torch.Tensor) -> tuple:
+    return (_storage(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
 
 
 def _has_tensor(out) -> bool:

@@ -31,10 +31,19 @@ from gpuforge.hardware.machine import DeviceFigures, Machine, machine
 from gpuforge.hardware.roofline import OpTrace, Roof, saturating_efficiency
 from gpuforge.plan import _capacity, _measure_steps, dollars, duration
 from gpuforge.prices import load_prices, price_of, prices_path
-from gpuforge.runtime.precision import MixedPrecision, Precision
+from gpuforge.runtime.precision import MixedPrecision
 from gpuforge.settings import current
 from gpuforge.spec import JobSpec, parse_bytes
-from gpuforge.train.batch import MemoryProbe, lora_trainable_bytes, measure_memory, memory_breakdown, size
+from gpuforge.train.batch import (
+    CPU_AVAILABLE_SHARE,
+    CPU_HEADROOM,
+    CUDA_TOTAL_SHARE,
+    MemoryProbe,
+    lora_trainable_bytes,
+    measure_memory,
+    memory_breakdown,
+    size,
+)
 from gpuforge.train.setup import Job, build_job
 from gpuforge.train.step import forward_backward, make_optimizer
 
@@ -81,6 +90,7 @@ class Comparison:
     job: str
     total_steps: int
     global_batch: int
+    activations_per_sample_bytes: int  # measured here: what each example of a micro-batch adds on any device
     calibration: dict[str, float] | None  # with --measure: this machine's measured step against its roofline
     targets: dict[str, TargetPlan]
 
@@ -120,7 +130,7 @@ def compare(
         measured, _ = _measure_steps(job)
         local = _local_device(here, job)
         accum = math.ceil(job.order.global_batch / job.micro)
-        predicted = traces.step_s(local.roof(job.precision.name), job.micro, accum, job.precision.name)
+        predicted = traces.step_s(local.roof(job.precision.name), job.micro, accum)
         calibration = {
             "measured_step_s": measured,
             "roofline_step_s": predicted,
@@ -130,13 +140,14 @@ def compare(
     for name, entry in entries.items():
         target = _Target(name, entry, here, job)
         targets[name] = target.plan(spec, breakdown, traces, calibration, link_gbps)
-    fitting = [t for t in targets.values() if t.fits]
+    fitting = [t for t in targets.values() if t.fits and t.runs_gpuforge]  # an estimate-only row wins nothing
     if fitting:
         min(fitting, key=lambda t: t.total_time_s).fastest = True
         priced = [t for t in fitting if t.total_cost_usd is not None]
         if priced:
             min(priced, key=lambda t: t.total_cost_usd).cheapest = True
-    return Comparison(spec.name, job.total_steps, job.order.global_batch, calibration, targets)
+    per_sample = breakdown["activations_per_sample"]
+    return Comparison(spec.name, job.total_steps, job.order.global_batch, per_sample, calibration, targets)
 
 
 def _resolve(catalog: dict[str, CatalogDevice], name: str) -> CatalogDevice:
@@ -160,21 +171,21 @@ def _local_device(here: Machine, job: Job) -> DeviceFigures:
 
 
 class _Traces:
-    """One micro-step and one optimizer update of the job, traced here, per precision asked for."""
+    """One optimizer update and a few micro-batches of the job, traced here once, at the job's precision
+    (a LoRA base is already cast to it): every target's time comes from these same operations."""
 
     def __init__(self, job: Job):
         self.job = job
-        self.by_precision: dict[str, tuple[list[OpTrace], OpTrace]] = {}
+        self._traced: tuple[list[OpTrace], OpTrace] | None = None
 
-    def get(self, precision: str) -> tuple[list[OpTrace], OpTrace]:
-        precision = "bf16" if precision == "fp16" else precision  # the same bytes; fp16 on a CPU is emulated
-        if precision not in self.by_precision:
-            self.by_precision[precision] = self._trace(precision)
-        return self.by_precision[precision]
+    def get(self) -> tuple[list[OpTrace], OpTrace]:
+        if self._traced is None:
+            self._traced = self._trace()
+        return self._traced
 
-    def _trace(self, precision: str) -> tuple[list[OpTrace], OpTrace]:
+    def _trace(self) -> tuple[list[OpTrace], OpTrace]:
         job = self.job
-        amp = MixedPrecision(Precision(precision, "traced for the comparison"), job.device)
+        amp = MixedPrecision(job.precision, job.device)
         module = job.module
         optimizer = make_optimizer(module, job.spec.train.lr, job.spec.train.weight_decay, job.device)
         params = list(module.parameters())
@@ -195,14 +206,9 @@ class _Traces:
             optimizer_step = OpTrace.of(update, params, batch_free=True)
         return micros, optimizer_step
 
-    def step_s(self, roof: Roof, micro: int, grad_accum: int | float, precision: str) -> float:
-        micros, update = self.get(precision)
-        scale = micro / self.job.micro
-        one = sum(t.seconds(roof, scale) for t in micros) / len(micros)
-        return one * grad_accum + update.seconds(roof)
-
-    def parts(self, roof: Roof, micro: int, grad_accum: int, precision: str) -> dict[str, float]:
-        micros, update = self.get(precision)
+    def parts(self, roof: Roof, micro: int, grad_accum: int) -> dict[str, float]:
+        """Seconds of one optimizer step on `roof`, in the roofline's parts (each over its efficiency)."""
+        micros, update = self.get()
         scale = micro / self.job.micro
         out = dict.fromkeys(("compute_s", "memory_s", "overhead_s"), 0.0)
         for t in micros:
@@ -212,11 +218,15 @@ class _Traces:
             out[k] += v / roof.step_efficiency
         return out
 
+    def step_s(self, roof: Roof, micro: int, grad_accum: int) -> float:
+        return sum(self.parts(roof, micro, grad_accum).values())
+
 
 class _Target:
     def __init__(self, name: str, entry: CatalogDevice | None, here: Machine, job: Job):
         self.name, self.entry, self.here, self.job = name, entry, here, job
         self.measured = self._measured_here()
+        self.is_local_cpu = entry is None
 
     def _measured_here(self) -> DeviceFigures | None:
         """This machine's CPU for `cpu`; a GPU here that is the catalogued model, for its entry."""
@@ -227,18 +237,22 @@ class _Target:
             (d for d in self.here.devices if d.type == "cuda" and datasheet_for(catalog, d.name)), None
         )
 
-    def precision(self, spec: JobSpec) -> str:
-        asked = spec.train.precision
-        if self.entry is None:
-            return self.job.precision.name if self.job.device.type == "cpu" else "fp32"
+    def precision(self, spec: JobSpec) -> tuple[str, str]:
+        """The precision the job would run in there, and a note where that is not what it asked for."""
         have = self.measured.matmul_tflops if self.measured else self.entry.tflops
-        if asked != "auto":
-            if asked not in have:
-                raise SpecError(
-                    f"train.precision: {asked} is not a precision {self.entry.key} has ({', '.join(have)})"
-                )
-            return asked
-        return next((p for p in ("bf16", "fp16", "fp32") if p in have), "fp32")
+        if self.is_local_cpu and self.job.device.type == "cpu":
+            wanted = self.job.precision.name
+        elif spec.train.precision != "auto":
+            wanted = spec.train.precision
+        elif self.is_local_cpu:  # as choose_precision decides for a CPU, from the same measured peaks
+            wanted = "bf16" if have.get("bf16", 0) >= 1.15 * have["fp32"] else "fp32"
+        else:
+            wanted = next((p for p in ("bf16", "fp16", "fp32") if p in have), "fp32")
+        if wanted in have:
+            return wanted, ""
+        nearest = next((p for p in ("bf16", "fp16", "fp32", "tf32") if p in have), next(iter(have)))
+        why = "emulated" if self.is_local_cpu else "not on its datasheet"
+        return nearest, f"{wanted} is {why} on {self.name}: estimated at {nearest}, expect it slower"
 
     def roof(self, precision: str) -> Roof:
         if self.measured is not None:
@@ -247,54 +261,66 @@ class _Target:
         host_overhead = self.here.device("cpu").roofline["op_overhead_s"]
         return Roof(
             name=e.name,
-            peak_tflops=e.tflops.get(precision) or e.tflops.get("fp32") or max(e.tflops.values()),
+            peak_tflops=e.tflops[precision],
             efficiency=saturating_efficiency(GPU_MATMUL_BEST, GPU_MATMUL_HALF),
             bandwidth=lambda moved, width: e.memory_bandwidth_gbs * GPU_BANDWIDTH_REACHED,
             op_overhead_s=max(GPU_LAUNCH_S, host_overhead),
             step_efficiency=GPU_STEP_EFFICIENCY,
         )
 
-    def capacity(self, spec: JobSpec) -> tuple[int, str]:
+    def capacity(self, spec: JobSpec) -> tuple[int, int]:
+        """The device's memory, and what a run may plan to use of it (as the batch search budgets)."""
         if self.entry is None:
             max_memory = parse_bytes(spec.resources.max_memory) if spec.resources.max_memory else None
-            return _capacity(torch.device("cpu"), max_memory)
-        return self.entry.memory_bytes, f"{self.entry.key}'s memory"
+            total, _ = _capacity(torch.device("cpu"), max_memory)
+            return total, int(total * (1 if max_memory else CPU_AVAILABLE_SHARE) * CPU_HEADROOM)
+        return self.entry.memory_bytes, int(self.entry.memory_bytes * CUDA_TOTAL_SHARE)
 
-    def memory(self, breakdown: dict[str, int], micro: int) -> int:
-        fixed = breakdown["weights"] + breakdown["gradients"] + breakdown["optimizer_state"]
-        fixed += breakdown["step_overhead"]
-        host = breakdown["runtime"] if self.entry is None else CUDA_CONTEXT_BYTES
-        return host + fixed + breakdown["activations_per_sample"] * micro
+    def memory(self, breakdown: dict[str, int], micro: int, shards: int) -> int:
+        """Peak bytes on one device: FSDP shards weights, gradients and optimizer state across devices."""
+        state = breakdown["weights"] + breakdown["gradients"] + breakdown["optimizer_state"]
+        host = breakdown["runtime"] if self.is_local_cpu else CUDA_CONTEXT_BYTES
+        return (
+            host
+            + -(-state // shards)
+            + breakdown["step_overhead"]
+            + breakdown["activations_per_sample"] * micro
+        )
 
     def plan(self, spec, breakdown, traces: _Traces, calibration, link_gbps) -> TargetPlan:
         job = self.job
-        precision = self.precision(spec)
+        precision, precision_note = self.precision(spec)
         roof = self.roof(precision)
-        capacity, capacity_source = self.capacity(spec)
-        devices = spec.resources.devices if spec.distributed.strategy != "none" else 1
-        per_device = max(1, job.order.global_batch // devices)
-        if spec.train.batch_size == "auto":
-            fitting = [m for m in range(per_device, 0, -1) if self.memory(breakdown, m) <= capacity]
-            micro = fitting[0] if fitting else 1
+        capacity, budget = self.capacity(spec)
+        strategy = spec.distributed.strategy
+        devices = spec.resources.devices if strategy != "none" else 1
+        # ranks on this one CPU share its cores: no faster than one process, and one machine's price
+        machines = 1 if self.is_local_cpu else devices
+        share = job.order.global_batch if self.is_local_cpu else -(-job.order.global_batch // devices)
+        shards = devices if strategy == "fsdp" and not self.is_local_cpu else 1
+        if self.is_local_cpu and job.device.type == "cpu" and devices == 1:
+            micro = job.micro  # what the batch search on this machine chose
+        elif spec.train.batch_size == "auto":
+            candidates = [m for m in range(1, share) if m & (m - 1) == 0] + [share]  # as the search tries
+            fitting = [m for m in candidates if self.memory(breakdown, m, shards) <= budget]
+            micro = fitting[-1] if fitting else 1
         else:
-            micro = min(job.micro, per_device)
-        accum = math.ceil(per_device / micro)
-        need = self.memory(breakdown, micro)
-        step = traces.step_s(roof, micro, accum, precision)
-        parts = traces.parts(roof, micro, accum, precision)
-        allreduce_s, advice = self._allreduce(spec, devices, link_gbps, step)
-        step += allreduce_s
-        parts["allreduce_s"] = allreduce_s
-        if calibration:
-            step *= calibration["factor"]
+            micro = min(job.micro, share)
+        accum = math.ceil(share / micro)
+        need = self.memory(breakdown, micro, shards)
+        parts = traces.parts(roof, micro, accum)
+        if calibration:  # this machine's measured step against its roofline: the job's compute, not the link
             parts = {k: v * calibration["factor"] for k, v in parts.items()}
+        compute = sum(parts.values())
+        parts["allreduce_s"], advice = self._allreduce(spec, devices, link_gbps, compute)
+        step = compute + parts["allreduce_s"]
         total = step * job.total_steps
         usd = self._usd_per_hour(spec)
         fits = need <= capacity
-        note = ""
+        notes = [precision_note] if precision_note else []
         if not fits:
             over = size(need - capacity)
-            note = f"needs {size(need)} at a micro-batch of {micro}, {over} more than {size(capacity)}"
+            notes.append(f"needs {size(need)} at a micro-batch of {micro}, {over} more than {size(capacity)}")
             advice += self._lora_advice(spec, breakdown, micro, capacity)
         return TargetPlan(
             name=self.name,
@@ -312,8 +338,8 @@ class _Target:
             step_parts=parts,
             total_time_s=total,
             usd_per_hour=usd,
-            total_cost_usd=None if usd is None else total / 3600 * usd * devices,
-            note=note,
+            total_cost_usd=None if usd is None else total / 3600 * usd * machines,
+            note="; ".join(notes),
             advice=advice,
         )
 
@@ -324,31 +350,40 @@ class _Target:
         return base
 
     def _usd_per_hour(self, spec: JobSpec) -> float | None:
+        """$/h of one device; None where nobody priced it (a spec's 0 means "not tracked", not free)."""
         if self.entry is not None:
             return self.entry.usd_per_hour
         priced = price_of(load_prices(prices_path(current().home)), self.measured.name, "cpu")
-        return priced[1].hourly() if priced else spec.cost.usd_per_hour
+        usd = priced[1].hourly() if priced else spec.cost.usd_per_hour
+        return usd or None
 
-    def _allreduce(self, spec, devices: int, link_gbps, step_s: float) -> tuple[float, list[str]]:
-        """Seconds of the gradients' ring all-reduce over the link, and advice where it dominates."""
+    def _allreduce(self, spec, devices: int, link_gbps, compute_s: float) -> tuple[float, list[str]]:
+        """Seconds of the gradients' traffic between devices a step, and advice where it dominates."""
         if devices < 2:
             return 0.0, []
         link, where = self._link_gbs(link_gbps)
+        dist = spec.distributed
         grads = [p for p in self.job.module.parameters() if p.requires_grad]
         plain = sum(p.numel() * 4 for p in grads)
-        sent = _compressed_bytes(grads, spec.distributed.gradient_compression, spec.distributed.powersgd_rank)
-        ring = 2 * (devices - 1) / devices
+        # DDP: one ring all-reduce of the gradients, 2(n-1)/n of them through each link; FSDP: the
+        # parameters' all-gather forward and backward and the gradients' reduce-scatter, 3(n-1)/n
+        ring = (3 if dist.strategy == "fsdp" else 2) * (devices - 1) / devices
+        sent = _compressed_bytes(grads, dist.gradient_compression, dist.powersgd_rank)
         seconds = ring * sent / (link * 1e9 * LINK_REACHED)
         advice = []
-        share = seconds / (step_s + seconds)
-        if share > ALLREDUCE_ADVICE and spec.distributed.gradient_compression != "powersgd":
-            cut = ring * _compressed_bytes(grads, "powersgd", 4) / (link * 1e9 * LINK_REACHED)
-            advice.append(
-                f"all-reduce is {share:.0%} of the step over {where}: "
-                f"distributed.gradient_compression: powersgd cuts it to ~{cut / (step_s + cut):.0%}"
-            )
-        if share > ALLREDUCE_ADVICE and spec.adapt.lora is None:
-            lora = lora_trainable_bytes(self.job.built.module)
+        share = seconds / (compute_s + seconds)
+        if share > ALLREDUCE_ADVICE and dist.strategy == "ddp":
+            if dist.gradient_compression != "powersgd":
+                cut = (
+                    ring
+                    * _compressed_bytes(grads, "powersgd", dist.powersgd_rank)
+                    / (link * 1e9 * LINK_REACHED)
+                )
+                advice.append(
+                    f"all-reduce is {share:.0%} of the step over {where}: "
+                    f"distributed.gradient_compression: powersgd cuts it to ~{cut / (compute_s + cut):.0%}"
+                )
+            lora = lora_trainable_bytes(self.job.built.module) if spec.adapt.lora is None else None
             if lora is not None and lora < plain:
                 advice.append(f"adapt.lora sends {size(lora)} of gradients a step instead of {size(plain)}")
         return seconds, advice
@@ -363,20 +398,18 @@ class _Target:
             )
         measured = self.here.allreduce.get("bus_gbs")
         if measured:
-            return (
-                measured / LINK_REACHED,
-                f"this machine's measured {self.here.allreduce['backend']} all-reduce",
-            )
+            backend = self.here.allreduce["backend"]
+            return measured / LINK_REACHED, f"this machine's measured {backend} all-reduce"
         return 1.25, "10 Gbit/s (no link known: pass --link-gbps)"
 
     def _lora_advice(self, spec, breakdown, micro: int, capacity: int) -> list[str]:
-        if spec.adapt.lora is not None:
+        if spec.adapt.lora is not None or spec.distributed.strategy == "fsdp":  # fsdp takes no LoRA yet
             return []
         lora = lora_trainable_bytes(self.job.built.module)
         if lora is None:
             return []
         saved = breakdown["gradients"] + breakdown["optimizer_state"] - 3 * lora
-        need = self.memory(breakdown, micro) - saved
+        need = self.memory(breakdown, micro, 1) - saved
         verdict = "fits" if need <= capacity else "still does not fit"
         return [f"adapt.lora: {size(need)} at a micro-batch of {micro} ({verdict})"]
 
