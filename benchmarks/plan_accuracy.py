@@ -73,16 +73,19 @@ def target_for(device: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--steps", type=int, default=30, help="training steps measured per example")
+    parser.add_argument("--steps", type=int, default=50, help="training steps measured per example")
     parser.add_argument("--examples", nargs="*", default=None, help="spec files (default: examples/*.yaml)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     specs = [Path(p) for p in args.examples] if args.examples else sorted((ROOT / "examples").glob("*.yaml"))
     target = target_for(args.device)
     start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "gpuforge", "hw", "--refresh", "--json"], capture_output=True, check=True
+    hw = subprocess.run(
+        [sys.executable, "-m", "gpuforge", "hw", "--refresh", "--json"], capture_output=True, text=True
     )
+    if hw.returncode:
+        print(f"FAILED: gpuforge hw: {hw.stderr.strip()[-400:]}")
+        return 2
     print(f"gpuforge hw --refresh: {time.perf_counter() - start:.1f} s")
     rows = []
     for spec in specs:

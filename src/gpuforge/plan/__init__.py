@@ -151,7 +151,7 @@ def _sample_batch(job: Job) -> dict[str, torch.Tensor]:
     return {k: v.to(job.device) for k, v in job.data.train.collate(job.order.batch(0)[: job.micro]).items()}
 
 
-def _measure_steps(job: Job) -> tuple[float, int]:
+def _measure_steps(job: Job, seconds: float = MEASURED_SECONDS) -> tuple[float, int]:
     """Median time of real optimizer steps (after one warm-up), and the peak memory they reached."""
     module = job.module
     optimizer = make_optimizer(module, job.spec.train.lr, job.spec.train.weight_decay, job.device)
@@ -163,7 +163,7 @@ def _measure_steps(job: Job) -> tuple[float, int]:
         reset_cpu_peak()
     with torch.random.fork_rng(devices=[job.device] if job.device.type == "cuda" else []):
         step = 0
-        while step <= MEASURED_STEPS or (sum(times[1:]) < MEASURED_SECONDS and step <= MAX_MEASURED_STEPS):
+        while step <= MEASURED_STEPS or (sum(times[1:]) < seconds and step <= MAX_MEASURED_STEPS):
             start = time.perf_counter()
             indices = job.order.batch(step)
             forward_backward(job.built, job.task, job.data.train, indices, job.micro, amp)

@@ -49,6 +49,9 @@ from gpuforge.train.step import forward_backward, make_optimizer
 
 LOCAL = "cpu"  # the one target that is not in the catalog: this machine's CPU, as measured
 TRACED_MICRO_STEPS = 3  # micro-batches of different lengths: the estimate is their mean
+CALIBRATION_SECONDS = (
+    4.0  # of measured steps for --measure: the factor scales every target, so it is timed long
+)
 
 # A catalogued GPU we could not measure: typical figures, replaced by `gpuforge hw`'s where one is here.
 GPU_MATMUL_BEST = 0.75  # large bf16 GEMMs reach ~70-80% of the dense datasheet peak
@@ -127,7 +130,7 @@ def compare(
     traces = _Traces(job)
     calibration = None
     if measure:
-        measured, _ = _measure_steps(job)
+        measured, _ = _measure_steps(job, CALIBRATION_SECONDS)
         local = _local_device(here, job)
         accum = math.ceil(job.order.global_batch / job.micro)
         predicted = traces.step_s(local.roof(job.precision.name), job.micro, accum)
