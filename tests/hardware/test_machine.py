@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from gpuforge.hardware.bench import read_cache
 from gpuforge.hardware.catalog import load_catalog
 from gpuforge.hardware.report import _datasheet
 from tests.helpers.cli import run_cli
@@ -62,5 +63,5 @@ def test_a_damaged_cache_is_measured_again_not_a_crash(tmp_path, monkeypatch, da
 
     monkeypatch.setenv("GPUFORGE_CACHE_DIR", str(tmp_path))
     (tmp_path / machine_module.CACHE_FILE).write_text(damage.replace("KEY", machine_module._machine_key()))
-    assert machine_module._from_dict(machine_module._read(tmp_path / machine_module.CACHE_FILE).get(
-        machine_module._machine_key())) is None  # fmt: skip
+    cached = read_cache(tmp_path / machine_module.CACHE_FILE)
+    assert machine_module._from_dict(cached.get(machine_module._machine_key())) is None

@@ -53,19 +53,29 @@ def peak_flops(device: torch.device, precision: str) -> float:
     """Measured matmul FLOP/s for this device and precision, measured once per machine then cached."""
     key = f"{device_name(device)}|{precision}"
     path = cache_dir() / "peak_flops.json"
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if key in cached:
+    cached = read_cache(path)
+    if isinstance(cached.get(key), int | float):
         return float(cached[key])
     value = measure_matmul_flops(device, DTYPES[precision])
-    cached[key] = value
+    write_cache(path, {**read_cache(path), key: value})
+    return value
+
+
+def read_cache(path: Path) -> dict:
+    """A cache file's mapping; {} for a missing, unreadable or damaged one (measured again)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def write_cache(path: Path, data: dict) -> None:
+    """Replace a cache file whole (no reader sees half of it); a read-only one costs a measurement."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cached, indent=2))
+        tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, path)
     except OSError:
-        pass  # a read-only home only costs a re-measure next time
-    return value
+        pass

@@ -9,19 +9,17 @@ one operation, and how close a real training step of ours comes to the roofline 
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from gpuforge.hardware import measure
-from gpuforge.hardware.bench import DTYPES, cache_dir, forget_peaks, peak_flops
+from gpuforge.hardware.bench import DTYPES, cache_dir, forget_peaks, peak_flops, read_cache, write_cache
 from gpuforge.hardware.probe import device_name
 from gpuforge.hardware.roofline import (
     CONVERSION,
@@ -92,16 +90,14 @@ def machine(refresh: bool = False, opencl: bool = True) -> Machine:
     """This machine's figures: from the cache, or measured (a few seconds a device) and cached."""
     path = cache_dir() / CACHE_FILE
     key = _machine_key()
-    cached = {} if refresh else _read(path)
+    cached = {} if refresh else read_cache(path)
     found = _from_dict(cached.get(key))
     if found is not None:
         return found
     if refresh:
         forget_peaks()  # the MFU peaks are this measurement's matmul figures: measured again with it
     found = measure_machine(opencl=opencl)
-    cached = _read(path)
-    cached[key] = found.as_dict()
-    _write(path, cached)
+    write_cache(path, {**read_cache(path), key: found.as_dict()})
     return found
 
 
@@ -214,25 +210,6 @@ def _machine_key() -> str:
     gpus = ",".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
     threads = torch.get_num_threads()
     return f"{platform.node()}|{cpu_model_name()}|{threads} threads|torch {torch.__version__}|{gpus}"
-
-
-def _read(path: Path) -> dict[str, Any]:
-    """The cache's machines; {} for a missing, unreadable or damaged file (it is measured again)."""
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return raw if isinstance(raw, dict) else {}
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs a measurement next time
 
 
 def _from_dict(raw: Any) -> Machine | None:
