@@ -7,9 +7,11 @@ Here, above both policy.py and models/, because the options' allow-list is the m
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpuforge.errors import SpecError
 from gpuforge.policy import Policy
-from gpuforge.spec import JobSpec
+from gpuforge.spec import JobSpec, ScriptJobSpec
 
 
 def check_spec(policy: Policy, spec: JobSpec) -> None:
@@ -21,6 +23,19 @@ def check_spec(policy: Policy, spec: JobSpec) -> None:
         policy.check_path(field, path)
     if spec.tracking.mlflow is not None:
         _check_mlflow_uri(policy, spec.tracking.mlflow.uri)
+
+
+def check_script(policy: Policy, spec: ScriptJobSpec) -> None:
+    """A script job runs the team's own code as the server's user: only where user code is allowed (an
+    admin's key, or GPUFORGE_ALLOW_USER_CODE), and its working copy and interpreter inside the roots."""
+    if not policy.user_code:
+        raise SpecError(
+            "kind: script runs your own command: it needs an admin key (or a server started with "
+            "GPUFORGE_ALLOW_USER_CODE=1), as python: models do"
+        )
+    policy.check_path("script.workdir", Path(spec.script.workdir))
+    if spec.script.python:
+        policy.check_path("script.python", Path(spec.script.python))
 
 
 def _check_mlflow_uri(policy: Policy, uri: str) -> None:

@@ -36,6 +36,9 @@ DATA_SCHEMES = ("sklearn", "stdlib")  # built-in data sets; anything else is a f
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
 
 class ModelSpec(Section):
     source: str = Field(
@@ -317,6 +320,7 @@ def _resolve_tracking_uri(uri: str, base: Path) -> str:
 
 class JobSpec(Section):
     name: str = Field("job", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
+    kind: Literal["train"] = Field("train", description="train: gpuforge's engine; script: your command")
     model: ModelSpec
     data: DataSpec
     train: TrainSpec = Field(default_factory=TrainSpec)
@@ -369,9 +373,6 @@ class JobSpec(Section):
         if self.model.task == "image-classification" and self.data.tokenizer is not None:
             raise ValueError("data.tokenizer is meaningless for image-classification")
         return self
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def file_references(self) -> list[tuple[str, Path]]:
         """The files and directories this spec reads, by the field that names them (what a server
@@ -611,6 +612,70 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = value
 
 
+EnvName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+SCRIPT_ENV_RESERVED = ("GPUFORGE_", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH")
+
+
+class ScriptSpec(Section):
+    command: str = Field(
+        min_length=1,
+        max_length=4000,
+        description="run in the job's working copy, no shell; a leading `python` is gpuforge's interpreter "
+        "(or script.python)",
+    )
+    files: list[str] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="files and folders the command needs, relative to the spec (submit sends them)",
+    )
+    env: dict[EnvName, Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict, max_length=64)
+    launcher: Literal["none", "torchrun"] = Field(
+        "none", description="torchrun: one process per device, rendezvous set up"
+    )
+    python: str | None = Field(None, description="another interpreter for a leading `python` (a venv's)")
+    stop_grace_s: float = Field(
+        30.0, ge=1, le=600, description="after SIGTERM, this long to save, then SIGKILL"
+    )
+    workdir: str = Field("", description="the job's working copy: the spec's folder (set when loaded)")
+
+    @field_validator("env")
+    @classmethod
+    def _not_ours(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if name.startswith(SCRIPT_ENV_RESERVED[0]) or name in SCRIPT_ENV_RESERVED[1:]:
+                raise ValueError(f"{name}: gpuforge sets this one itself")
+        return v
+
+    @field_validator("files")
+    @classmethod
+    def _relative(cls, v: list[str]) -> list[str]:
+        for f in v:
+            if not f or Path(f).is_absolute() or ".." in Path(f).parts:
+                raise ValueError(f"{f!r}: a path inside the job's folder (relative, no '..')")
+        return v
+
+
+class ScriptJobSpec(Section):
+    """A job that runs the team's own command (any framework) with gpuforge's devices, run directory, cost
+    and stop signals, but not its engine: no model, data or training sections."""
+
+    name: str = Field("job", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
+    kind: Literal["script"]
+    script: ScriptSpec
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    cost: CostSpec = Field(default_factory=CostSpec)
+    priority: int = Field(0, ge=-1000, le=1000, description="higher runs first (server)")
+
+    @model_validator(mode="after")
+    def _one_device_without_torchrun(self) -> ScriptJobSpec:
+        if self.resources.devices > 1 and self.script.launcher != "torchrun":
+            raise ValueError(
+                f"resources.devices: {self.resources.devices} needs script.launcher torchrun "
+                "(one process a device); a script that uses several devices itself asks for one job's worth"
+            )
+        return self
+
+
 def _resolve_path(value: str, base: Path) -> str:
     p = Path(value).expanduser()
     return str(p if p.is_absolute() else (base / p).resolve())
@@ -643,7 +708,7 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
 
 def parse_spec(
     raw: Any, base_dir: Path, overrides: list[str] = (), default_name: str = "job", origin: str | None = None
-) -> JobSpec:
+) -> JobSpec | ScriptJobSpec:
     """Validate a raw (YAML-decoded) spec, after overrides, with paths resolved against base_dir. A problem
     is blamed on the `--set` that made it, else on `origin` (the spec file's name) where given."""
     if raw is None:
@@ -659,12 +724,16 @@ def parse_spec(
     raw.setdefault("name", default_name)
     _resolve_paths(raw, base_dir)
     try:
+        if raw.get("kind") == "script":
+            if isinstance(raw.get("script"), dict):
+                raw["script"].setdefault("workdir", str(base_dir.resolve()))
+            return ScriptJobSpec.model_validate(raw)
         return JobSpec.model_validate(raw)
     except ValidationError as err:
         raise SpecError(format_validation_error(err, overrides, origin)) from None
 
 
-def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
+def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec | ScriptJobSpec:
     """Read a spec file; every problem becomes a SpecError naming the file and the field."""
     path = Path(path)
     if not path.exists():

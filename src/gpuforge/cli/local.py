@@ -78,6 +78,9 @@ def train(
 ) -> None:
     """Train a job locally, with no server, into a run directory."""
     overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
+    if _is_script(spec):
+        _run_script(spec, out, overrides, max_steps)
+        return
     job, out, summary = _run_job(spec, out, overrides)
     out_console.print(f"{_describe(summary)}\nrun directory: {out}")
     if summary.signal:
@@ -86,6 +89,45 @@ def train(
         out_console.print(f"paused: {summary.reason}; raise cost.budget_usd and rerun to go on")
         raise typer.Exit(EXIT_PAUSED)
     _compress_after(job, out, summary)
+
+
+def _is_script(spec: Path) -> bool:
+    """Whether the spec file says `kind: script` (read cheaply: a spec job's path imports nothing more)."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(spec.read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return False  # load_spec reports it, with the line
+    return isinstance(raw, dict) and raw.get("kind") == "script"
+
+
+def _run_script(spec: Path, out: Path | None, overrides: list[str], max_steps: int | None) -> None:
+    from gpuforge.launch.script import run_script
+    from gpuforge.spec import load_spec
+
+    if max_steps:
+        raise GpuforgeError("--max-steps: a script job counts its own steps (pass them in script.command)")
+    from gpuforge.admission import check_script
+    from gpuforge.policy import current
+
+    job = load_spec(spec, overrides)
+    check_script(current(), job)  # a runner the server started holds to its job's policy, whatever the file
+    out = out or _default_out(job.name)
+    summary = run_script(job, out)
+    out_console.print(
+        f"{summary.status}: {summary.steps} steps reported, {summary.wall_s:.1f} s"
+        + (f", {summary.reason}" if summary.reason else "")
+        + f"\nrun directory: {out}",
+        highlight=False,
+        markup=False,
+    )
+    if summary.status == "failed":
+        raise typer.Exit(1)
+    if summary.status == "paused":
+        raise typer.Exit(EXIT_PAUSED)
+    if summary.status == "cancelled":
+        raise typer.Exit(130 if summary.reason.startswith("SIGINT") else 143)
 
 
 def _compress_after(job, out: Path, summary: RunSummary) -> None:

@@ -1,0 +1,302 @@
+"""Run a script job: the team's own command, in its working copy, with the devices, run directory, cost,
+budget and stop signals a spec job gets, but not gpuforge's engine.
+
+    gpuforge train keras.yaml --out runs/keras      # kind: script
+
+The command runs without a shell (its words split like a shell's), in the spec's folder. A leading
+`python` is the interpreter gpuforge runs under, or `script.python`. The process gets:
+- its devices (CUDA_VISIBLE_DEVICES, or a CPU slot's threads);
+- GPUFORGE_RUN_DIR, where gpuforge.track writes metrics and checkpoints;
+- the allow-listed environment (child_env.py) and the spec's `script.env`.
+
+Its output goes to <run>/logs/script.log and to this terminal.
+
+Stopping: SIGTERM or Ctrl-C here, a spent cost.budget_usd, or resources.max_time passed. gpuforge then
+writes <run>/stop and sends the script SIGTERM (gpuforge.track turns it into should_stop()), waits
+script.stop_grace_s, then sends SIGKILL. A script that checkpointed (track.checkpointed) resumes from there
+when the same command runs again on the same run directory; one that did not starts from the beginning.
+The `started` event says which.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuforge import track
+from gpuforge.child_env import child_environment
+from gpuforge.errors import GpuforgeError, SpecError
+from gpuforge.runs import RunDir, RunSummary, read_jsonl
+from gpuforge.runtime.host import usable_cores
+from gpuforge.spec import ScriptJobSpec, parse_duration
+from gpuforge.train.resume import check_same_job
+
+LOG_NAME = "script.log"
+FAILURE_LINES = 5  # of the log's end, in a failed run's reason
+POLL_S = 0.2
+
+
+@dataclass
+class _Stop:
+    """Why the script is being stopped, and the status that makes: first reason wins."""
+
+    reason: str | None = None
+    status: str = "cancelled"
+    signal: int | None = None
+    at: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def request(self, reason: str, status: str, signum: int | None = None) -> bool:
+        with self.lock:
+            if self.reason is not None:
+                return False
+            self.reason, self.status, self.signal, self.at = reason, status, signum, time.monotonic()
+            return True
+
+
+def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
+    """Run the script job into `out`, until it ends or is stopped; its summary (also in summary.json)."""
+    run = RunDir(out)
+    run.check_usable()
+    run.create()
+    workdir = Path(spec.script.workdir)
+    argv = command_line(spec, workdir)
+    check_same_job(run, spec)  # resuming is for the same job only
+    run.spec_path.write_text(spec.to_yaml())
+    (run.root / track.STOP_FILE).unlink(missing_ok=True)  # an earlier attempt's stop is not this one's
+    resume = _resume_step(run)
+    run.truncate_metrics_after(resume - 1)  # what an attempt logged past its last checkpoint is logged again
+    spent_before = _spent(run)
+    run.event(
+        "started",
+        kind="script",
+        command=argv,
+        resumes_from=resume,
+        how="resumes from its checkpoint" if resume else "starts from the beginning",
+    )
+    env = child_environment({**spec.script.env, **_device_env(spec), track.RUN_DIR_VARIABLE: str(run.root)})
+    log_path = run.logs_dir / LOG_NAME
+    started = time.monotonic()
+    usd_per_hour = spec.cost.usd_per_hour * spec.resources.devices
+    stop = _Stop()
+    try:
+        process = subprocess.Popen(
+            argv,
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as err:  # found by which() but not runnable (permissions, a bad interpreter line)
+        raise GpuforgeError(f"script.command: cannot start {argv[0]}: {err.strerror}") from None
+    copier = threading.Thread(target=_copy_output, args=(process, log_path), daemon=True)
+    copier.start()
+    previous = _forward_signals(stop)
+    try:
+        limit = parse_duration(spec.resources.max_time) if spec.resources.max_time else None
+        while process.poll() is None:
+            elapsed = time.monotonic() - started
+            spent = spent_before + elapsed / 3600 * usd_per_hour
+            if spec.cost.budget_usd and spent >= spec.cost.budget_usd:
+                stop.request(f"cost.budget_usd {spec.cost.budget_usd:g} spent", "paused")
+            if limit and elapsed >= limit:
+                stop.request(f"resources.max_time {spec.resources.max_time} passed", "paused")
+            if stop.at is not None:
+                _stop_process(process, run, stop, spec.script.stop_grace_s)
+            time.sleep(POLL_S)
+    finally:
+        _restore_signals(previous)
+        if process.poll() is None:
+            _kill_group(process, signal.SIGKILL)
+            process.wait()
+        copier.join(timeout=5)
+    wall = time.monotonic() - started
+    summary = _summary(spec, run, process.returncode, stop, wall, usd_per_hour, resume, spent_before)
+    run.write_summary(summary)
+    fields = {"reason": summary.reason} if summary.reason else {}
+    run.event(summary.status, exit_code=process.returncode, **fields)
+    return summary
+
+
+def command_line(spec: ScriptJobSpec, workdir: Path) -> list[str]:
+    """The argv to run: checked to exist (the command, the files), with `python` made an interpreter."""
+    try:
+        argv = shlex.split(spec.script.command)
+    except ValueError as err:
+        raise SpecError(f"script.command: {err}") from None
+    if not argv:
+        raise SpecError("script.command: empty")
+    for name in spec.script.files:
+        path = (workdir / name).resolve()
+        if not path.is_relative_to(workdir.resolve()):
+            raise SpecError(f"script.files: {name} leaves the job's folder")
+        if not path.exists():
+            raise SpecError(f"script.files: {name} not found in {workdir}")
+    if argv[0] == "python":
+        argv[0] = spec.script.python or sys.executable
+    found = shutil.which(argv[0], path=os.environ.get("PATH")) if os.sep not in argv[0] else None
+    if found is None:
+        candidate = Path(argv[0]) if Path(argv[0]).is_absolute() else workdir / argv[0]
+        if not (candidate.is_file() and os.access(candidate, os.X_OK)):
+            raise SpecError(f"script.command: {argv[0]!r} not found (on PATH or in {workdir})")
+        found = str(candidate)
+    argv[0] = found
+    if spec.script.launcher == "torchrun":
+        argv = _torchrun(argv, spec)
+    return argv
+
+
+def _torchrun(argv: list[str], spec: ScriptJobSpec) -> list[str]:
+    """One process a device through torch's launcher; the script must be Python."""
+    script = next((a for a in argv[1:] if not a.startswith("-")), "")
+    if not script.endswith(".py") or "python" not in Path(argv[0]).name:
+        raise SpecError(
+            "script.launcher: torchrun starts a Python script (`python train.py ...`), "
+            f"not {shlex.join(argv[:2])!r}"
+        )
+    launcher = [argv[0], "-m", "torch.distributed.run", "--standalone"]
+    return launcher + [f"--nproc-per-node={spec.resources.devices}", *argv[argv.index(script) :]]
+
+
+def _device_env(spec: ScriptJobSpec) -> dict[str, str]:
+    """The devices the script may use: GPUs by CUDA_VISIBLE_DEVICES, a CPU's cores by its thread count."""
+    wanted = spec.resources.device_type
+    if wanted in ("auto", "cuda") and _cuda_devices() >= spec.resources.devices:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(spec.resources.devices))}
+    if wanted == "cuda":
+        raise GpuforgeError(f"resources.device_type: cuda asked for, {_cuda_devices()} GPU(s) here")
+    threads = str(max(1, usable_cores() // spec.resources.devices))
+    return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+
+
+def _cuda_devices() -> int:
+    """GPUs here, without importing torch (a TensorFlow job's runner need not load it)."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"].cuda.device_count()
+    return len(list(Path("/dev").glob("nvidia[0-9]*")))
+
+
+def _resume_step(run: RunDir) -> int:
+    last = [e.get("step", -1) for e in run.events() if e.get("event") == track.CHECKPOINT_EVENT]
+    return max(last, default=-1) + 1
+
+
+def _copy_output(process: subprocess.Popen, log_path: Path) -> None:
+    """The script's output into its log, line by line, and onto this terminal."""
+    with open(log_path, "ab") as log:
+        for line in iter(process.stdout.readline, b""):
+            log.write(line)
+            log.flush()
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+
+
+def _forward_signals(stop: _Stop) -> dict[int, object]:
+    """SIGTERM and SIGINT here stop the script (saved, then killed), as the engine's signals do."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        name = signal.Signals(signum).name
+        previous[signum] = signal.signal(
+            signum, lambda s, f, name=name: stop.request(f"{name} received", "cancelled", s)
+        )
+    return previous
+
+
+def _restore_signals(previous: dict[int, object]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def _stop_process(process: subprocess.Popen, run: RunDir, stop: _Stop, grace_s: float) -> None:
+    """SIGTERM with the stop file once; SIGKILL when the grace period is over."""
+    stop_file = run.root / track.STOP_FILE
+    if not stop_file.exists():
+        stop_file.write_text(stop.reason or "stop")
+        _kill_group(process, signal.SIGTERM)
+    elif time.monotonic() - stop.at > grace_s:
+        _kill_group(process, signal.SIGKILL)
+
+
+def _kill_group(process: subprocess.Popen, signum: int) -> None:
+    """The script and what it started (torchrun's ranks, a data loader's workers)."""
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _spent(run: RunDir) -> float:
+    """What earlier attempts on this run directory cost: a budget is the job's, not one attempt's."""
+    try:
+        earlier = run.read_summary()
+    except ValueError:
+        return 0.0
+    return earlier.cost_usd if earlier is not None else 0.0
+
+
+def _summary(spec, run, code: int, stop: _Stop, wall: float, usd_per_hour: float, resume: int, before: float):
+    metrics = [m for m in read_jsonl(run.metrics_path) if isinstance(m.get("step"), int)]
+    last_loss = next((m["loss"] for m in reversed(metrics) if isinstance(m.get("loss"), int | float)), None)
+    steps = max((m["step"] for m in metrics), default=-1) + 1
+    if stop.reason is not None:
+        status, reason = stop.status, stop.reason
+    elif code == 0:
+        status, reason = "finished", None
+    else:
+        status, reason = "failed", _failure(run.logs_dir / LOG_NAME, code)
+    device_type = "cpu" if _device_env(spec).get("CUDA_VISIBLE_DEVICES") == "" else "cuda"
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: KiB
+    return RunSummary(
+        status=status,
+        reason=reason,
+        steps=steps,
+        total_steps=steps,
+        resumed_from=resume or None,
+        samples_per_s=None,
+        tokens_per_s=None,
+        median_step_s=None,
+        peak_mem_bytes=children,
+        final_loss=last_loss,
+        eval=None,
+        device=device_type,
+        device_type=device_type,
+        precision="the script's own",
+        precision_reason="a script job chooses its own precision",
+        batch_size=0,
+        grad_accum=1,
+        global_batch_size=0,
+        parameters=0,
+        trainable_parameters=0,
+        flops_method="none: a script job",
+        device_peak_flops=0.0,
+        mfu=None,
+        cost_usd=before + wall / 3600 * usd_per_hour,
+        usd_per_hour=usd_per_hour,
+        processes=spec.resources.devices,
+        wall_s=wall,
+        kind="script",
+        exit_code=code,
+        metrics_reported=bool(metrics),
+    )
+
+
+def _failure(log_path: Path, code: int) -> str:
+    try:
+        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
+    tail = " | ".join(lines[-FAILURE_LINES:]) or "no output"
+    return f"the script {died}: {tail}"

@@ -1,0 +1,122 @@
+"""The client a script job uses to report to gpuforge: standard library only, so a TensorFlow or JAX script
+(or one in another virtual environment, with only gpuforge's package on its path) can import it cheaply.
+
+    from gpuforge import track
+
+    start = track.resume_step()                   # 0, or the step after the last checkpoint you marked
+    for step in range(start, steps):
+        ...
+        track.log(step, loss=loss, accuracy=acc)  # a line of the run's metrics.jsonl
+        if step % 100 == 0 or track.should_stop():
+            save(track.checkpoint_dir() / "last")  # kept across restarts
+            track.checkpointed(step)
+        if track.should_stop():                   # cancelled, over budget, preempted: save and exit
+            break
+
+Outside a gpuforge run (no $GPUFORGE_RUN_DIR) every call does nothing useful but harmlessly: log() prints
+nothing and writes nothing, checkpoint_dir() is a temporary folder, should_stop() is False; the same script
+runs by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+RUN_DIR_VARIABLE = "GPUFORGE_RUN_DIR"
+STOP_FILE = "stop"  # the runner writes it before SIGTERM: a script that never imported track sees it too
+CHECKPOINT_EVENT = "checkpoint"  # the run directory's own event (runs.py), as the engine writes it
+
+_stop = threading.Event()
+_handler_installed = False
+_lock = threading.Lock()
+
+
+def run_dir() -> Path | None:
+    """The run directory gpuforge gave this process, or None when run by hand."""
+    value = os.environ.get(RUN_DIR_VARIABLE)
+    return Path(value) if value else None
+
+
+def log(step: int, **metrics: float) -> None:
+    """One line of metrics for `step`: numbers only (a NaN or infinity is written as null)."""
+    _listen_for_stop()
+    where = run_dir()
+    if where is None:
+        return
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"track.log: step must be a non-negative int, got {step!r}")
+    record: dict[str, float | int | None] = {"ts": time.time(), "step": step}
+    for name, value in metrics.items():
+        number = float(value)  # a tensor's or numpy scalar's value; a string is an error here
+        record[name] = number if math.isfinite(number) else None
+    _append(where / "metrics.jsonl", record)
+
+
+def checkpoint_dir() -> Path:
+    """A folder for the script's checkpoints, inside the run directory and kept when the job restarts."""
+    _listen_for_stop()
+    where = run_dir()
+    folder = (where / "checkpoints" / "script") if where else Path(tempfile.gettempdir()) / "gpuforge-script"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def checkpointed(step: int) -> None:
+    """Say that checkpoint_dir() now holds `step`: a restart resumes from it (resume_step() = step + 1)."""
+    where = run_dir()
+    if where is not None:
+        record = {"ts": time.time(), "event": CHECKPOINT_EVENT, "step": int(step), "by": "script"}
+        _append(where / "events.jsonl", record)
+
+
+def resume_step() -> int:
+    """The step to start from: one after the last checkpointed() of an earlier attempt, else 0."""
+    where = run_dir()
+    if where is None:
+        return 0
+    last = -1
+    try:
+        with open(where / "events.jsonl") as f:
+            for line in f:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by a kill
+                if event.get("event") == CHECKPOINT_EVENT:
+                    last = max(last, int(event.get("step", -1)))
+    except OSError:
+        return 0
+    return last + 1
+
+
+def should_stop() -> bool:
+    """True once gpuforge asked the job to stop (cancel, budget, preemption): save and exit soon, before the
+    grace period (script.stop_grace_s) ends in SIGKILL."""
+    _listen_for_stop()
+    where = run_dir()
+    return _stop.is_set() or (where is not None and (where / STOP_FILE).exists())
+
+
+def _listen_for_stop() -> None:
+    """From the first call on, SIGTERM sets the stop flag instead of killing the process at once, so the
+    loop can save; a handler the script installed itself is left in place."""
+    global _handler_installed
+    with _lock:
+        if _handler_installed or threading.current_thread() is not threading.main_thread():
+            return
+        _handler_installed = True
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, lambda signum, frame: _stop.set())
+
+
+def _append(path: Path, record: dict) -> None:
+    line = json.dumps(record, allow_nan=False) + "\n"
+    with _lock, open(path, "a") as f:  # one write a line: a reader never sees half of one
+        f.write(line)

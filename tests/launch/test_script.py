@@ -1,0 +1,179 @@
+"""Script jobs (kind: script): the team's own command, run with a run directory, metrics through
+gpuforge.track, cost and budget, stop signals with a grace period, and resume from its own checkpoint."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import run_cli
+from tests.helpers.specs import write_spec
+
+# a training loop of the kind a team already has: its own steps, metrics through track, a checkpoint
+# when asked to stop, and a resume from it
+LOOP = """
+import sys, time
+from gpuforge import track
+
+steps = int(sys.argv[1])
+start = track.resume_step()
+print("starting at", start, flush=True)
+for step in range(start, steps):
+    time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0.01)
+    track.log(step, loss=1.0 / (step + 1), accuracy=step / steps)
+    if track.should_stop():
+        (track.checkpoint_dir() / "state.txt").write_text(str(step))
+        track.checkpointed(step)
+        print("saved at", step, flush=True)
+        sys.exit(0)
+print("done", flush=True)
+"""
+
+
+def _job(tmp_path: Path, command: str, files=("loop.py",), **sections) -> Path:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    (work / "loop.py").write_text(LOOP)
+    script = {"command": command, "files": list(files), **sections.pop("script", {})}
+    return write_spec(work / "job.yaml", {"name": "loop", "kind": "script", "script": script, **sections})
+
+
+def _events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+
+
+def test_a_script_runs_in_its_folder_and_reports_metrics_cost_and_a_summary(tmp_path):
+    spec = _job(tmp_path, "python loop.py 6", cost={"usd_per_hour": 3.6})
+    run = tmp_path / "run"
+    result = run_cli("train", str(spec), "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    assert "finished: 6 steps reported" in result.stdout and "done" in result.stdout  # its output, live
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(6)) and metrics[-1]["loss"] == pytest.approx(1 / 6)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["kind"] == "script" and summary["exit_code"] == 0
+    assert summary["steps"] == 6 and summary["final_loss"] == pytest.approx(1 / 6)
+    assert summary["cost_usd"] == pytest.approx(summary["wall_s"] / 3600 * 3.6)
+    assert "done" in (run / "logs" / "script.log").read_text()
+    started = _events(run)[0]
+    assert started["event"] == "started" and started["how"] == "starts from the beginning"
+    assert started["command"][0] == sys.executable  # `python`: gpuforge's own interpreter
+    assert "kind: script" in (run / "spec.yaml").read_text()
+
+
+def test_sigterm_saves_through_track_and_the_same_command_resumes_from_that_checkpoint(tmp_path):
+    spec = _job(tmp_path, "python loop.py 400 0.02")
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gpuforge", "train", str(spec), "--out", str(run)]
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 5:
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 143, err
+    assert "cancelled" in out and "SIGTERM received" in out
+    saved = int((run / "checkpoints" / "script" / "state.txt").read_text())
+    assert [e["event"] for e in _events(run)] == ["started", "checkpoint", "cancelled"]
+
+    again = run_cli(
+        "train", str(spec.parent / "job.yaml"), "--out", str(run), "--set", "script.command=python loop.py 40"
+    )
+    assert again.returncode == 2 and "holds a run of a different spec" in again.stderr  # the same job only
+    resumed = run_cli("train", str(spec), "--out", str(run), timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"starting at {saved + 1}" in resumed.stdout
+    events = _events(run)
+    assert events[-2]["event"] == "started" and events[-2]["resumes_from"] == saved + 1
+    assert events[-2]["how"] == "resumes from its checkpoint"
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(400))  # each step once: nothing lost, nothing twice
+
+
+def test_a_script_that_ignores_the_stop_is_killed_after_its_grace_and_a_budget_pauses_it(tmp_path):
+    stubborn = tmp_path / "work" / "stubborn.py"
+    stubborn.parent.mkdir()
+    stubborn.write_text(
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n"
+    )
+    spec = _job(
+        tmp_path,
+        "python stubborn.py",
+        files=["stubborn.py"],
+        script={"stop_grace_s": 1},
+        cost={"usd_per_hour": 3600, "budget_usd": 1.0},  # a dollar a second: spent in a second
+    )
+    start = time.monotonic()
+    result = run_cli("train", str(spec), "--out", str(tmp_path / "run"), timeout=60)
+    assert time.monotonic() - start < 20
+    assert result.returncode == 3, result.stderr  # paused, as a spec job over its budget
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "paused" and summary["reason"] == "cost.budget_usd 1 spent"
+    assert summary["exit_code"] == -signal.SIGKILL and summary["metrics_reported"] is False
+    assert (tmp_path / "run" / "stop").read_text() == "cost.budget_usd 1 spent"
+
+
+def test_a_failing_script_fails_with_the_end_of_its_log(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "bad.py").write_text(
+        "print('loading data')\nraise SystemExit('no such column: label')\n"
+    )
+    spec = _job(tmp_path, "python bad.py", files=["bad.py"])
+    result = run_cli("train", str(spec), "--out", str(tmp_path / "run"))
+    assert result.returncode == 1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["exit_code"] == 1
+    assert summary["reason"] == "the script exited 1: loading data | no such column: label"
+
+
+@pytest.mark.parametrize(
+    "command, files, script, message",
+    [
+        ("no-such-tool --x", [], {}, "script.command: 'no-such-tool' not found"),
+        ("python loop.py 3", ["loop.py", "data/"], {}, "script.files: data/ not found in"),
+        ("bash run.sh", [], {"launcher": "torchrun"}, "script.launcher: torchrun starts a Python script"),
+        (
+            "python loop.py 3",
+            ["../secrets"],
+            {},
+            "script.files: '../secrets': a path inside the job's folder",
+        ),
+        (
+            "python loop.py 3",
+            [],
+            {"env": {"GPUFORGE_RUN_DIR": "/"}},
+            "script.env: GPUFORGE_RUN_DIR: gpuforge sets",
+        ),
+    ],
+)
+def test_bad_script_jobs_are_refused_before_anything_runs(tmp_path, command, files, script, message):
+    spec = _job(tmp_path, command, files=files, script=script)
+    result = run_cli("train", str(spec), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "run" / "events.jsonl").exists()
+
+
+def test_a_runner_without_user_code_refuses_a_script(tmp_path):
+    spec = _job(tmp_path, "python loop.py 3")
+    result = run_cli("train", str(spec), "--out", str(tmp_path / "run"), env={"GPUFORGE_USER_CODE": "0"})
+    assert (
+        result.returncode == 2
+        and "kind: script runs your own command: it needs an admin key" in result.stderr
+    )
+
+
+def test_track_imports_no_torch_and_does_nothing_outside_a_run(tmp_path):
+    code = (
+        "import sys; from gpuforge import track; assert 'torch' not in sys.modules; "
+        "track.log(0, loss=1.0); print(track.should_stop(), track.resume_step(), track.run_dir())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GPUFORGE_RUN_DIR"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "0", "None"]
