@@ -655,6 +655,12 @@ class ScriptSpec(Section):
         return v
 
 
+SCRIPT_NOT_ON_SERVER = (
+    "kind: script: the server does not queue script jobs yet; "
+    "run it here with `gpuforge train SPEC --out DIR`"
+)
+
+
 class ScriptJobSpec(Section):
     """A job that runs the team's own command (any framework) with gpuforge's devices, run directory, cost
     and stop signals, but not its engine: no model, data or training sections."""

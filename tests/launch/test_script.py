@@ -177,3 +177,21 @@ def test_track_imports_no_torch_and_does_nothing_outside_a_run(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "0", "None"]
+
+
+def test_the_server_refuses_a_script_job_for_now_with_what_to_do(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from gpuforge.server.app import create_app
+    from gpuforge.server.settings import Settings
+
+    home = tmp_path / "home"
+    settings = Settings(home=home, db=f"sqlite:///{tmp_path / 'store.db'}", schedule=False)
+    with TestClient(create_app(settings)) as client:
+        auth = {"Authorization": f"Bearer {(home / 'admin.key').read_text().strip()}"}
+        spec = "kind: script\nscript: {command: python loop.py 3}\n"
+        answer = client.post("/api/v1/jobs", json={"spec": spec}, headers=auth)
+    assert answer.status_code == 422
+    assert "the server does not queue script jobs yet; run it here with `gpuforge train" in answer.text
+    submitted = run_cli("submit", str(_job(tmp_path, "python loop.py 3")), "--url", "http://127.0.0.1:9")
+    assert submitted.returncode == 2 and "the server does not queue script jobs yet" in submitted.stderr

@@ -169,7 +169,13 @@ def _torchrun(argv: list[str], spec: ScriptJobSpec) -> list[str]:
 
 
 def _device_env(spec: ScriptJobSpec) -> dict[str, str]:
-    """The devices the script may use: GPUs by CUDA_VISIBLE_DEVICES, a CPU's cores by its thread count."""
+    """The devices the script may use: GPUs by CUDA_VISIBLE_DEVICES, a CPU's cores by its thread count.
+    Devices named already (the server's allocator names a job's GPUs, or none and a CPU slot's threads;
+    a person may too) are kept as given."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        threads = os.environ.get("OMP_NUM_THREADS")
+        return {"CUDA_VISIBLE_DEVICES": given, **({"OMP_NUM_THREADS": threads} if threads else {})}
     wanted = spec.resources.device_type
     if wanted in ("auto", "cuda") and _cuda_devices() >= spec.resources.devices:
         return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(spec.resources.devices))}
@@ -256,7 +262,7 @@ def _summary(spec, run, code: int, stop: _Stop, wall: float, usd_per_hour: float
         status, reason = "finished", None
     else:
         status, reason = "failed", _failure(run.logs_dir / LOG_NAME, code)
-    device_type = "cpu" if _device_env(spec).get("CUDA_VISIBLE_DEVICES") == "" else "cuda"
+    device_type = "cuda" if _device_env(spec).get("CUDA_VISIBLE_DEVICES") else "cpu"
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: KiB
     return RunSummary(
         status=status,

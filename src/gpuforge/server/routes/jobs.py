@@ -18,7 +18,7 @@ from starlette.background import BackgroundTask
 
 from gpuforge.admission import check_spec
 from gpuforge.data.columns import check_columns
-from gpuforge.errors import GpuforgeError, ModelError
+from gpuforge.errors import GpuforgeError, ModelError, SpecError
 from gpuforge.run_files import log_tail, metrics_page, read_report, series
 from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
@@ -36,7 +36,7 @@ from gpuforge.server.schemas import (
 )
 from gpuforge.server.settings import job_policy
 from gpuforge.server.visibility import check_change, may_read, readable
-from gpuforge.spec import JobSpec, parse_spec
+from gpuforge.spec import SCRIPT_NOT_ON_SERVER, JobSpec, parse_spec
 from gpuforge.store import states
 from gpuforge.store.db import session
 from gpuforge.store.ingest import in_users_names
@@ -70,6 +70,8 @@ def _parse(body: JobCreate, request: Request, key: ApiKey) -> JobSpec:
         raw = yaml.load(body.spec, Loader=_NoAliases)  # noqa: S506 (a SafeLoader)
         base = settings.roots[0] if settings.roots else settings.home
         spec = parse_spec(raw, base, default_name=body.name or "job")
+        if spec.kind == "script":
+            raise SpecError(SCRIPT_NOT_ON_SERVER)
         check_spec(job_policy(settings, key), spec)
         _check_inputs(spec)
     except yaml.YAMLError as err:
