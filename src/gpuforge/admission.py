@@ -27,13 +27,15 @@ def check_spec(policy: Policy, spec: JobSpec) -> None:
 
 def check_script(policy: Policy, spec: ScriptJobSpec) -> None:
     """A script job runs the team's own code as the server's user: only where user code is allowed (an
-    admin's key, or GPUFORGE_ALLOW_USER_CODE), and its working copy and interpreter inside the roots."""
+    admin's key, or GPUFORGE_ALLOW_USER_CODE), and its working copy and interpreter inside the roots (an
+    empty workdir is the copy the server made of the files sent: its own)."""
     if not policy.user_code:
         raise SpecError(
             "kind: script runs your own command: it needs an admin key (or a server started with "
             "GPUFORGE_ALLOW_USER_CODE=1), as python: models do"
         )
-    policy.check_path("script.workdir", Path(spec.script.workdir))
+    if spec.script.workdir:
+        policy.check_path("script.workdir", Path(spec.script.workdir))
     if spec.script.python:
         policy.check_path("script.python", Path(spec.script.python))
 

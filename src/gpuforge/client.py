@@ -27,7 +27,7 @@ import yaml
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.settings import current
-from gpuforge.spec import JobSpec, apply_override
+from gpuforge.spec import JobSpec, ScriptJobSpec, apply_override, working_copy_files
 
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # a server restarting takes seconds: 15 s of tries in all
 TRANSIENT_STATUS = (502, 503, 504)  # a proxy or the server saying "not now"; the same request may pass
@@ -83,9 +83,12 @@ class Client:
     ) -> dict:
         """Queue `spec` (its local files sent first), once however often it has to be sent.
         `as_written`: the spec as its file says, before paths were resolved, to name a missing file."""
-        check_local_files(spec, as_written)
-        sent, files = self.with_uploads(spec)
-        body = {"spec": sent.to_yaml(), "priority": priority, "name": name, "files": files or None}
+        if spec.kind == "script":
+            body = {**self.script_body(spec), "priority": priority, "name": name}
+        else:
+            check_local_files(spec, as_written)
+            sent, files = self.with_uploads(spec)
+            body = {"spec": sent.to_yaml(), "priority": priority, "name": name, "files": files or None}
         headers = {"Idempotency-Key": str(uuid.uuid4())}  # one per job asked for: every try sends it
         response = self._retried(lambda: self.http.post("/api/v1/jobs", json=body, headers=headers))
         _raise_for(response)
@@ -225,6 +228,15 @@ class Client:
             response = self._retried(put)
         _raise_for(response)
         return response.json()["path"]
+
+    def script_body(self, spec: ScriptJobSpec) -> dict[str, Any]:
+        """A script job's spec and its working copy: each file `script.files` names, sent once by content,
+        by its path inside the folder. The server makes the copy (workdir left empty: its own)."""
+        workdir = Path(spec.script.workdir)
+        sent = {rel: self.upload(workdir / rel) for rel in working_copy_files(spec.script, workdir)}
+        spec = spec.model_copy(deep=True)
+        spec.script.workdir = ""
+        return {"spec": spec.to_yaml(), "script_files": sent}
 
     def with_uploads(self, spec: JobSpec) -> tuple[JobSpec, dict[str, str]]:
         """`spec` with each local file it names replaced by the server's copy, and {server path: local

@@ -633,10 +633,15 @@ class ScriptSpec(Section):
         "none", description="torchrun: one process per device, rendezvous set up"
     )
     python: str | None = Field(None, description="another interpreter for a leading `python` (a venv's)")
+    # under the server's own grace for a runner it cancels (scheduler/executor.py: 30 s)
     stop_grace_s: float = Field(
-        30.0, ge=1, le=600, description="after SIGTERM, this long to save, then SIGKILL"
+        20.0, ge=1, le=25, description="after SIGTERM, this long to save, then SIGKILL"
     )
-    workdir: str = Field("", description="the job's working copy: the spec's folder (set when loaded)")
+    workdir: str = Field(
+        "",
+        description="the job's working copy: the spec's folder (set when loaded); empty on a server: "
+        "<run dir>.work, made from the files sent",
+    )
 
     @field_validator("env")
     @classmethod
@@ -655,10 +660,28 @@ class ScriptSpec(Section):
         return v
 
 
-SCRIPT_NOT_ON_SERVER = (
-    "kind: script: the server does not queue script jobs yet; "
-    "run it here with `gpuforge train SPEC --out DIR`"
-)
+MAX_SCRIPT_FILES = 2000  # files a script job's working copy may hold (folders counted by their files)
+
+
+def working_copy_files(script: ScriptSpec, workdir: Path) -> list[str]:
+    """The files `script.files` names, folders walked, as paths relative to the working copy (what
+    `submit` sends); a SpecError for one that is missing, leaves the folder, or too many."""
+    root = workdir.resolve()
+    found: list[str] = []
+    for name in script.files:
+        path = (root / name).resolve()
+        if not path.is_relative_to(root):
+            raise SpecError(f"script.files: {name} leaves the job's folder")
+        if not path.exists():
+            raise SpecError(f"script.files: {name} not found in {root}")
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for f in files:
+            if not f.resolve().is_relative_to(root):
+                raise SpecError(f"script.files: {f.relative_to(root)} links outside the job's folder")
+            found.append(f.relative_to(root).as_posix())
+        if len(found) > MAX_SCRIPT_FILES:
+            raise SpecError(f"script.files: over {MAX_SCRIPT_FILES} files; send the data as data, not code")
+    return list(dict.fromkeys(found))
 
 
 class ScriptJobSpec(Section):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import run_cli
+from tests.helpers.jobs import wait_for_job
 from tests.helpers.specs import write_spec
 
 # a training loop of the kind a team already has: its own steps, metrics through track, a checkpoint
@@ -37,7 +38,7 @@ print("done", flush=True)
 
 def _job(tmp_path: Path, command: str, files=("loop.py",), **sections) -> Path:
     work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     (work / "loop.py").write_text(LOOP)
     script = {"command": command, "files": list(files), **sections.pop("script", {})}
     return write_spec(work / "job.yaml", {"name": "loop", "kind": "script", "script": script, **sections})
@@ -179,19 +180,42 @@ def test_track_imports_no_torch_and_does_nothing_outside_a_run(tmp_path):
     assert out.stdout.split() == ["False", "0", "None"]
 
 
-def test_the_server_refuses_a_script_job_for_now_with_what_to_do(tmp_path):
-    from fastapi.testclient import TestClient
+def test_a_server_queues_a_script_job_with_its_files_and_refuses_one_from_a_key_without_user_code(
+    tmp_path, monkeypatch
+):
+    import httpx
 
-    from gpuforge.server.app import create_app
-    from gpuforge.server.settings import Settings
+    from gpuforge.server.local import LocalServer
 
-    home = tmp_path / "home"
-    settings = Settings(home=home, db=f"sqlite:///{tmp_path / 'store.db'}", schedule=False)
-    with TestClient(create_app(settings)) as client:
-        auth = {"Authorization": f"Bearer {(home / 'admin.key').read_text().strip()}"}
-        spec = "kind: script\nscript: {command: python loop.py 3}\n"
-        answer = client.post("/api/v1/jobs", json={"spec": spec}, headers=auth)
-    assert answer.status_code == 422
-    assert "the server does not queue script jobs yet; run it here with `gpuforge train" in answer.text
-    submitted = run_cli("submit", str(_job(tmp_path, "python loop.py 3")), "--url", "http://127.0.0.1:9")
-    assert submitted.returncode == 2 and "the server does not queue script jobs yet" in submitted.stderr
+    spec = _job(tmp_path, "python loop.py 8", files=["loop.py", "data/"])
+    (spec.parent / "data").mkdir()
+    (spec.parent / "data" / "rows.txt").write_text("1\n2\n")  # read by the script in its working copy
+    (spec.parent / "loop.py").write_text(
+        LOOP.replace("import sys, time", "import sys, time\nopen('data/rows.txt')")
+    )
+    with LocalServer(tmp_path / "home", log=tmp_path / "server.log") as server:
+        monkeypatch.setenv("GPUFORGE_URL", server.url)
+        monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
+        submitted = run_cli("submit", str(spec), "--json")
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = json.loads(submitted.stdout)["id"]
+        http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.key}"})
+        job = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), timeout=90)
+        assert job["state"] == "finished", (job, (server.home / "runs" / f"job-{job_id}" / "logs").iterdir())
+        metrics = http.get(f"/api/v1/jobs/{job_id}/metrics").json()
+        assert [m["step"] for m in metrics] == list(range(8))
+        assert http.get(f"/api/v1/jobs/{job_id}/summary").json()["kind"] == "script"
+        work = server.home / "runs" / f"job-{job_id}.work"
+        assert (work / "data" / "rows.txt").read_text() == "1\n2\n" and (work / "loop.py").is_file()
+
+        alice = json.loads(run_cli("keys", "create", "alice", "--json").stdout)["key"]
+        monkeypatch.setenv("GPUFORGE_API_KEY", alice)
+        refused = run_cli("submit", str(spec))
+        assert (
+            refused.returncode == 2
+            and "kind: script runs your own command: it needs an admin key" in refused.stderr
+        )
+        missing = _job(tmp_path / "other", "python loop.py 3", files=["loop.py", "nothing/"])
+        monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
+        gone = run_cli("submit", str(missing))
+        assert gone.returncode == 2 and "script.files: nothing/ not found" in gone.stderr

@@ -121,12 +121,10 @@ def submit(
     """Queue a job on the server (sending the local data files it names); prints its id. A lost answer
     or a server restarting is tried again a few times, and still queues one job."""
     from gpuforge.client import spec_as_written
-    from gpuforge.spec import SCRIPT_NOT_ON_SERVER, load_spec
+    from gpuforge.spec import load_spec
 
     overrides = list(set_ or [])
     job_spec = load_spec(spec, overrides)
-    if job_spec.kind == "script":
-        raise GpuforgeError(SCRIPT_NOT_ON_SERVER)
     written = spec_as_written(spec, overrides)  # a missing file is named as the user wrote it
     job = _client(url, key_file).submit(job_spec, priority, name, as_written=written)
     if as_json:

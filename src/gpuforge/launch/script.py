@@ -37,7 +37,7 @@ from gpuforge.child_env import child_environment
 from gpuforge.errors import GpuforgeError, SpecError
 from gpuforge.runs import RunDir, RunSummary, read_jsonl
 from gpuforge.runtime.host import usable_cores
-from gpuforge.spec import ScriptJobSpec, parse_duration
+from gpuforge.spec import ScriptJobSpec, parse_duration, working_copy_files
 from gpuforge.train.resume import check_same_job
 
 LOG_NAME = "script.log"
@@ -68,7 +68,7 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
     run = RunDir(out)
     run.check_usable()
     run.create()
-    workdir = Path(spec.script.workdir)
+    workdir = working_copy(spec, out)
     argv = command_line(spec, workdir)
     check_same_job(run, spec)  # resuming is for the same job only
     run.spec_path.write_text(spec.to_yaml())
@@ -95,7 +95,8 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True,  # a group of its own: a stop reaches what it started too
+            preexec_fn=_die_with_parent,
         )
     except OSError as err:  # found by which() but not runnable (permissions, a bad interpreter line)
         raise GpuforgeError(f"script.command: cannot start {argv[0]}: {err.strerror}") from None
@@ -128,6 +129,12 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
     return summary
 
 
+def working_copy(spec: ScriptJobSpec, out: Path) -> Path:
+    """The folder the command runs in: the spec's, or for a job the server queued, the copy it made of
+    the files sent beside the run directory (<run>.work)."""
+    return Path(spec.script.workdir) if spec.script.workdir else Path(f"{out}.work")
+
+
 def command_line(spec: ScriptJobSpec, workdir: Path) -> list[str]:
     """The argv to run: checked to exist (the command, the files), with `python` made an interpreter."""
     try:
@@ -136,12 +143,9 @@ def command_line(spec: ScriptJobSpec, workdir: Path) -> list[str]:
         raise SpecError(f"script.command: {err}") from None
     if not argv:
         raise SpecError("script.command: empty")
-    for name in spec.script.files:
-        path = (workdir / name).resolve()
-        if not path.is_relative_to(workdir.resolve()):
-            raise SpecError(f"script.files: {name} leaves the job's folder")
-        if not path.exists():
-            raise SpecError(f"script.files: {name} not found in {workdir}")
+    if not workdir.is_dir():
+        raise SpecError(f"script.workdir: {workdir}: no such folder")
+    working_copy_files(spec.script, workdir)  # each file there, none outside
     if argv[0] == "python":
         argv[0] = spec.script.python or sys.executable
     found = shutil.which(argv[0], path=os.environ.get("PATH")) if os.sep not in argv[0] else None
@@ -190,6 +194,17 @@ def _cuda_devices() -> int:
     if "torch" in sys.modules:
         return sys.modules["torch"].cuda.device_count()
     return len(list(Path("/dev").glob("nvidia[0-9]*")))
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when this runner dies (killed itself), so no script outlives
+    the job that ran it. Linux only; elsewhere the stop signals alone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _resume_step(run: RunDir) -> int:

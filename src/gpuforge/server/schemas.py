@@ -19,6 +19,7 @@ from pydantic import (
 from gpuforge.serve.adapters import NAME_MAX as ADAPTER_NAME_MAX
 from gpuforge.serve.adapters import NAME_PATTERN as ADAPTER_NAME
 from gpuforge.serve.options import deployment_options_model
+from gpuforge.spec import MAX_SCRIPT_FILES
 from gpuforge.store.models import MAX_NAME, NAME_PATTERN, state_lists
 from gpuforge.store.projects import ProjectName, ProjectSettings
 from gpuforge.store.quotas import QUOTAS, Quota, limits
@@ -39,6 +40,11 @@ class JobCreate(BaseModel):
         max_length=16,
         description="{server path: the user's name for it} of the files the client uploaded: the job's "
         "errors name them the user's way",
+    )
+    script_files: dict[FilePath, FilePath] | None = Field(
+        None,
+        max_length=MAX_SCRIPT_FILES,
+        description="a script job's working copy: {path inside it: the server path of an upload}",
     )
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
+import os
+import shutil
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
 import yaml
@@ -16,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
 from starlette.background import BackgroundTask
 
-from gpuforge.admission import check_spec
+from gpuforge.admission import check_script, check_spec
 from gpuforge.data.columns import check_columns
 from gpuforge.errors import GpuforgeError, ModelError, SpecError
 from gpuforge.run_files import log_tail, metrics_page, read_report, series
@@ -36,7 +38,7 @@ from gpuforge.server.schemas import (
 )
 from gpuforge.server.settings import job_policy
 from gpuforge.server.visibility import check_change, may_read, readable
-from gpuforge.spec import SCRIPT_NOT_ON_SERVER, JobSpec, parse_spec
+from gpuforge.spec import JobSpec, ScriptJobSpec, parse_spec
 from gpuforge.store import states
 from gpuforge.store.db import session
 from gpuforge.store.ingest import in_users_names
@@ -71,7 +73,9 @@ def _parse(body: JobCreate, request: Request, key: ApiKey) -> JobSpec:
         base = settings.roots[0] if settings.roots else settings.home
         spec = parse_spec(raw, base, default_name=body.name or "job")
         if spec.kind == "script":
-            raise SpecError(SCRIPT_NOT_ON_SERVER)
+            return _parse_script(spec, body, request, key)
+        if body.script_files:
+            raise SpecError("script_files: only for a spec of kind: script")
         check_spec(job_policy(settings, key), spec)
         _check_inputs(spec)
     except yaml.YAMLError as err:
@@ -86,6 +90,43 @@ def _parse(body: JobCreate, request: Request, key: ApiKey) -> JobSpec:
             status.HTTP_422_UNPROCESSABLE_CONTENT, f"files: {stray[0]} is not a file the spec names"
         )
     return spec
+
+
+def _parse_script(spec: ScriptJobSpec, body: JobCreate, request: Request, key: ApiKey) -> ScriptJobSpec:
+    """A script job: user code (an admin key, or GPUFORGE_ALLOW_USER_CODE), and a working copy made of
+    uploads only, each at a path inside it that `script.files` names, every name sent."""
+    settings = request.app.state.settings
+    spec.script.workdir = ""  # always the copy this server makes beside the run directory
+    check_script(job_policy(settings, key), spec)
+    if body.files:
+        raise SpecError("files: a script job sends its files as script_files")
+    sent = body.script_files or {}
+    uploads = settings.uploads_dir.resolve()
+    for rel, server_path in sent.items():
+        parts = PurePosixPath(rel).parts
+        if not parts or PurePosixPath(rel).is_absolute() or ".." in parts or "\\" in rel:
+            raise SpecError(f"script_files: {rel!r}: a path inside the working copy expected")
+        if not any(rel == f or rel.startswith(f.rstrip("/") + "/") for f in spec.script.files):
+            raise SpecError(f"script_files: {rel} is not under a path script.files names")
+        where = Path(server_path).resolve()
+        if where.parent != uploads or not where.is_file():
+            raise SpecError(f"script_files: {rel}: {server_path} is not an upload of this server")
+    for name in spec.script.files:
+        if not any(rel == name or rel.startswith(name.rstrip("/") + "/") for rel in sent):
+            raise SpecError(f"script.files: {name} was not sent")
+    return spec
+
+
+def make_working_copy(spec: ScriptJobSpec, files: dict[str, str], run_dir: Path) -> None:
+    """<run>.work: each upload at its path, linked where the file system allows (uploads never change)."""
+    work = Path(f"{run_dir}.work")
+    for rel, server_path in files.items():
+        target = work / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(server_path, target)
+        except OSError:
+            shutil.copyfile(server_path, target)
 
 
 def _check_inputs(spec: JobSpec) -> None:
@@ -179,6 +220,8 @@ def submit(
             s.add(job)
             s.flush()
             job.run_dir = str(request.app.state.settings.runs_dir / f"job-{job.id}")
+            if spec.kind == "script":
+                make_working_copy(spec, body.script_files or {}, Path(job.run_dir))
             s.refresh(job, ["owner", "project"])  # read by the answer, after the session has closed
     except IntegrityError:  # the unique (owner, idempotency key) held against a submit at the same moment
         if idempotency_key is None or (earlier := _earlier(request, key, idempotency_key)) is None:
