@@ -219,3 +219,50 @@ def test_a_server_queues_a_script_job_with_its_files_and_refuses_one_from_a_key_
         monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
         gone = run_cli("submit", str(missing))
         assert gone.returncode == 2 and "script.files: nothing/ not found" in gone.stderr
+
+
+DDP_LOOP = """
+import os, sys
+import torch
+import torch.distributed as dist
+from gpuforge import track
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(64, 4), torch.randn(64, 1)
+for step in range(int(sys.argv[1])):
+    part = slice(rank * 32, rank * 32 + 32)
+    loss = torch.nn.functional.mse_loss(model(x[part]), y[part])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    if rank == 0:
+        track.log(step, loss=float(total) / world, world=world)
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_starts_one_process_a_device_with_the_rendezvous_set_up(tmp_path):
+    spec = _job(
+        tmp_path,
+        "python ddp.py 5",
+        files=["ddp.py"],
+        script={"launcher": "torchrun"},
+        resources={"devices": 2, "device_type": "cpu"},
+    )
+    (spec.parent / "ddp.py").write_text(DDP_LOOP)
+    run = tmp_path / "run"
+    result = run_cli("train", str(spec), "--out", str(run), timeout=180)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(5)) and {m["world"] for m in metrics} == {2.0}
+    assert metrics[-1]["loss"] < metrics[0]["loss"]  # the two ranks trained one model
+    command = _events(run)[0]["command"]
+    assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node=2" in command
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["processes"] == 2
