@@ -320,7 +320,10 @@ def _resolve_tracking_uri(uri: str, base: Path) -> str:
 
 class JobSpec(Section):
     name: str = Field("job", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
-    kind: Literal["train"] = Field("train", description="train: gpuforge's engine; script: your command")
+    # never written out: specs stored before kinds existed resume, and older servers read what clients send
+    kind: Literal["train"] = Field(
+        "train", description="train: gpuforge's engine; script: your command", exclude=True
+    )
     model: ModelSpec
     data: DataSpec
     train: TrainSpec = Field(default_factory=TrainSpec)
@@ -760,6 +763,16 @@ def parse_spec(
         return JobSpec.model_validate(raw)
     except ValidationError as err:
         raise SpecError(format_validation_error(err, overrides, origin)) from None
+
+
+def load_train_spec(path: str | Path, overrides: list[str], verb: str) -> JobSpec:
+    """load_spec for a verb that works on gpuforge's engine: a script job is refused, saying why."""
+    spec = load_spec(path, overrides)
+    if spec.kind == "script":
+        raise SpecError(
+            f"{path}: kind: script: {verb} is for jobs gpuforge trains (a script runs its own code)"
+        )
+    return spec
 
 
 def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec | ScriptJobSpec:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import signal
 import tempfile
@@ -36,6 +37,7 @@ CHECKPOINT_EVENT = "checkpoint"  # the run directory's own event (runs.py), as t
 _stop = threading.Event()
 _handler_installed = False
 _lock = threading.Lock()
+_private: Path | None = None
 
 
 def run_dir() -> Path | None:
@@ -44,13 +46,23 @@ def run_dir() -> Path | None:
     return Path(value) if value else None
 
 
+def _writer_run_dir() -> Path | None:
+    """The run directory for what one process writes for the job: rank 0's alone under torchrun."""
+    return run_dir() if os.environ.get("RANK", "0") == "0" else None
+
+
 def log(step: int, **metrics: float) -> None:
-    """One line of metrics for `step`: numbers only (a NaN or infinity is written as null)."""
+    """One line of metrics for `step`: numbers only (a NaN or infinity is written as null). Under torchrun
+    only rank 0 writes: the ranks' figures are one job's."""
     _listen_for_stop()
-    where = run_dir()
+    where = _writer_run_dir()
     if where is None:
         return
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+    try:
+        step = operator.index(step)  # an int, numpy's or a framework's integer scalar too
+    except TypeError:
+        raise ValueError(f"track.log: step must be a non-negative int, got {step!r}") from None
+    if step < 0 or isinstance(step, bool):
         raise ValueError(f"track.log: step must be a non-negative int, got {step!r}")
     record: dict[str, float | int | None] = {"ts": time.time(), "step": step}
     for name, value in metrics.items():
@@ -63,16 +75,20 @@ def checkpoint_dir() -> Path:
     """A folder for the script's checkpoints, inside the run directory and kept when the job restarts."""
     _listen_for_stop()
     where = run_dir()
-    folder = (where / "checkpoints" / "script") if where else Path(tempfile.gettempdir()) / "gpuforge-script"
+    if where is None:  # run by hand: a folder of this process's own, never one another user made
+        global _private
+        _private = _private or Path(tempfile.mkdtemp(prefix="gpuforge-script-"))
+        return _private
+    folder = where / "checkpoints" / "script"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
 def checkpointed(step: int) -> None:
     """Say that checkpoint_dir() now holds `step`: a restart resumes from it (resume_step() = step + 1)."""
-    where = run_dir()
+    where = _writer_run_dir()
     if where is not None:
-        record = {"ts": time.time(), "event": CHECKPOINT_EVENT, "step": int(step), "by": "script"}
+        record = {"ts": time.time(), "event": CHECKPOINT_EVENT, "step": operator.index(step), "by": "script"}
         _append(where / "events.jsonl", record)
 
 
@@ -113,7 +129,18 @@ def _listen_for_stop() -> None:
             return
         _handler_installed = True
         if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, lambda signum, frame: _stop.set())
+            signal.signal(signal.SIGTERM, _on_sigterm)
+            # a worker forked from here (a data loader's) dies on SIGTERM as before, not saving anything
+            os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _on_sigterm(signum, frame) -> None:
+    _stop.set()
+
+
+def _forget_in_child() -> None:
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _append(path: Path, record: dict) -> None:

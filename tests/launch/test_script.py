@@ -108,16 +108,18 @@ def test_a_script_that_ignores_the_stop_is_killed_after_its_grace_and_a_budget_p
         "python stubborn.py",
         files=["stubborn.py"],
         script={"stop_grace_s": 1},
-        cost={"usd_per_hour": 3600, "budget_usd": 1.0},  # a dollar a second: spent in a second
+        cost={"usd_per_hour": 3600, "budget_usd": 3.0},  # a dollar a second: spent in 3 s
     )
     start = time.monotonic()
     result = run_cli("train", str(spec), "--out", str(tmp_path / "run"), timeout=60)
     assert time.monotonic() - start < 20
     assert result.returncode == 3, result.stderr  # paused, as a spec job over its budget
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "paused" and summary["reason"] == "cost.budget_usd 1 spent"
+    assert summary["status"] == "paused" and summary["reason"] == "cost.budget_usd 3 spent"
     assert summary["exit_code"] == -signal.SIGKILL and summary["metrics_reported"] is False
-    assert (tmp_path / "run" / "stop").read_text() == "cost.budget_usd 1 spent"
+    assert (tmp_path / "run" / "stop").read_text() == "cost.budget_usd 3 spent"
+    again = run_cli("train", str(spec), "--out", str(tmp_path / "run"))
+    assert again.returncode == 2 and "cost.budget_usd: 3 spent already" in again.stderr  # not started again
 
 
 def test_a_failing_script_fails_with_the_end_of_its_log(tmp_path):
@@ -266,3 +268,58 @@ def test_torchrun_starts_one_process_a_device_with_the_rendezvous_set_up(tmp_pat
     assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node=2" in command
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["processes"] == 2
+
+
+def test_a_relative_out_a_crash_while_saving_and_workers_left_behind(tmp_path):
+    crash = """
+import multiprocessing, signal, sys, time
+from gpuforge import track
+
+def worker():
+    time.sleep(600)
+
+if __name__ == "__main__":
+    track.log(0, loss=1.0)
+    multiprocessing.Process(target=worker).start()  # left running, as a data loader's worker can be
+    while not track.should_stop():
+        time.sleep(0.05)
+    raise SystemExit("disk full while saving")
+"""
+    spec = _job(tmp_path, "python crash.py", files=["crash.py"], resources={"max_time": "3s"})
+    (spec.parent / "crash.py").write_text(crash)
+    result = run_cli("train", str(spec), "--out", "relative-run", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    summary = json.loads((tmp_path / "relative-run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["metrics_reported"]  # track found its run directory
+    assert summary["reason"] == "the script exited 1: disk full while saving"  # not "paused": it crashed
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _runs(p, str(spec.parent))]
+
+
+def _runs(proc: Path, folder: str) -> bool:
+    """Whether a process runs in `folder` (the script's working copy): its worker would."""
+    try:
+        return os.readlink(proc / "cwd") == folder
+    except OSError:
+        return False
+
+
+def test_plan_refuses_a_script_job_and_track_takes_numpy_steps(tmp_path):
+    spec = _job(tmp_path, "python loop.py 3")
+    refused = run_cli("plan", str(spec))
+    assert refused.returncode == 2 and "kind: script: plan is for jobs gpuforge trains" in refused.stderr
+    code = (
+        "import numpy as np; from gpuforge import track; track.log(np.int64(3), loss=np.float32(0.5)); "
+        "track.checkpointed(np.int64(3)); print(track.resume_step())"
+    )
+    env = {**os.environ, "GPUFORGE_RUN_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "4", out.stderr
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["step"] == 3
+
+
+def test_a_train_spec_is_stored_without_a_kind_so_older_runs_and_servers_read_it():
+    from gpuforge.spec import parse_spec
+
+    raw = {"model": {"source": "bundled:gpt-tiny", "task": "causal-lm"}, "data": {"train": "x"}}
+    spec = parse_spec(raw, Path("/"))
+    assert spec.kind == "train" and "kind" not in spec.to_yaml()

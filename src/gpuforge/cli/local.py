@@ -35,11 +35,11 @@ def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: boo
     from gpuforge.policy import current
     from gpuforge.runs import RunResult
     from gpuforge.settings import current as environment
-    from gpuforge.spec import load_spec
+    from gpuforge.spec import load_train_spec
     from gpuforge.train.engine import train as run_training
     from gpuforge.train.progress import Reporter, RichReporter
 
-    job = load_spec(spec_path, overrides)
+    job = load_train_spec(spec_path, overrides, "train")
     check_spec(current(), job)  # a runner the server started holds to its job's policy, whatever the file
     out = out or _default_out(job.name)
     # several processes, or a server whose jobs run on a Ray cluster: this process launches them and waits
@@ -218,14 +218,15 @@ def plan(
     With --compare: the same job's memory, batch, step time, total time and cost on each device named."""
     import json
 
-    from gpuforge.spec import load_spec
+    from gpuforge.spec import load_train_spec
 
     overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
     if compare is not None:
         from gpuforge.plan.compare import compare as compare_devices
         from gpuforge.plan.compare import notes, table
 
-        result = compare_devices(load_spec(spec, overrides), compare.split(","), measure, link_gbps)
+        job = load_train_spec(spec, overrides, "plan --compare")
+        result = compare_devices(job, compare.split(","), measure, link_gbps)
         if as_json:
             out_console.print_json(json.dumps(result.as_dict()))
         else:
@@ -239,7 +240,7 @@ def plan(
         raise GpuforgeError("--link-gbps: only with --compare")
     from gpuforge.plan import make_plan, table
 
-    result = make_plan(load_spec(spec, overrides), measure=measure)
+    result = make_plan(load_train_spec(spec, overrides, "plan"), measure=measure)
     if as_json:
         out_console.print_json(json.dumps(result.as_dict()))
     else:

@@ -65,17 +65,23 @@ class _Stop:
 
 def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
     """Run the script job into `out`, until it ends or is stopped; its summary (also in summary.json)."""
+    out = Path(out).resolve()  # the script runs elsewhere (its working copy): a relative path would move
     run = RunDir(out)
     run.check_usable()
     run.create()
     workdir = working_copy(spec, out)
     argv = command_line(spec, workdir)
     check_same_job(run, spec)  # resuming is for the same job only
+    spent_before = _spent(run)
+    if spec.cost.budget_usd and spent_before >= spec.cost.budget_usd:
+        raise GpuforgeError(
+            f"cost.budget_usd: {spec.cost.budget_usd:g} spent already (${spent_before:.4f} so far): "
+            "raise it to go on"
+        )
     run.spec_path.write_text(spec.to_yaml())
     (run.root / track.STOP_FILE).unlink(missing_ok=True)  # an earlier attempt's stop is not this one's
     resume = _resume_step(run)
     run.truncate_metrics_after(resume - 1)  # what an attempt logged past its last checkpoint is logged again
-    spent_before = _spent(run)
     run.event(
         "started",
         kind="script",
@@ -83,11 +89,15 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
         resumes_from=resume,
         how="resumes from its checkpoint" if resume else "starts from the beginning",
     )
-    env = child_environment({**spec.script.env, **_device_env(spec), track.RUN_DIR_VARIABLE: str(run.root)})
+    unbuffered = {} if "PYTHONUNBUFFERED" in spec.script.env else {"PYTHONUNBUFFERED": "1"}  # live output
+    given = {**unbuffered, **spec.script.env, **_device_env(spec), track.RUN_DIR_VARIABLE: str(run.root)}
+    env = child_environment(given)
     log_path = run.logs_dir / LOG_NAME
+    log_start = log_path.stat().st_size if log_path.exists() else 0  # this attempt's part of the log
     started = time.monotonic()
     usd_per_hour = spec.cost.usd_per_hour * spec.resources.devices
     stop = _Stop()
+    die_with_parent = _parent_death_signal()  # resolved here: nothing is imported between fork and exec
     try:
         process = subprocess.Popen(
             argv,
@@ -96,13 +106,13 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a group of its own: a stop reaches what it started too
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
     except OSError as err:  # found by which() but not runnable (permissions, a bad interpreter line)
         raise GpuforgeError(f"script.command: cannot start {argv[0]}: {err.strerror}") from None
     copier = threading.Thread(target=_copy_output, args=(process, log_path), daemon=True)
     copier.start()
-    previous = _forward_signals(stop)
+    previous = _forward_signals(stop, process)
     try:
         limit = parse_duration(spec.resources.max_time) if spec.resources.max_time else None
         while process.poll() is None:
@@ -117,12 +127,12 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
             time.sleep(POLL_S)
     finally:
         _restore_signals(previous)
-        if process.poll() is None:
-            _kill_group(process, signal.SIGKILL)
-            process.wait()
+        _end_group(process)  # what the script started and left running (workers, a child holding the pipe)
         copier.join(timeout=5)
     wall = time.monotonic() - started
-    summary = _summary(spec, run, process.returncode, stop, wall, usd_per_hour, resume, spent_before)
+    summary = _summary(
+        spec, run, process.returncode, stop, wall, usd_per_hour, resume, spent_before, log_start
+    )
     run.write_summary(summary)
     fields = {"reason": summary.reason} if summary.reason else {}
     run.event(summary.status, exit_code=process.returncode, **fields)
@@ -196,15 +206,17 @@ def _cuda_devices() -> int:
     return len(list(Path("/dev").glob("nvidia[0-9]*")))
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when this runner dies (killed itself), so no script outlives
-    the job that ran it. Linux only; elsewhere the stop signals alone."""
+def _parent_death_signal():
+    """A function for the child to call before exec: SIGKILL when this runner dies (killed itself), so no
+    script outlives the job that ran it. prctl is looked up here, in the parent: nothing is imported
+    after the fork. Linux only; elsewhere None and the stop signals alone."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _resume_step(run: RunDir) -> int:
@@ -213,26 +225,36 @@ def _resume_step(run: RunDir) -> int:
 
 
 def _copy_output(process: subprocess.Popen, log_path: Path) -> None:
-    """The script's output into its log, line by line, and onto this terminal."""
+    """The script's output into its log as it comes (a progress bar's \\r too), and onto this terminal
+    while there is one: a closed terminal must not stop the copy, or the script blocks on a full pipe."""
+    terminal = True
     with open(log_path, "ab") as log:
-        for line in iter(process.stdout.readline, b""):
-            log.write(line)
+        while chunk := process.stdout.read1(65536):
+            log.write(chunk)
             log.flush()
-            sys.stdout.buffer.write(line)
-            sys.stdout.flush()
+            if terminal:
+                try:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
+                except (OSError, ValueError):
+                    terminal = False
 
 
-def _forward_signals(stop: _Stop) -> dict[int, object]:
-    """SIGTERM and SIGINT here stop the script (saved, then killed), as the engine's signals do."""
+STOPPING = {signal.SIGTERM: "cancelled", signal.SIGINT: "cancelled", signal.SIGHUP: "cancelled"}
+
+
+def _forward_signals(stop: _Stop, process: subprocess.Popen) -> dict[int, object]:
+    """SIGTERM, SIGINT and SIGHUP (a closed terminal) here stop the script: saved, then killed, as the
+    engine's signals do. A second one kills it at once."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    previous = {}
-    for signum in (signal.SIGTERM, signal.SIGINT):
+
+    def handle(signum, frame) -> None:
         name = signal.Signals(signum).name
-        previous[signum] = signal.signal(
-            signum, lambda s, f, name=name: stop.request(f"{name} received", "cancelled", s)
-        )
-    return previous
+        if not stop.request(f"{name} received", STOPPING[signum], signum):
+            _kill_group(process, signal.SIGKILL)  # asked twice: no more waiting
+
+    return {signum: signal.signal(signum, handle) for signum in STOPPING}
 
 
 def _restore_signals(previous: dict[int, object]) -> None:
@@ -250,11 +272,34 @@ def _stop_process(process: subprocess.Popen, run: RunDir, stop: _Stop, grace_s: 
         _kill_group(process, signal.SIGKILL)
 
 
+def _end_group(process: subprocess.Popen, wait_s: float = 2.0) -> None:
+    """Once the script is gone (or must go), what it started goes too: SIGTERM to its group, SIGKILL to
+    whatever is left a moment later."""
+    if process.poll() is None:
+        _kill_group(process, signal.SIGKILL)
+        process.wait()
+    if not _group_alive(process.pid):
+        return
+    _kill_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while _group_alive(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _kill_group(process, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def _kill_group(process: subprocess.Popen, signum: int) -> None:
     """The script and what it started (torchrun's ranks, a data loader's workers)."""
     try:
         os.killpg(process.pid, signum)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
 
 
@@ -267,16 +312,21 @@ def _spent(run: RunDir) -> float:
     return earlier.cost_usd if earlier is not None else 0.0
 
 
-def _summary(spec, run, code: int, stop: _Stop, wall: float, usd_per_hour: float, resume: int, before: float):
+STOPPED_CODES = {0, -signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGKILL}
+
+
+def _summary(spec, run, code, stop: _Stop, wall, usd_per_hour, resume: int, before: float, log_start: int):
     metrics = [m for m in read_jsonl(run.metrics_path) if isinstance(m.get("step"), int)]
     last_loss = next((m["loss"] for m in reversed(metrics) if isinstance(m.get("loss"), int | float)), None)
     steps = max((m["step"] for m in metrics), default=-1) + 1
-    if stop.reason is not None:
+    if (
+        stop.reason is not None and code in STOPPED_CODES
+    ):  # it stopped as asked (saved, or killed after grace)
         status, reason = stop.status, stop.reason
     elif code == 0:
         status, reason = "finished", None
-    else:
-        status, reason = "failed", _failure(run.logs_dir / LOG_NAME, code)
+    else:  # a crash, also one while saving: its resume point is not to be trusted
+        status, reason = "failed", _failure(run.logs_dir / LOG_NAME, code, log_start)
     device_type = "cuda" if _device_env(spec).get("CUDA_VISIBLE_DEVICES") else "cpu"
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: KiB
     return RunSummary(
@@ -313,11 +363,15 @@ def _summary(spec, run, code: int, stop: _Stop, wall: float, usd_per_hour: float
     )
 
 
-def _failure(log_path: Path, code: int) -> str:
+def _failure(log_path: Path, code: int, start: int) -> str:
+    """The end of this attempt's part of the log (not an earlier attempt's), as one line."""
     try:
-        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+        with open(log_path, "rb") as f:
+            f.seek(max(start, log_path.stat().st_size - 64 * 1024))
+            text = f.read().decode(errors="replace")
     except OSError:
-        lines = []
+        text = ""
+    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
     died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
     tail = " | ".join(lines[-FAILURE_LINES:]) or "no output"
     return f"the script {died}: {tail}"
