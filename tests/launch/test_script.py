@@ -323,3 +323,30 @@ def test_a_train_spec_is_stored_without_a_kind_so_older_runs_and_servers_read_it
     raw = {"model": {"source": "bundled:gpt-tiny", "task": "causal-lm"}, "data": {"train": "x"}}
     spec = parse_spec(raw, Path("/"))
     assert spec.kind == "train" and "kind" not in spec.to_yaml()
+
+
+def test_tensorboard_scalars_a_script_writes_become_its_metrics(tmp_path):
+    pytest.importorskip("tensorboard")
+    writer = """
+import os, time
+from torch.utils.tensorboard import SummaryWriter
+
+writer = SummaryWriter(os.path.join(os.environ["GPUFORGE_RUN_DIR"], "tensorboard"))
+for step in range(4):
+    writer.add_scalar("train/loss", 1.0 / (step + 1), step)
+    writer.add_scalar("lr", 0.1, step)
+    writer.flush()
+    time.sleep(0.3)
+writer.close()
+"""
+    spec = _job(tmp_path, "python tb.py", files=["tb.py"])
+    (spec.parent / "tb.py").write_text(writer)
+    run = tmp_path / "run"
+    result = run_cli("train", str(spec), "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(m["step"] for m in lines) == [0, 1, 2, 3]  # one line a step, each step once
+    by_step = {m["step"]: m for m in lines}
+    assert by_step[3]["train/loss"] == pytest.approx(0.25) and by_step[0]["lr"] == pytest.approx(0.1)
+    assert {m["source"] for m in lines} == {"tensorboard"}
+    assert json.loads((run / "summary.json").read_text())["final_loss"] is None  # no `loss` tag of that name

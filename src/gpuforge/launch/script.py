@@ -6,7 +6,8 @@ budget and stop signals a spec job gets, but not gpuforge's engine.
 The command runs without a shell (its words split like a shell's), in the spec's folder. A leading
 `python` is the interpreter gpuforge runs under, or `script.python`. The process gets:
 - its devices (CUDA_VISIBLE_DEVICES, or a CPU slot's threads);
-- GPUFORGE_RUN_DIR, where gpuforge.track writes metrics and checkpoints;
+- GPUFORGE_RUN_DIR, where gpuforge.track writes metrics and checkpoints (and TensorBoard event files
+  under <run>/tensorboard are read into the metrics: tensorboard_scalars.py);
 - the allow-listed environment (child_env.py) and the spec's `script.env`.
 
 Its output goes to <run>/logs/script.log and to this terminal.
@@ -35,6 +36,7 @@ from pathlib import Path
 from gpuforge import track
 from gpuforge.child_env import child_environment
 from gpuforge.errors import GpuforgeError, SpecError
+from gpuforge.launch.tensorboard_scalars import ScalarReader
 from gpuforge.runs import RunDir, RunSummary, read_jsonl
 from gpuforge.runtime.host import usable_cores
 from gpuforge.spec import ScriptJobSpec, parse_duration, working_copy_files
@@ -112,6 +114,7 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
         raise GpuforgeError(f"script.command: cannot start {argv[0]}: {err.strerror}") from None
     copier = threading.Thread(target=_copy_output, args=(process, log_path), daemon=True)
     copier.start()
+    scalars = ScalarReader(run, log_path).start()
     previous = _forward_signals(stop, process)
     try:
         limit = parse_duration(spec.resources.max_time) if spec.resources.max_time else None
@@ -129,6 +132,7 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
         _restore_signals(previous)
         _end_group(process)  # what the script started and left running (workers, a child holding the pipe)
         copier.join(timeout=5)
+        scalars.stop()
     wall = time.monotonic() - started
     summary = _summary(
         spec, run, process.returncode, stop, wall, usd_per_hour, resume, spent_before, log_start
