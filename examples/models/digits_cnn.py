@@ -5,8 +5,12 @@ from torch import nn
 
 def build(num_labels: int, channels: int = 32) -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(1, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
-        nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels), nn.ReLU(),
+        nn.Conv2d(1, channels, 3, padding=1),
+        nn.BatchNorm2d(channels),
+        nn.ReLU(),
+        nn.Conv2d(channels, 2 * channels, 3, padding=1),
+        nn.BatchNorm2d(2 * channels),
+        nn.ReLU(),
         nn.MaxPool2d(2),  # 8x8 -> 4x4
         nn.Flatten(),
         nn.Dropout(0.1),

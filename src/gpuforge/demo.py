@@ -41,10 +41,10 @@ def demo_via_server(specs: list[Path], home: Path, overrides: list[str], console
         )  # fmt: skip
         ids, tasks = [], {}
         for spec_path in specs:
-            spec = load_spec(spec_path, overrides)
+            spec = load_spec(spec_path, overrides if not _is_script(spec_path) else [])  # its own steps
             job = client.submit(spec)
             ids.append(job["id"])
-            tasks[job["id"]] = (spec.model.task, spec.name)
+            tasks[job["id"]] = (spec.model.task if spec.kind == "train" else "script", spec.name)
             console.print(f"submitted {spec_path.name}: job {job['id']}", highlight=False)
         for job_id in ids:
             _follow(client, job_id, console)
@@ -76,6 +76,12 @@ def _follow(client, job_id: int, console: Console) -> None:
         elif event == "end":
             why = f" ({data['reason']})" if data.get("reason") else ""
             console.print(f"  job {job_id} {name}: {data['state']}{why}", highlight=False)
+
+
+def _is_script(spec_path: Path) -> bool:
+    return (
+        spec_path.parent.name == "scripts"
+    )  # examples/scripts/: script jobs, which take no train.* override
 
 
 def _pick_classifier(jobs: list[dict], tasks: dict[int, tuple[str, str]]) -> dict | None:
@@ -156,7 +162,7 @@ def _table(rows: list[tuple[dict, RunSummary | None]]) -> Table:
             f"{s.steps}{steps}",
             f"{s.final_loss:.4f}" if s.final_loss is not None else "-",
             eval_figure(s.eval or {}),
-            f"{s.samples_per_s or 0:.1f}",
+            f"{s.samples_per_s:.1f}" if s.samples_per_s is not None else "-",
             f"{s.device_type} {s.precision}",
             f"{s.wall_s:.0f}" if s.wall_s else "-",
         )

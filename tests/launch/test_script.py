@@ -350,3 +350,47 @@ writer.close()
     assert by_step[3]["train/loss"] == pytest.approx(0.25) and by_step[0]["lr"] == pytest.approx(0.1)
     assert {m["source"] for m in lines} == {"tensorboard"}
     assert json.loads((run / "summary.json").read_text())["final_loss"] is None  # no `loss` tag of that name
+
+
+KERAS_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "scripts" / "keras-digits.yaml"
+
+
+def test_the_keras_example_reports_checkpoints_on_sigterm_and_resumes(tmp_path):
+    if os.environ.get("GPUFORGE_REQUIRE_TENSORFLOW") != "1":
+        pytest.importorskip(
+            "keras", reason="tensorflow-cpu is not installed here (the dev set-up installs it)"
+        )
+    run, epochs = tmp_path / "run", 40
+    longer = ["--set", f"script.command=python keras_digits.py --epochs {epochs}"]
+    cmd = [sys.executable, "-m", "gpuforge", "train", str(KERAS_EXAMPLE), "--out", str(run), *longer]
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 2:
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 143, out[-2000:] + err
+    stopped = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert 2 <= len(stopped) < epochs and (run / "checkpoints" / "script" / "model.keras").is_file()
+
+    resumed = run_cli("train", str(KERAS_EXAMPLE), "--out", str(run), *longer, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from epoch {stopped[-1]}" in resumed.stdout
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(epochs))  # each epoch once, across the two attempts
+    assert metrics[-1]["eval_accuracy"] > 0.9 and metrics[-1]["loss"] < metrics[0]["loss"]
+
+
+def test_the_pytorch_example_runs_alone_and_under_torchrun(tmp_path):
+    spec = KERAS_EXAMPLE.parent / "torch-digits.yaml"
+    two = ["--set", "script.command=python torch_digits.py --epochs 2"]
+    alone = run_cli("train", str(spec), "--out", str(tmp_path / "alone"), *two, timeout=180)
+    assert alone.returncode == 0, alone.stderr
+    ddp = ["--set", "script.launcher=torchrun", "--set", "resources.devices=2"]
+    pair = run_cli("train", str(spec), "--out", str(tmp_path / "ddp"), *two, *ddp, timeout=180)
+    assert pair.returncode == 0, pair.stderr
+    for run in ("alone", "ddp"):
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in lines] == [0, 1]  # rank 0's lines only, under torchrun
+        assert json.loads(lines[-1])["eval_accuracy"] > 0.8

@@ -161,7 +161,8 @@ def demo(
         from gpuforge.demo import demo_via_server
 
         overrides = [f"train.max_steps={max_steps}"] if max_steps else []
-        demo_via_server(specs, (out / "server").absolute(), overrides, out_console)
+        scripts = sorted((examples / "scripts").glob("*.yaml"))  # a team's own code, as script jobs
+        demo_via_server(specs + scripts, (out / "server").absolute(), overrides, out_console)
         return
     from gpuforge.demo import eval_figure
 

@@ -322,6 +322,8 @@ STOPPED_CODES = {0, -signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 
 def _summary(spec, run, code, stop: _Stop, wall, usd_per_hour, resume: int, before: float, log_start: int):
     metrics = [m for m in read_jsonl(run.metrics_path) if isinstance(m.get("step"), int)]
     last_loss = next((m["loss"] for m in reversed(metrics) if isinstance(m.get("loss"), int | float)), None)
+    evaluated = next((m for m in reversed(metrics) if any(k.startswith("eval_") for k in m)), {})
+    evaluation = {k[5:]: v for k, v in evaluated.items() if k.startswith("eval_") and isinstance(v, float)}
     steps = max((m["step"] for m in metrics), default=-1) + 1
     if (
         stop.reason is not None and code in STOPPED_CODES
@@ -344,10 +346,10 @@ def _summary(spec, run, code, stop: _Stop, wall, usd_per_hour, resume: int, befo
         median_step_s=None,
         peak_mem_bytes=children,
         final_loss=last_loss,
-        eval=None,
+        eval=evaluation or None,  # the last eval_* figures the script logged (eval_accuracy: accuracy)
         device=device_type,
         device_type=device_type,
-        precision="the script's own",
+        precision="",  # its own: gpuforge does not know it
         precision_reason="a script job chooses its own precision",
         batch_size=0,
         grad_accum=1,
