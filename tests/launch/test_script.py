@@ -44,6 +44,20 @@ def _job(tmp_path: Path, command: str, files=("loop.py",), **sections) -> Path:
     return write_spec(work / "job.yaml", {"name": "loop", "kind": "script", "script": script, **sections})
 
 
+def _stopped_after(args: list[str], run: Path, lines: int, timeout: float = 120) -> tuple[int, str, str]:
+    """Run `gpuforge ARGS`, SIGTERM it once its run directory holds `lines` metrics lines; how it ended."""
+    cmd = [sys.executable, "-m", "gpuforge", *args]
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    metrics = run / "metrics.jsonl"
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < lines:
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    return process.returncode, out, err
+
+
 def _events(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
 
@@ -70,15 +84,8 @@ def test_a_script_runs_in_its_folder_and_reports_metrics_cost_and_a_summary(tmp_
 def test_sigterm_saves_through_track_and_the_same_command_resumes_from_that_checkpoint(tmp_path):
     spec = _job(tmp_path, "python loop.py 400 0.02")
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "gpuforge", "train", str(spec), "--out", str(run)]
-    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 5:
-        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=60)
-    assert process.returncode == 143, err
+    returncode, out, err = _stopped_after(["train", str(spec), "--out", str(run)], run, lines=5)
+    assert returncode == 143, err
     assert "cancelled" in out and "SIGTERM received" in out
     saved = int((run / "checkpoints" / "script" / "state.txt").read_text())
     assert [e["event"] for e in _events(run)] == ["started", "checkpoint", "cancelled"]
@@ -223,53 +230,6 @@ def test_a_server_queues_a_script_job_with_its_files_and_refuses_one_from_a_key_
         assert gone.returncode == 2 and "script.files: nothing/ not found" in gone.stderr
 
 
-DDP_LOOP = """
-import os, sys
-import torch
-import torch.distributed as dist
-from gpuforge import track
-
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
-torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-x, y = torch.randn(64, 4), torch.randn(64, 1)
-for step in range(int(sys.argv[1])):
-    part = slice(rank * 32, rank * 32 + 32)
-    loss = torch.nn.functional.mse_loss(model(x[part]), y[part])
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    total = loss.detach().clone()
-    dist.all_reduce(total)
-    if rank == 0:
-        track.log(step, loss=float(total) / world, world=world)
-dist.destroy_process_group()
-"""
-
-
-def test_torchrun_starts_one_process_a_device_with_the_rendezvous_set_up(tmp_path):
-    spec = _job(
-        tmp_path,
-        "python ddp.py 5",
-        files=["ddp.py"],
-        script={"launcher": "torchrun"},
-        resources={"devices": 2, "device_type": "cpu"},
-    )
-    (spec.parent / "ddp.py").write_text(DDP_LOOP)
-    run = tmp_path / "run"
-    result = run_cli("train", str(spec), "--out", str(run), timeout=180)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == list(range(5)) and {m["world"] for m in metrics} == {2.0}
-    assert metrics[-1]["loss"] < metrics[0]["loss"]  # the two ranks trained one model
-    command = _events(run)[0]["command"]
-    assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node=2" in command
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["processes"] == 2
-
-
 def test_a_relative_out_a_crash_while_saving_and_workers_left_behind(tmp_path):
     crash = """
 import multiprocessing, signal, sys, time
@@ -362,15 +322,8 @@ def test_the_keras_example_reports_checkpoints_on_sigterm_and_resumes(tmp_path):
         )
     run, epochs = tmp_path / "run", 40
     longer = ["--set", f"script.command=python keras_digits.py --epochs {epochs}"]
-    cmd = [sys.executable, "-m", "gpuforge", "train", str(KERAS_EXAMPLE), "--out", str(run), *longer]
-    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 2:
-        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=60)
-    assert process.returncode == 143, out[-2000:] + err
+    returncode, out, err = _stopped_after(["train", str(KERAS_EXAMPLE), "--out", str(run), *longer], run, 2)
+    assert returncode == 143, out[-2000:] + err
     stopped = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert 2 <= len(stopped) < epochs and (run / "checkpoints" / "script" / "model.keras").is_file()
 
@@ -382,15 +335,16 @@ def test_the_keras_example_reports_checkpoints_on_sigterm_and_resumes(tmp_path):
     assert metrics[-1]["eval_accuracy"] > 0.9 and metrics[-1]["loss"] < metrics[0]["loss"]
 
 
-def test_the_pytorch_example_runs_alone_and_under_torchrun(tmp_path):
-    spec = KERAS_EXAMPLE.parent / "torch-digits.yaml"
+def test_the_pytorch_example_under_torchrun_is_one_process_a_device_with_the_rendezvous_set_up(tmp_path):
+    spec, run = KERAS_EXAMPLE.parent / "torch-digits.yaml", tmp_path / "ddp"
     two = ["--set", "script.command=python torch_digits.py --epochs 2"]
-    alone = run_cli("train", str(spec), "--out", str(tmp_path / "alone"), *two, timeout=180)
-    assert alone.returncode == 0, alone.stderr
     ddp = ["--set", "script.launcher=torchrun", "--set", "resources.devices=2"]
-    pair = run_cli("train", str(spec), "--out", str(tmp_path / "ddp"), *two, *ddp, timeout=180)
-    assert pair.returncode == 0, pair.stderr
-    for run in ("alone", "ddp"):
-        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
-        assert [json.loads(line)["step"] for line in lines] == [0, 1]  # rank 0's lines only, under torchrun
-        assert json.loads(lines[-1])["eval_accuracy"] > 0.8
+    pair = run_cli("train", str(spec), "--out", str(run), *two, *ddp, timeout=180)
+    assert pair.returncode == 0, pair.stdout[-2000:] + pair.stderr
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [0, 1]  # rank 0's lines only: two processes, one job's curve
+    assert lines[-1]["eval_accuracy"] > 0.8  # the two trained one model (DistributedDataParallel over gloo)
+    command = _events(run)[0]["command"]
+    assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node=2" in command
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["processes"] == 2

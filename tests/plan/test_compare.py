@@ -49,7 +49,7 @@ def test_each_target_gets_its_fit_batch_step_time_and_cost_and_the_best_are_mark
 
 
 def test_with_measure_the_estimate_is_scaled_by_this_machines_measured_step(spec_path):
-    result = compare(load_spec(spec_path, []), ["cpu", "l4"], measure=True)
+    result = compare(load_spec(spec_path, []), ["cpu", "l4"], measure=True, calibration_s=0.5)
     calibration = result.calibration
     assert calibration["factor"] == pytest.approx(
         calibration["measured_step_s"] / calibration["roofline_step_s"]
@@ -143,7 +143,7 @@ def test_a_distributed_job_pays_its_all_reduce_over_the_link_and_is_told_what_wo
                                         "distributed.gradient_compression=powersgd"])  # fmt: skip
     cut = compare(compressed, ["l4"], link_gbps=0.05).targets["l4"]
     assert cut.step_parts["allreduce_s"] < slow.step_parts["allreduce_s"]
-    calibrated = compare(spec, ["l4"], measure=True, link_gbps=0.05).targets["l4"]
+    calibrated = compare(spec, ["l4"], measure=True, link_gbps=0.05, calibration_s=0.5).targets["l4"]
     assert calibrated.step_parts["allreduce_s"] == pytest.approx(slow.step_parts["allreduce_s"])  # the link's
 
 

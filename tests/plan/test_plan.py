@@ -18,7 +18,8 @@ def _plan(*args):
     return result, (json.loads(result.stdout) if result.stdout.strip().startswith("{") else None)
 
 
-@pytest.mark.parametrize("example, steps", [("digits-cnn", 30), ("minilm-topics", 8)])
+# every example is checked against its real run by benchmarks/plan_accuracy.py; here the quick one
+@pytest.mark.parametrize("example, steps", [("digits-cnn", 30)])
 def test_plan_is_within_30_percent_of_the_measured_run(tmp_path, example, steps):
     spec = str(EXAMPLES / f"{example}.yaml")
     # The machine is shared: a neighbour's burst can slow one of the two processes for seconds, and a

@@ -116,7 +116,11 @@ class Comparison:
 
 
 def compare(
-    spec: JobSpec, names: list[str], measure: bool = False, link_gbps: float | None = None
+    spec: JobSpec,
+    names: list[str],
+    measure: bool = False,
+    link_gbps: float | None = None,
+    calibration_s: float = CALIBRATION_SECONDS,
 ) -> Comparison:
     names = [n.strip() for n in names if n.strip()]
     if not names:
@@ -130,7 +134,7 @@ def compare(
     traces = _Traces(job)
     calibration = None
     if measure:
-        measured, _ = _measure_steps(job, CALIBRATION_SECONDS)
+        measured, _ = _measure_steps(job, calibration_s)
         local = _local_device(here, job)
         accum = math.ceil(job.order.global_batch / job.micro)
         predicted = traces.step_s(local.roof(job.precision.name), job.micro, accum)
