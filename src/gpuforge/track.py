@@ -92,9 +92,10 @@ def checkpointed(step: int) -> None:
         _append(where / "events.jsonl", record)
 
 
-def resume_step() -> int:
-    """The step to start from: one after the last checkpointed() of an earlier attempt, else 0."""
-    where = run_dir()
+def resume_step(run: Path | None = None) -> int:
+    """The step to start from: one after the last checkpointed() of an earlier attempt, else 0 (of this
+    process's run directory, or of `run`: the runner asks it for the attempt it starts)."""
+    where = run or run_dir()
     if where is None:
         return 0
     last = -1

@@ -144,10 +144,7 @@ def matmul_efficiency(curve: dict[int, float], peak: float) -> Callable[[float],
         x = math.log(max(size, 1.0))
         if x <= points[0][0]:
             return max(points[0][1] * (size / math.exp(points[0][0])) ** 2, 1e-3)  # tiny: falls as its area
-        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
-            if x <= x1:
-                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-        return points[-1][1]
+        return _interpolate(points, x)
 
     return efficiency
 
@@ -170,6 +167,7 @@ def bandwidth_by_size(curves: dict[int, dict[int, float]]) -> Callable[[float, i
 
 
 def _interpolate(points: list[tuple[float, float]], x: float) -> float:
+    """y at x on a line through sorted (x, y) points; the end points' y beyond them."""
     if x <= points[0][0]:
         return points[0][1]
     for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):

@@ -82,7 +82,7 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
         )
     run.spec_path.write_text(spec.to_yaml())
     (run.root / track.STOP_FILE).unlink(missing_ok=True)  # an earlier attempt's stop is not this one's
-    resume = _resume_step(run)
+    resume = track.resume_step(run.root)
     run.truncate_metrics_after(resume - 1)  # what an attempt logged past its last checkpoint is logged again
     run.event(
         "started",
@@ -221,11 +221,6 @@ def _parent_death_signal():
     except (OSError, AttributeError):
         return None
     return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _resume_step(run: RunDir) -> int:
-    last = [e.get("step", -1) for e in run.events() if e.get("event") == track.CHECKPOINT_EVENT]
-    return max(last, default=-1) + 1
 
 
 def _copy_output(process: subprocess.Popen, log_path: Path) -> None:
