@@ -65,6 +65,7 @@ def test_internal_variables_are_marked_and_the_rest_are_not():
         "GPUFORGE_CONFINE_EXCLUDED",
         "GPUFORGE_RESTART",
         "GPUFORGE_ATTEMPT",
+        "GPUFORGE_RUN_DIR",
     }
     assert all(v.meaning and v.read_by and v.type for v in variables())
 

@@ -64,6 +64,9 @@ def main() -> None:
         if stop:
             break
     if distributed:
+        # rank 0 saves after its last epoch while rank 1 is done: a group torn down with a peer still
+        # at work aborts (gloo, seen as SIGABRT), so both wait here for each other first
+        dist.barrier()
         dist.destroy_process_group()
 
 

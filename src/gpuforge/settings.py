@@ -256,6 +256,24 @@ class Environment(ServerOptions):
         read_by="tests",
         kind="development",
     )
+    require_opencl: str | None = setting(
+        None,
+        meaning="1: the OpenCL tests fail, rather than skip, without an OpenCL device (as under CI)",
+        read_by="tests",
+        kind="development",
+    )
+    require_tensorflow: str | None = setting(
+        None,
+        meaning="1: the Keras script job's test fails, rather than skips, without tensorflow (as under CI)",
+        read_by="tests",
+        kind="development",
+    )
+    run_dir: str | None = setting(
+        None,
+        meaning="a script job's run directory, set by its runner (where gpuforge.track writes)",
+        read_by="script jobs (gpuforge.track)",
+        kind="internal",
+    )
     pg_dir: str | None = setting(
         None,
         meaning="the directory of the tests' PostgreSQL cluster",
