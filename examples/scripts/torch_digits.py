@@ -58,6 +58,10 @@ def main() -> None:
             accuracy = (model(x[:held]).argmax(1) == y[:held]).float().mean().item()
         track.log(epoch, loss=loss.item(), eval_accuracy=accuracy)  # rank 0's line only
         stop = track.should_stop()
+        if distributed:  # every rank gets SIGTERM, not all at the same epoch: they stop together
+            agreed = torch.tensor(int(stop))
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+            stop = bool(agreed.item())
         if rank == 0 and (stop or epoch % 5 == 4 or epoch == args.epochs - 1):
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint)
             track.checkpointed(epoch)

@@ -636,6 +636,12 @@ class ScriptSpec(Section):
         "none", description="torchrun: one process per device, rendezvous set up"
     )
     python: str | None = Field(None, description="another interpreter for a leading `python` (a venv's)")
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="starts again after a signal gpuforge did not send kills it (OOM, a segfault)",
+    )
     # under the server's own grace for a runner it cancels (scheduler/executor.py: 30 s)
     stop_grace_s: float = Field(
         20.0, ge=1, le=25, description="after SIGTERM, this long to save, then SIGKILL"

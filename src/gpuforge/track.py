@@ -148,3 +148,34 @@ def _append(path: Path, record: dict) -> None:
     line = json.dumps(record, allow_nan=False) + "\n"
     with _lock, open(path, "a") as f:  # one write a line: a reader never sees half of one
         f.write(line)
+
+
+def _run_as_rank(argv: list[str]) -> None:
+    """`python -m gpuforge.track SCRIPT [ARGS...]`: what the runner has torchrun start for each rank. It
+    runs SCRIPT as `python SCRIPT ARGS` would, in this process, after asking Linux to kill it when its
+    parent (torchrun) dies: torchrun starts each rank in a session of its own, so nothing else would end a
+    rank whose torchrun was killed."""
+    import runpy
+    import sys
+
+    if not argv:
+        sys.exit("usage: python -m gpuforge.track SCRIPT [ARGS...]")
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the runner's stop signals alone
+    if os.getppid() != parent:  # torchrun died before the request took hold
+        sys.exit(1)
+    script = argv[0]
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` puts it
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    import sys
+
+    _run_as_rank(sys.argv[1:])

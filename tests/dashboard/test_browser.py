@@ -11,6 +11,7 @@ from urllib.parse import quote
 import pytest
 from playwright.sync_api import expect
 
+from gpuforge.spec import load_spec
 from tests.helpers.browser import (
     NOT_ACCEPTED,
     POLL_S,
@@ -211,6 +212,26 @@ def test_every_page_draws_without_a_script_error_or_a_stray_null(page, dashboard
         stray = [text for text in page.evaluate(TEXTS) if STRAY.search(text)]
         assert not stray, f"{path} shows {stray}"
     assert not errors, errors
+
+
+def test_a_script_job_that_reports_no_metric_shows_its_log_and_says_no_metrics_yet(
+    page, dashboard_server, tmp_path
+):
+    server = dashboard_server
+    (tmp_path / "quiet.py").write_text("print('working, without a metric')\n")
+    script = {"command": "python quiet.py", "files": ["quiet.py"]}
+    spec = write_spec(tmp_path / "quiet.yaml", {"name": "quiet-script", "kind": "script", "script": script})
+    job_id = server.client().submit(load_spec(spec))["id"]
+    wait_state(server.url, server.key, job_id)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    sign_in(page, server.url, server.key, path=f"/jobs/{job_id}")
+    expect(page.get_by_text("no metrics yet")).to_be_visible()
+    expect(page.locator("pre#log")).to_contain_text("working, without a metric")
+    expect(page.locator("#timeline li[data-event=finished]")).to_have_count(1)
+    page.wait_for_load_state("networkidle")
+    stray = [text for text in page.evaluate(TEXTS) if STRAY.search(text)]  # a script's summary has gaps
+    assert not stray and not errors, (stray, errors)
 
 
 def test_gpuforge_dashboard_shows_run_directories_read_only_with_its_key(page, tmp_path):

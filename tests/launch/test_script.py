@@ -58,6 +58,25 @@ def _stopped_after(args: list[str], run: Path, lines: int, timeout: float = 120)
     return process.returncode, out, err
 
 
+def _processes_of(run: Path) -> list[int]:
+    """The processes working for the run directory `run` (its runner, and what it started)."""
+    mark, found = f"{run}".encode(), []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark in environ.read_bytes() or mark in (environ.parent / "cmdline").read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def _wait_for(condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.1)
+
+
 def _events(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
 
@@ -127,6 +146,36 @@ def test_a_script_that_ignores_the_stop_is_killed_after_its_grace_and_a_budget_p
     assert (tmp_path / "run" / "stop").read_text() == "cost.budget_usd 3 spent"
     again = run_cli("train", str(spec), "--out", str(tmp_path / "run"))
     assert again.returncode == 2 and "cost.budget_usd: 3 spent already" in again.stderr  # not started again
+
+
+CRASHING = """
+import os, signal
+from gpuforge import track
+
+for step in range(track.resume_step(), 6):
+    track.log(step, loss=1.0 / (step + 1))
+    if step == 2:
+        (track.checkpoint_dir() / "state.txt").write_text(str(step))
+        track.checkpointed(step)
+    if step == 4:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would, on every attempt
+"""
+
+
+def test_a_script_killed_by_a_signal_restarts_from_its_checkpoint_until_its_restarts_are_used(tmp_path):
+    spec = _job(tmp_path, "python crashing.py", files=["crashing.py"], script={"max_restarts": 1})
+    (spec.parent / "crashing.py").write_text(CRASHING)
+    run = tmp_path / "run"
+    result = run_cli("train", str(spec), "--out", str(run))
+    assert result.returncode == 1, result.stderr
+    assert "the script was killed by SIGKILL; restart 1 of 1: resumes from its checkpoint" in result.stdout
+    events = _events(run)
+    assert [e["event"] for e in events] == ["started", "checkpoint", "restarted", "failed"]
+    assert events[0]["how"] == "starts from the beginning" and events[2]["resumes_from"] == 3
+    assert events[-1]["reason"].startswith("the script killed by SIGKILL")
+    assert events[-1]["reason"].endswith("; all 1 restarts used")
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4]  # 3 and 4 of the first attempt, past its checkpoint, logged once
 
 
 def test_a_failing_script_fails_with_the_end_of_its_log(tmp_path):
@@ -335,16 +384,31 @@ def test_the_keras_example_reports_checkpoints_on_sigterm_and_resumes(tmp_path):
     assert metrics[-1]["eval_accuracy"] > 0.9 and metrics[-1]["loss"] < metrics[0]["loss"]
 
 
-def test_the_pytorch_example_under_torchrun_is_one_process_a_device_with_the_rendezvous_set_up(tmp_path):
-    spec, run = KERAS_EXAMPLE.parent / "torch-digits.yaml", tmp_path / "ddp"
-    two = ["--set", "script.command=python torch_digits.py --epochs 2"]
-    ddp = ["--set", "script.launcher=torchrun", "--set", "resources.devices=2"]
-    pair = run_cli("train", str(spec), "--out", str(run), *two, *ddp, timeout=180)
-    assert pair.returncode == 0, pair.stdout[-2000:] + pair.stderr
+def test_the_pytorch_example_under_torchrun_stops_on_sigterm_and_resumes_one_process_a_device(tmp_path):
+    spec, run, epochs = KERAS_EXAMPLE.parent / "torch-digits.yaml", tmp_path / "ddp", 150
+    command = f"script.command=python torch_digits.py --epochs {epochs}"
+    args = ["train", str(spec), "--out", str(run), "--set", command]
+    args += ["--set", "script.launcher=torchrun", "--set", "resources.devices=2"]
+    returncode, out, err = _stopped_after(args, run, 2, timeout=180)
+    assert returncode == 143, out[-2000:] + err  # both ranks saved and ended within the grace period
+    stopped = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert 2 <= len(stopped) < epochs and (run / "checkpoints" / "script" / "state.pt").is_file()
+
+    # a runner killed outright (no word to anyone) takes torchrun and both ranks with it
+    runner = subprocess.Popen([sys.executable, "-m", "gpuforge", *args], stdout=subprocess.DEVNULL)
+    _wait_for(lambda: len(_processes_of(run)) == 4, "the runner, torchrun and two ranks")  # fmt: skip
+    runner.kill()
+    runner.wait()
+    _wait_for(lambda: not _processes_of(run), "no process of the run left")
+
+    resumed = run_cli(*args, timeout=180)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr
+    assert f"resumed from epoch {stopped[-1]}" in resumed.stdout
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == [0, 1]  # rank 0's lines only: two processes, one job's curve
+    assert [m["step"] for m in lines] == list(range(epochs))  # rank 0's lines only, each epoch once
     assert lines[-1]["eval_accuracy"] > 0.8  # the two trained one model (DistributedDataParallel over gloo)
     command = _events(run)[0]["command"]
     assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node=2" in command
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["processes"] == 2
+    assert summary["resumed_from"] == stopped[-1] + 1

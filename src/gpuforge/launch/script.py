@@ -17,11 +17,17 @@ writes <run>/stop and sends the script SIGTERM (gpuforge.track turns it into sho
 script.stop_grace_s, then sends SIGKILL. A script that checkpointed (track.checkpointed) resumes from there
 when the same command runs again on the same run directory; one that did not starts from the beginning.
 The `started` event says which.
+
+Crashes: a script killed by a signal gpuforge did not send (the OOM killer's SIGKILL, a segfault; under
+torchrun, a rank's) is started again, up to script.max_restarts times, as a spec job's dead rank is; each
+`restarted` event says whether it resumes from a checkpoint. An exit with a code of its own is the
+script's answer (a bug, bad data): it fails at once, with the end of its log as the reason.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import resource
 import shlex
 import shutil
@@ -48,6 +54,34 @@ POLL_S = 0.2
 
 
 @dataclass
+class _Running:
+    """The command's process and, under torchrun, its ranks. torchrun starts each rank in a session of its
+    own, out of reach of a signal to the command's group: the ranks are found (children of torchrun) while
+    it runs, so that a stop reaches them and none outlives the job."""
+
+    process: subprocess.Popen
+    torchrun: bool
+    ranks: set[int] = field(default_factory=set)
+    looked_at: float = 0.0
+
+    def find_ranks(self, every_s: float = 1.0) -> None:
+        if self.torchrun and time.monotonic() - self.looked_at >= every_s:
+            self.looked_at = time.monotonic()
+            self.ranks |= _children(self.process.pid)
+
+    def groups(self) -> list[int]:
+        return [self.process.pid, *sorted(self.ranks)]
+
+    def signal(self, signum: int, groups: list[int] | None = None) -> None:
+        """`signum` to each process group (the command's, and each rank's with what it started)."""
+        for pgid in self.groups() if groups is None else groups:
+            try:
+                os.killpg(pgid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+@dataclass
 class _Stop:
     """Why the script is being stopped, and the status that makes: first reason wins."""
 
@@ -55,6 +89,7 @@ class _Stop:
     status: str = "cancelled"
     signal: int | None = None
     at: float | None = None
+    running: _Running | None = None  # the attempt running now, which a second signal kills
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def request(self, reason: str, status: str, signum: int | None = None) -> bool:
@@ -82,23 +117,52 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
         )
     run.spec_path.write_text(spec.to_yaml())
     (run.root / track.STOP_FILE).unlink(missing_ok=True)  # an earlier attempt's stop is not this one's
-    resume = track.resume_step(run.root)
-    run.truncate_metrics_after(resume - 1)  # what an attempt logged past its last checkpoint is logged again
-    run.event(
-        "started",
-        kind="script",
-        command=argv,
-        resumes_from=resume,
-        how="resumes from its checkpoint" if resume else "starts from the beginning",
-    )
     unbuffered = {} if "PYTHONUNBUFFERED" in spec.script.env else {"PYTHONUNBUFFERED": "1"}  # live output
     given = {**unbuffered, **spec.script.env, **_device_env(spec), track.RUN_DIR_VARIABLE: str(run.root)}
     env = child_environment(given)
     log_path = run.logs_dir / LOG_NAME
-    log_start = log_path.stat().st_size if log_path.exists() else 0  # this attempt's part of the log
     started = time.monotonic()
     usd_per_hour = spec.cost.usd_per_hour * spec.resources.devices
     stop = _Stop()
+    first_resume, restarts, crash = None, 0, None
+    previous = _forward_signals(stop)
+    try:
+        while True:
+            resume = track.resume_step(run.root)
+            run.truncate_metrics_after(resume - 1)  # logged past the last checkpoint: logged again
+            how = "resumes from its checkpoint" if resume else "starts from the beginning"
+            if crash is None:
+                run.event("started", kind="script", command=argv, resumes_from=resume, how=how)
+                first_resume = resume
+            else:
+                run.event("restarted", attempt=restarts, max_restarts=spec.script.max_restarts,
+                          reason=crash, resumes_from=resume, how=how)  # fmt: skip
+                print(
+                    f"gpuforge: {crash}; restart {restarts} of {spec.script.max_restarts}: {how}", flush=True
+                )
+            log_start = log_path.stat().st_size if log_path.exists() else 0  # this attempt's part of the log
+            code = _attempt(spec, argv, workdir, env, run, stop, started, spent_before, usd_per_hour)
+            crash = _crash(spec, code, stop, log_path, log_start)
+            if crash is None or restarts >= spec.script.max_restarts or stop.reason is not None:
+                break
+            restarts += 1
+    finally:
+        _restore_signals(previous)
+    wall = time.monotonic() - started
+    stopped = _stopped(spec, code, stop, log_path, log_start)
+    summary = _summary(
+        spec, run, code, stopped, stop, wall, usd_per_hour, first_resume, spent_before, log_start
+    )
+    if crash is not None and restarts:
+        summary.reason = f"{summary.reason}; all {restarts} restarts used"
+    run.write_summary(summary)
+    fields = {"reason": summary.reason} if summary.reason else {}
+    run.event(summary.status, exit_code=code, **fields)
+    return summary
+
+
+def _attempt(spec, argv, workdir, env, run: RunDir, stop: _Stop, started, spent_before, usd_per_hour) -> int:
+    """Run the command once, until it ends or is stopped (budget, max_time, a signal here): its exit code."""
     die_with_parent = _parent_death_signal()  # resolved here: nothing is imported between fork and exec
     try:
         process = subprocess.Popen(
@@ -112,13 +176,14 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
         )
     except OSError as err:  # found by which() but not runnable (permissions, a bad interpreter line)
         raise GpuforgeError(f"script.command: cannot start {argv[0]}: {err.strerror}") from None
-    copier = threading.Thread(target=_copy_output, args=(process, log_path), daemon=True)
+    running = stop.running = _Running(process, spec.script.launcher == "torchrun")
+    copier = threading.Thread(target=_copy_output, args=(process, run.logs_dir / LOG_NAME), daemon=True)
     copier.start()
-    scalars = ScalarReader(run, log_path).start()
-    previous = _forward_signals(stop, process)
+    scalars = ScalarReader(run, run.logs_dir / LOG_NAME).start()
     try:
         limit = parse_duration(spec.resources.max_time) if spec.resources.max_time else None
         while process.poll() is None:
+            running.find_ranks()
             elapsed = time.monotonic() - started
             spent = spent_before + elapsed / 3600 * usd_per_hour
             if spec.cost.budget_usd and spent >= spec.cost.budget_usd:
@@ -126,21 +191,56 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
             if limit and elapsed >= limit:
                 stop.request(f"resources.max_time {spec.resources.max_time} passed", "paused")
             if stop.at is not None:
-                _stop_process(process, run, stop, spec.script.stop_grace_s)
+                _stop_process(running, run, stop, spec.script.stop_grace_s)
             time.sleep(POLL_S)
     finally:
-        _restore_signals(previous)
-        _end_group(process)  # what the script started and left running (workers, a child holding the pipe)
+        _end_group(
+            running
+        )  # what the script started and left running (ranks, workers, a child holding the pipe)
         copier.join(timeout=5)
         scalars.stop()
-    wall = time.monotonic() - started
-    summary = _summary(
-        spec, run, process.returncode, stop, wall, usd_per_hour, resume, spent_before, log_start
-    )
-    run.write_summary(summary)
-    fields = {"reason": summary.reason} if summary.reason else {}
-    run.event(summary.status, exit_code=process.returncode, **fields)
-    return summary
+    return process.returncode
+
+
+# torchrun's report of a rank that a signal ended ("exitcode  : -9 (pid: 123)"): its own exit code is 1
+_RANK_SIGNALLED = re.compile(r"exitcode\s*:\s*-(\d+)")
+
+
+def _crash(spec: ScriptJobSpec, code: int, stop: _Stop, log_path: Path, log_start: int) -> str | None:
+    """How the attempt crashed, when a signal gpuforge did not send ended it (worth a restart), else None."""
+    if stop.reason is not None or code == 0:
+        return None
+    if code < 0:
+        return f"the script was killed by {_signal_name(-code)}"
+    if spec.script.launcher == "torchrun" and (signum := _rank_signal(log_path, log_start)) is not None:
+        return f"a rank was killed by {_signal_name(signum)}"
+    return None
+
+
+def _stopped(spec: ScriptJobSpec, code: int, stop: _Stop, log_path: Path, log_start: int) -> bool:
+    """Whether the attempt ended as it was asked to: saved and exited, or killed by our stop signals
+    (under torchrun, a rank killed by them makes torchrun exit 1)."""
+    if stop.reason is None:
+        return False
+    if code in STOPPED_CODES:
+        return True
+    ours = (signal.SIGTERM, signal.SIGKILL)
+    return spec.script.launcher == "torchrun" and _rank_signal(log_path, log_start) in ours
+
+
+def _rank_signal(log_path: Path, log_start: int) -> int | None:
+    """The signal that ended the rank torchrun blames first in this attempt's log, or None."""
+    report = _log_part(log_path, log_start)
+    at = report.rfind("Root Cause")  # the rank that failed first, not those stopped after it
+    found = _RANK_SIGNALLED.search(report[at:] if at >= 0 else report)
+    return int(found.group(1)) if found else None
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def working_copy(spec: ScriptJobSpec, out: Path) -> Path:
@@ -182,8 +282,15 @@ def _torchrun(argv: list[str], spec: ScriptJobSpec) -> list[str]:
             "script.launcher: torchrun starts a Python script (`python train.py ...`), "
             f"not {shlex.join(argv[:2])!r}"
         )
-    launcher = [argv[0], "-m", "torch.distributed.run", "--standalone"]
-    return launcher + [f"--nproc-per-node={spec.resources.devices}", *argv[argv.index(script) :]]
+    launcher = [
+        argv[0],
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={spec.resources.devices}",
+    ]
+    # each rank through gpuforge.track, which has it die with torchrun (see _run_as_rank there)
+    return launcher + ["-m", "gpuforge.track", *argv[argv.index(script) :]]
 
 
 def _device_env(spec: ScriptJobSpec) -> dict[str, str]:
@@ -242,7 +349,7 @@ def _copy_output(process: subprocess.Popen, log_path: Path) -> None:
 STOPPING = {signal.SIGTERM: "cancelled", signal.SIGINT: "cancelled", signal.SIGHUP: "cancelled"}
 
 
-def _forward_signals(stop: _Stop, process: subprocess.Popen) -> dict[int, object]:
+def _forward_signals(stop: _Stop) -> dict[int, object]:
     """SIGTERM, SIGINT and SIGHUP (a closed terminal) here stop the script: saved, then killed, as the
     engine's signals do. A second one kills it at once."""
     if threading.current_thread() is not threading.main_thread():
@@ -250,8 +357,8 @@ def _forward_signals(stop: _Stop, process: subprocess.Popen) -> dict[int, object
 
     def handle(signum, frame) -> None:
         name = signal.Signals(signum).name
-        if not stop.request(f"{name} received", STOPPING[signum], signum):
-            _kill_group(process, signal.SIGKILL)  # asked twice: no more waiting
+        if not stop.request(f"{name} received", STOPPING[signum], signum) and stop.running is not None:
+            stop.running.signal(signal.SIGKILL)  # asked twice: no more waiting
 
     return {signum: signal.signal(signum, handle) for signum in STOPPING}
 
@@ -261,29 +368,33 @@ def _restore_signals(previous: dict[int, object]) -> None:
         signal.signal(signum, handler)
 
 
-def _stop_process(process: subprocess.Popen, run: RunDir, stop: _Stop, grace_s: float) -> None:
-    """SIGTERM with the stop file once; SIGKILL when the grace period is over."""
+def _stop_process(running: _Running, run: RunDir, stop: _Stop, grace_s: float) -> None:
+    """SIGTERM with the stop file once; SIGKILL when the grace period is over. Under torchrun the SIGTERM
+    goes to the ranks, not to torchrun: told to stop, torchrun would end them itself and exit 1, as after
+    a crash; ranks that save and return end it with 0."""
     stop_file = run.root / track.STOP_FILE
     if not stop_file.exists():
         stop_file.write_text(stop.reason or "stop")
-        _kill_group(process, signal.SIGTERM)
+        running.find_ranks(every_s=0)
+        running.signal(signal.SIGTERM, sorted(running.ranks) or None)  # no ranks yet: torchrun itself
     elif time.monotonic() - stop.at > grace_s:
-        _kill_group(process, signal.SIGKILL)
+        running.signal(signal.SIGKILL)
 
 
-def _end_group(process: subprocess.Popen, wait_s: float = 2.0) -> None:
-    """Once the script is gone (or must go), what it started goes too: SIGTERM to its group, SIGKILL to
+def _end_group(running: _Running, wait_s: float = 2.0) -> None:
+    """Once the script is gone (or must go), what it started goes too: SIGTERM to its groups, SIGKILL to
     whatever is left a moment later."""
-    if process.poll() is None:
-        _kill_group(process, signal.SIGKILL)
-        process.wait()
-    if not _group_alive(process.pid):
+    if running.process.poll() is None:
+        running.signal(signal.SIGKILL)
+        running.process.wait()
+    alive = [pgid for pgid in running.groups() if _group_alive(pgid)]
+    if not alive:
         return
-    _kill_group(process, signal.SIGTERM)
+    running.signal(signal.SIGTERM, alive)
     deadline = time.monotonic() + wait_s
-    while _group_alive(process.pid) and time.monotonic() < deadline:
+    while any(_group_alive(pgid) for pgid in alive) and time.monotonic() < deadline:
         time.sleep(0.05)
-    _kill_group(process, signal.SIGKILL)
+    running.signal(signal.SIGKILL, alive)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -294,12 +405,17 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _kill_group(process: subprocess.Popen, signum: int) -> None:
-    """The script and what it started (torchrun's ranks, a data loader's workers)."""
-    try:
-        os.killpg(process.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (Linux's /proc; elsewhere none are found)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if fields and int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
 
 
 def _spent(run: RunDir) -> float:
@@ -314,15 +430,15 @@ def _spent(run: RunDir) -> float:
 STOPPED_CODES = {0, -signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGKILL}
 
 
-def _summary(spec, run, code, stop: _Stop, wall, usd_per_hour, resume: int, before: float, log_start: int):
+def _summary(
+    spec, run, code, stopped: bool, stop: _Stop, wall, usd_per_hour, resume, before: float, log_start: int
+):
     metrics = [m for m in read_jsonl(run.metrics_path) if isinstance(m.get("step"), int)]
     last_loss = next((m["loss"] for m in reversed(metrics) if isinstance(m.get("loss"), int | float)), None)
     evaluated = next((m for m in reversed(metrics) if any(k.startswith("eval_") for k in m)), {})
     evaluation = {k[5:]: v for k, v in evaluated.items() if k.startswith("eval_") and isinstance(v, float)}
     steps = max((m["step"] for m in metrics), default=-1) + 1
-    if (
-        stop.reason is not None and code in STOPPED_CODES
-    ):  # it stopped as asked (saved, or killed after grace)
+    if stopped:  # as asked (saved, or killed after its grace)
         status, reason = stop.status, stop.reason
     elif code == 0:
         status, reason = "finished", None
@@ -364,15 +480,20 @@ def _summary(spec, run, code, stop: _Stop, wall, usd_per_hour, resume: int, befo
     )
 
 
-def _failure(log_path: Path, code: int, start: int) -> str:
-    """The end of this attempt's part of the log (not an earlier attempt's), as one line."""
+def _log_part(log_path: Path, start: int) -> str:
+    """This attempt's part of the log (not an earlier attempt's), its last 64 KiB at most."""
     try:
         with open(log_path, "rb") as f:
             f.seek(max(start, log_path.stat().st_size - 64 * 1024))
-            text = f.read().decode(errors="replace")
+            return f.read().decode(errors="replace")
     except OSError:
-        text = ""
+        return ""
+
+
+def _failure(log_path: Path, code: int, start: int) -> str:
+    """The end of this attempt's part of the log, as one line."""
+    text = _log_part(log_path, start)
     lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
-    died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
+    died = f"killed by {_signal_name(-code)}" if code < 0 else f"exited {code}"
     tail = " | ".join(lines[-FAILURE_LINES:]) or "no output"
     return f"the script {died}: {tail}"
