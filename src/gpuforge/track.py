@@ -160,19 +160,26 @@ def _run_as_rank(argv: list[str]) -> None:
 
     if not argv:
         sys.exit("usage: python -m gpuforge.track SCRIPT [ARGS...]")
-    parent = os.getppid()
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: the runner's stop signals alone
-    if os.getppid() != parent:  # torchrun died before the request took hold
-        sys.exit(1)
+    else:
+        # torchrun may have died before the request took hold (this process was its child a moment ago):
+        # the parent now is init or a subreaper, not torchrun
+        try:
+            with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+                parent = f.read()
+        except OSError:
+            parent = b""
+        if b"torch.distributed.run" not in parent and b"torchrun" not in parent:
+            sys.exit("gpuforge.track: torchrun, which started this rank, is gone")
     script = argv[0]
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` puts it
-    runpy.run_path(script, run_name="__main__")
+    runpy.run_path(os.path.abspath(script), run_name="__main__")  # __file__ absolute, as `python SCRIPT`
 
 
 if __name__ == "__main__":

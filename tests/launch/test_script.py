@@ -172,10 +172,44 @@ def test_a_script_killed_by_a_signal_restarts_from_its_checkpoint_until_its_rest
     events = _events(run)
     assert [e["event"] for e in events] == ["started", "checkpoint", "restarted", "failed"]
     assert events[0]["how"] == "starts from the beginning" and events[2]["resumes_from"] == 3
-    assert events[-1]["reason"].startswith("the script killed by SIGKILL")
-    assert events[-1]["reason"].endswith("; all 1 restarts used")
+    assert events[-1]["reason"].startswith("the script was killed by SIGKILL, after 1 restart(s)")
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3, 4]  # 3 and 4 of the first attempt, past its checkpoint, logged once
+
+    none = run_cli("train", str(spec), "--out", str(tmp_path / "once"), "--set", "script.max_restarts=0")
+    assert none.returncode == 1 and "restart" not in " ".join(e["event"] for e in _events(tmp_path / "once"))
+
+
+# torchrun's failure report (torch 2.13) for two ranks: rank 0 exited on its peer's death in the same
+# second as rank 1 was killed, so torch names rank 0 the root cause
+TORCHRUN_REPORT = """
+Failures:
+[1]:
+  time      : 2026-12-02_10:06:34
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 17346)  (SIGKILL)
+  traceback : Signal 9 (SIGKILL) received by PID 17346
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-02_10:06:34
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 17345)
+"""
+
+
+def test_a_rank_killed_under_torchrun_is_a_crash_whichever_rank_torch_blames(tmp_path):
+    from gpuforge.launch.script import _crash, _Stop, rank_signals
+    from gpuforge.spec import load_spec
+
+    assert rank_signals(TORCHRUN_REPORT) == [9]
+    log = tmp_path / "script.log"
+    log.write_text("an earlier attempt's report: exitcode  : -11 (pid: 1)\n" + TORCHRUN_REPORT)
+    start = len("an earlier attempt's report: exitcode  : -11 (pid: 1)\n")
+    spec = load_spec(_job(tmp_path, "python loop.py 3", script={"launcher": "torchrun"}))
+    assert _crash(spec, 1, _Stop(), log, start) == "a rank was killed by SIGKILL"
+    log.write_text(TORCHRUN_REPORT.replace("-9 (pid", "-15 (pid"))  # stopped by torchrun: not a crash
+    assert _crash(spec, 1, _Stop(), log, 0) is None
 
 
 def test_a_failing_script_fails_with_the_end_of_its_log(tmp_path):
@@ -396,7 +430,9 @@ def test_the_pytorch_example_under_torchrun_stops_on_sigterm_and_resumes_one_pro
 
     # a runner killed outright (no word to anyone) takes torchrun and both ranks with it
     runner = subprocess.Popen([sys.executable, "-m", "gpuforge", *args], stdout=subprocess.DEVNULL)
-    _wait_for(lambda: len(_processes_of(run)) == 4, "the runner, torchrun and two ranks")  # fmt: skip
+    metrics = run / "metrics.jsonl"
+    training = lambda: len(_processes_of(run)) == 4 and len(metrics.read_text().splitlines()) > len(stopped)  # noqa: E731
+    _wait_for(training, "the runner, torchrun and two ranks at work")
     runner.kill()
     runner.wait()
     _wait_for(lambda: not _processes_of(run), "no process of the run left")

@@ -57,17 +57,23 @@ POLL_S = 0.2
 class _Running:
     """The command's process and, under torchrun, its ranks. torchrun starts each rank in a session of its
     own, out of reach of a signal to the command's group: the ranks are found (children of torchrun) while
-    it runs, so that a stop reaches them and none outlives the job."""
+    it runs, so that a stop reaches them and none outlives the job. A rank is known by its pid and start
+    time, so that a pid the system gave to another process since is never signalled."""
 
     process: subprocess.Popen
     torchrun: bool
-    ranks: set[int] = field(default_factory=set)
+    ranks: dict[int, int] = field(default_factory=dict)  # pid -> start time (clock ticks since boot)
+    stopped: set[int] = field(default_factory=set)  # ranks sent SIGTERM already
     looked_at: float = 0.0
 
     def find_ranks(self, every_s: float = 1.0) -> None:
-        if self.torchrun and time.monotonic() - self.looked_at >= every_s:
-            self.looked_at = time.monotonic()
-            self.ranks |= _children(self.process.pid)
+        if not self.torchrun or time.monotonic() - self.looked_at < every_s:
+            return
+        self.looked_at = time.monotonic()
+        for pid in _children(self.process.pid):
+            if pid not in self.ranks and (started := _start_time(pid)) is not None:
+                self.ranks[pid] = started
+        self.ranks = {pid: t for pid, t in self.ranks.items() if _start_time(pid) == t}  # the live ones
 
     def groups(self) -> list[int]:
         return [self.process.pid, *sorted(self.ranks)]
@@ -75,6 +81,8 @@ class _Running:
     def signal(self, signum: int, groups: list[int] | None = None) -> None:
         """`signum` to each process group (the command's, and each rank's with what it started)."""
         for pgid in self.groups() if groups is None else groups:
+            if pgid in self.ranks and _start_time(pgid) != self.ranks[pgid]:
+                continue  # that rank is gone, and its pid may be another process's now
             try:
                 os.killpg(pgid, signum)
             except (ProcessLookupError, PermissionError):
@@ -124,7 +132,7 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
     started = time.monotonic()
     usd_per_hour = spec.cost.usd_per_hour * spec.resources.devices
     stop = _Stop()
-    first_resume, restarts, crash = None, 0, None
+    restarts, crash, code, failure = 0, None, None, None
     previous = _forward_signals(stop)
     try:
         while True:
@@ -133,7 +141,6 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
             how = "resumes from its checkpoint" if resume else "starts from the beginning"
             if crash is None:
                 run.event("started", kind="script", command=argv, resumes_from=resume, how=how)
-                first_resume = resume
             else:
                 run.event("restarted", attempt=restarts, max_restarts=spec.script.max_restarts,
                           reason=crash, resumes_from=resume, how=how)  # fmt: skip
@@ -141,27 +148,52 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
                     f"gpuforge: {crash}; restart {restarts} of {spec.script.max_restarts}: {how}", flush=True
                 )
             log_start = log_path.stat().st_size if log_path.exists() else 0  # this attempt's part of the log
-            code = _attempt(spec, argv, workdir, env, run, stop, started, spent_before, usd_per_hour)
+            try:
+                code = _attempt(
+                    spec, argv, workdir, env, run, stop, started, spent_before, usd_per_hour, resume
+                )
+            except GpuforgeError as err:
+                if crash is None:
+                    raise  # the first attempt: the command cannot start at all (bad input)
+                failure = f"{crash}; restart {restarts} could not start: {err}"  # after an OOM, say
+                break
             crash = _crash(spec, code, stop, log_path, log_start)
-            if crash is None or restarts >= spec.script.max_restarts or stop.reason is not None:
+            if crash is None or restarts >= spec.script.max_restarts:
+                break
+            _check_limits(spec, stop, started, spent_before, usd_per_hour)  # spent meanwhile: no restart
+            if stop.reason is not None:  # asked to stop between two attempts
                 break
             restarts += 1
     finally:
         _restore_signals(previous)
     wall = time.monotonic() - started
-    stopped = _stopped(spec, code, stop, log_path, log_start)
-    summary = _summary(
-        spec, run, code, stopped, stop, wall, usd_per_hour, first_resume, spent_before, log_start
-    )
-    if crash is not None and restarts:
-        summary.reason = f"{summary.reason}; all {restarts} restarts used"
+    stopped = failure is None and _stopped(spec, code, stop, log_path, log_start)
+    summary = _summary(spec, run, code, stopped, stop, wall, usd_per_hour, resume, spent_before, log_start)
+    if failure is not None:
+        summary.status, summary.reason = "failed", failure
+    elif summary.status == "failed" and crash is not None:  # the restarts are used up
+        tail = summary.reason.partition(": ")[2]
+        summary.reason = (
+            f"{crash}, after {restarts} restart(s) (script.max_restarts {spec.script.max_restarts}): {tail}"
+        )
     run.write_summary(summary)
     fields = {"reason": summary.reason} if summary.reason else {}
     run.event(summary.status, exit_code=code, **fields)
     return summary
 
 
-def _attempt(spec, argv, workdir, env, run: RunDir, stop: _Stop, started, spent_before, usd_per_hour) -> int:
+def _check_limits(spec: ScriptJobSpec, stop: _Stop, started: float, spent_before: float, usd_per_hour: float):
+    """A stop request for a spent cost.budget_usd or a passed resources.max_time."""
+    elapsed = time.monotonic() - started
+    if spec.cost.budget_usd and spent_before + elapsed / 3600 * usd_per_hour >= spec.cost.budget_usd:
+        stop.request(f"cost.budget_usd {spec.cost.budget_usd:g} spent", "paused")
+    if spec.resources.max_time and elapsed >= parse_duration(spec.resources.max_time):
+        stop.request(f"resources.max_time {spec.resources.max_time} passed", "paused")
+
+
+def _attempt(
+    spec, argv, workdir, env, run: RunDir, stop: _Stop, started, spent_before, usd_per_hour, resume
+) -> int:
     """Run the command once, until it ends or is stopped (budget, max_time, a signal here): its exit code."""
     die_with_parent = _parent_death_signal()  # resolved here: nothing is imported between fork and exec
     try:
@@ -179,24 +211,17 @@ def _attempt(spec, argv, workdir, env, run: RunDir, stop: _Stop, started, spent_
     running = stop.running = _Running(process, spec.script.launcher == "torchrun")
     copier = threading.Thread(target=_copy_output, args=(process, run.logs_dir / LOG_NAME), daemon=True)
     copier.start()
-    scalars = ScalarReader(run, run.logs_dir / LOG_NAME).start()
+    scalars = ScalarReader(run, run.logs_dir / LOG_NAME, from_step=resume).start()
     try:
-        limit = parse_duration(spec.resources.max_time) if spec.resources.max_time else None
         while process.poll() is None:
             running.find_ranks()
-            elapsed = time.monotonic() - started
-            spent = spent_before + elapsed / 3600 * usd_per_hour
-            if spec.cost.budget_usd and spent >= spec.cost.budget_usd:
-                stop.request(f"cost.budget_usd {spec.cost.budget_usd:g} spent", "paused")
-            if limit and elapsed >= limit:
-                stop.request(f"resources.max_time {spec.resources.max_time} passed", "paused")
+            _check_limits(spec, stop, started, spent_before, usd_per_hour)
             if stop.at is not None:
                 _stop_process(running, run, stop, spec.script.stop_grace_s)
             time.sleep(POLL_S)
     finally:
-        _end_group(
-            running
-        )  # what the script started and left running (ranks, workers, a child holding the pipe)
+        _end_group(running)  # what the script started and left (ranks, workers, a child holding the pipe)
+        stop.running = None  # a second signal from now on has nothing of this attempt's to kill
         copier.join(timeout=5)
         scalars.stop()
     return process.returncode
@@ -212,28 +237,32 @@ def _crash(spec: ScriptJobSpec, code: int, stop: _Stop, log_path: Path, log_star
         return None
     if code < 0:
         return f"the script was killed by {_signal_name(-code)}"
-    if spec.script.launcher == "torchrun" and (signum := _rank_signal(log_path, log_start)) is not None:
-        return f"a rank was killed by {_signal_name(signum)}"
+    if spec.script.launcher == "torchrun":
+        # torchrun ends the ranks left with SIGTERM once one fails: those are not the crash
+        crashed = [s for s in rank_signals(_log_part(log_path, log_start)) if s != signal.SIGTERM]
+        if crashed:
+            return f"a rank was killed by {_signal_name(crashed[0])}"
     return None
 
 
 def _stopped(spec: ScriptJobSpec, code: int, stop: _Stop, log_path: Path, log_start: int) -> bool:
     """Whether the attempt ended as it was asked to: saved and exited, or killed by our stop signals
-    (under torchrun, a rank killed by them makes torchrun exit 1)."""
+    (under torchrun, ranks killed by them make torchrun exit 1)."""
     if stop.reason is None:
         return False
     if code in STOPPED_CODES:
         return True
-    ours = (signal.SIGTERM, signal.SIGKILL)
-    return spec.script.launcher == "torchrun" and _rank_signal(log_path, log_start) in ours
+    if spec.script.launcher != "torchrun":
+        return False
+    signals = rank_signals(_log_part(log_path, log_start))
+    return bool(signals) and set(signals) <= {signal.SIGTERM, signal.SIGKILL}
 
 
-def _rank_signal(log_path: Path, log_start: int) -> int | None:
-    """The signal that ended the rank torchrun blames first in this attempt's log, or None."""
-    report = _log_part(log_path, log_start)
-    at = report.rfind("Root Cause")  # the rank that failed first, not those stopped after it
-    found = _RANK_SIGNALLED.search(report[at:] if at >= 0 else report)
-    return int(found.group(1)) if found else None
+def rank_signals(report: str) -> list[int]:
+    """The signals that ended ranks, in the order torchrun's failure report lists them ("exitcode  : -9
+    (pid: 123)"). Not its root cause alone: it picks the earliest failure by whole seconds, so a rank that
+    exited on its peer's death may stand there instead of the peer that was killed."""
+    return [int(n) for n in _RANK_SIGNALLED.findall(report)]
 
 
 def _signal_name(signum: int) -> str:
@@ -282,6 +311,8 @@ def _torchrun(argv: list[str], spec: ScriptJobSpec) -> list[str]:
             "script.launcher: torchrun starts a Python script (`python train.py ...`), "
             f"not {shlex.join(argv[:2])!r}"
         )
+    if spec.script.python:  # each rank starts as `python -m gpuforge.track`: that environment needs it
+        _check_rank_client(spec.script.python)
     launcher = [
         argv[0],
         "-m",
@@ -291,6 +322,19 @@ def _torchrun(argv: list[str], spec: ScriptJobSpec) -> list[str]:
     ]
     # each rank through gpuforge.track, which has it die with torchrun (see _run_as_rank there)
     return launcher + ["-m", "gpuforge.track", *argv[argv.index(script) :]]
+
+
+def _check_rank_client(python: str) -> None:
+    probe = [python, "-c", "import gpuforge.track as t; t._run_as_rank"]
+    try:
+        found = subprocess.run(probe, capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        found = False
+    if not found:
+        raise SpecError(
+            f"script.python: {python} has no gpuforge.track able to start torchrun's ranks: install this "
+            "gpuforge there (pip install --no-deps <gpuforge>; docs/scripts.md)"
+        )
 
 
 def _device_env(spec: ScriptJobSpec) -> dict[str, str]:
@@ -370,15 +414,22 @@ def _restore_signals(previous: dict[int, object]) -> None:
 
 def _stop_process(running: _Running, run: RunDir, stop: _Stop, grace_s: float) -> None:
     """SIGTERM with the stop file once; SIGKILL when the grace period is over. Under torchrun the SIGTERM
-    goes to the ranks, not to torchrun: told to stop, torchrun would end them itself and exit 1, as after
-    a crash; ranks that save and return end it with 0."""
+    goes to the ranks, each once, also those torchrun starts after the stop, never to torchrun: told to
+    stop, torchrun ends the ranks itself and exits 1, as after a crash; ranks that save and return end it
+    with 0."""
     stop_file = run.root / track.STOP_FILE
+    if time.monotonic() - stop.at > grace_s:
+        running.signal(signal.SIGKILL)
+        return
     if not stop_file.exists():
         stop_file.write_text(stop.reason or "stop")
+        if not running.torchrun:
+            running.signal(signal.SIGTERM)
+    if running.torchrun:
         running.find_ranks(every_s=0)
-        running.signal(signal.SIGTERM, sorted(running.ranks) or None)  # no ranks yet: torchrun itself
-    elif time.monotonic() - stop.at > grace_s:
-        running.signal(signal.SIGKILL)
+        new = sorted(set(running.ranks) - running.stopped)
+        running.stopped.update(new)
+        running.signal(signal.SIGTERM, new)
 
 
 def _end_group(running: _Running, wait_s: float = 2.0) -> None:
@@ -406,16 +457,33 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _children(pid: int) -> set[int]:
-    """The processes whose parent is `pid` (Linux's /proc; elsewhere none are found)."""
+    """The processes whose parent is `pid`: Linux's children lists where the kernel keeps them, else a
+    look at every process's stat (elsewhere than Linux none are found)."""
+    lists = list(Path(f"/proc/{pid}/task").glob("*/children"))
+    if lists:
+        return {int(child) for f in lists for child in _read(f).split()}
     found = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if fields and int(fields[1]) == pid:
+        fields = _read(stat).rsplit(")", 1)[-1].split()  # after "pid (comm)": state, ppid, ...
+        if len(fields) > 1 and fields[1] == str(pid):
             found.add(int(stat.parent.name))
     return found
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""  # gone meanwhile
+
+
+def _start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), or None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
+        return int(fields[19])  # the 22nd field of stat: starttime
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _spent(run: RunDir) -> float:

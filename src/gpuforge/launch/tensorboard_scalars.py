@@ -24,8 +24,9 @@ POLL_S = 1.0
 class ScalarReader:
     """Polls <run>/tensorboard on a thread of its own until stop(); what it read last is flushed then."""
 
-    def __init__(self, run: RunDir, log: Path):
+    def __init__(self, run: RunDir, log: Path, from_step: int = 0):
         self.run, self.log = run, log
+        self.from_step = from_step  # steps before it are in metrics.jsonl already (an earlier attempt's)
         self.folder = run.root / "tensorboard"
         self.seen: dict[str, int] = {}  # tag -> last step written
         self._accumulators: dict[Path, object] = {}
@@ -67,7 +68,7 @@ class ScalarReader:
             except Exception:  # noqa: BLE001 (a file cut mid-record by a kill: read again next time)
                 continue
             for tag, step, value in _scalars(accumulator):
-                if step > self.seen.get(tag, -1):
+                if step >= self.from_step and step > self.seen.get(tag, -1):
                     by_step.setdefault(step, {})[tag] = value
         steps = sorted(by_step) if final else sorted(by_step)[:-1]
         for step in steps:

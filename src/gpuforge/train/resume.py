@@ -24,6 +24,7 @@ RESUMABLE_CHANGES = {
     ("train", "epochs"),
     ("name",),
     ("cost", "budget_usd"),
+    ("script", "max_restarts"),  # how many crashes the job survives, not what it computes
     ("resources", "devices"),  # the global batch of a step does not depend on how many processes share it
     ("distributed", "max_restarts"),
     ("distributed", "timeout_s"),
