@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_model
 
-from gpuforge.artifact.manifest import Manifest, read_manifest
+from gpuforge.artifact.manifest import MANIFEST, Manifest, read_manifest
+from gpuforge.errors import ModelError
 from gpuforge.models import BuiltModel, ModelRequest, build_model, checked_options
 from gpuforge.policy import current
 
@@ -25,6 +26,13 @@ def load_artifact(
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
     tokenizer = load_saved_tokenizer(model_dir, manifest)
+    if manifest.format == "onnx":  # gpuforge export: onnxruntime runs it
+        from gpuforge.artifact.onnx_module import OnnxModule
+
+        if manifest.onnx is None:
+            raise ModelError(f"{model_dir}: {MANIFEST} says format onnx but has no onnx record")
+        path = manifest.weights_path(model_dir)
+        return OnnxModule(path, manifest.onnx.inputs).eval(), tokenizer, manifest
     if manifest.is_adapter:
         from peft import PeftModel
 

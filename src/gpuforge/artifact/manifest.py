@@ -73,11 +73,22 @@ class Compression(Record):
     nonzero_params: int | None = None
 
 
+class OnnxRecord(Record):
+    """An ONNX export (gpuforge export): the graph file, how it was made, from which model directory."""
+
+    file: str
+    opset: int
+    exporter: str  # torch's "dynamo" exporter, or "torchscript" where dynamo could not export the model
+    inputs: list[str]  # the graph's input names, in order: input_ids, attention_mask, or pixel_values
+    quantize: str | None = None  # "int8": onnxruntime's dynamic quantization of the weights
+    from_: str | None = Field(None, alias="from")
+
+
 class Manifest(Record):
     """The fields in the order the file has them; nothing but what identifies the model is required."""
 
     schema_version: int = SCHEMA_VERSION
-    format: Literal["transformers", "peft-adapter", "state_dict"]
+    format: Literal["transformers", "peft-adapter", "state_dict", "onnx"]
     kind: Literal["full", "adapter"]
     base: str | None = None  # an adapter loads on top of this model source
     pretrained: bool | None = None
@@ -97,6 +108,7 @@ class Manifest(Record):
     sample_shape: list[int] | None = None  # one image input's shape
     compression: Compression | None = None
     weights: str | None = None  # the weights file a compressed variant wrote, inside its directory
+    onnx: OnnxRecord | None = None  # format onnx: run by onnxruntime (artifact/onnx_module.py)
 
     @property
     def is_adapter(self) -> bool:

@@ -5,6 +5,7 @@
     gpuforge plan SPEC.yaml [--measure]
     gpuforge compress RUN/model [--merge] [--prune F --prune-structure S] [--quantize K] --out DIR
     gpuforge compress RUN/model --sweep --out DIR
+    gpuforge export RUN/model --format onnx --out DIR [--quantize int8] [--opset N]
     gpuforge hw
     gpuforge server | submit | jobs | job | logs | cancel | resume | wait | keys      (cli/server.py)
     gpuforge serve RUN/model [--port 8700] [--max-batch 32] [--max-wait-ms 5]        (cli/serve.py)

@@ -302,6 +302,65 @@ def compress(
 
 
 @app.command()
+def export(
+    model_dir: Annotated[Path, typer.Argument(help="a trained model directory: <run>/model, or a variant")],
+    out: Annotated[
+        Path, typer.Option("--out", help="the export's directory (new, empty, or an earlier export)")
+    ],
+    format: Annotated[str, typer.Option("--format", help="onnx")] = "onnx",
+    quantize: Annotated[
+        str | None, typer.Option("--quantize", help="int8: onnxruntime's dynamic quantization")
+    ] = None,
+    opset: Annotated[int, typer.Option("--opset", help="the ONNX opset to write (14 to 21)")] = 17,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print export_report.json instead of the table")
+    ] = False,
+) -> None:
+    """Export a trained model for another runtime (ONNX, served by onnxruntime), and measure its parity
+    with the torch model on the run's held-out split: export_report.json in --out."""
+    import json
+
+    if format != "onnx":
+        raise GpuforgeError(f"--format {format}: onnx is the one format this release exports")
+    from gpuforge.export.onnx import export_onnx
+    from gpuforge.export.parity import measure_parity
+
+    manifest, _module, built = export_onnx(model_dir, out, quantize, opset)
+    report = measure_parity(model_dir, out, built, manifest)
+    if as_json:
+        out_console.print_json(json.dumps(report))
+        return
+    out_console.print(_export_table(report))
+    out_console.print(f"export: {out} (report: {out / 'export_report.json'})", highlight=False, markup=False)
+
+
+def _export_table(report: dict) -> Table:
+    quantized = f", {report['quantize']}" if report["quantize"] else ""
+    title = f"ONNX export ({report['exporter']} exporter, opset {report['opset']}{quantized}) against torch"
+    table = Table(title=title)
+    for column in ("", "torch", "onnxruntime"):
+        table.add_column(column, justify="right")
+    metric = report.get("metric")
+    if metric:
+        table.add_row(
+            f"eval {metric['name']} ({report['examples']})", f"{metric['torch']:.4f}", f"{metric['onnx']:.4f}"
+        )
+        table.add_row("max |logit difference|", "", f"{report['max_abs_diff']:.2e}")
+        table.add_row("same class picked", "", f"{report['argmax_agreement']:.1%}")
+    size = report["bytes"]
+    table.add_row(
+        "bytes", f"{size['torch'] / 1e6:.1f} MB", f"{size['onnx'] / 1e6:.1f} MB ({size['ratio']:.2f}x)"
+    )
+    for batch, times in report.get("latency_ms", {}).items():
+        table.add_row(
+            f"latency {batch.replace('_', ' ')}", f"{times['torch']:.1f} ms", f"{times['onnx']:.1f} ms"
+        )
+    for check, met in report["checks"].items():
+        table.add_row(check, "", "unmeasured" if met is None else "yes" if met else "NO")
+    return table
+
+
+@app.command()
 def hw(
     refresh: Annotated[
         bool, typer.Option("--refresh", help="measure again (the figures are cached)")

@@ -23,7 +23,7 @@ def forward(
         out = module(batch["pixel_values"])
     elif built.is_transformers:
         out = module(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")})
-    elif "attention_mask" in batch and _accepts(built.module, "attention_mask"):
+    elif "attention_mask" in batch and accepts(built.module, "attention_mask"):
         out = module(batch["input_ids"], attention_mask=batch["attention_mask"])
     else:
         out = module(batch["input_ids"])
@@ -32,7 +32,7 @@ def forward(
     return out[0] if isinstance(out, tuple | list) else out
 
 
-def _accepts(module: torch.nn.Module, name: str) -> bool:
+def accepts(module: torch.nn.Module, name: str) -> bool:
     if hasattr(module, "get_base_model"):  # a PEFT wrapper forwards *args/**kwargs to its base
         module = module.get_base_model()
     return name in inspect.signature(module.forward).parameters

@@ -220,7 +220,8 @@ class ClassifierBackend:
         p, o = self.predictor, self.options
         return Info(
             model=p.name, task=p.task, labels=p.labels, device=str(p.device), precision=p.precision.name,
-            quantized=p.quantized, max_length=p.max_length, batching="dynamic", max_batch=o.max_batch,
+            quantized=p.quantized, backend=p.backend, max_length=p.max_length, batching="dynamic",
+            max_batch=o.max_batch,
             max_wait_ms=o.max_wait_ms, max_queue=o.max_queue,
             adapters=p.adapters.names() if p.adapters else [], quantize_report=p.quantize_report,
             eval=p.eval_result,

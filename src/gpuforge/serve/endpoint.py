@@ -70,6 +70,7 @@ class Info(BaseModel):
     device: str
     precision: str
     quantized: str | None = Field(description="int8, int4 or int8-dynamic (--quantize, gpuforge compress)")
+    backend: str = Field("torch", description="what runs the model: torch, or onnxruntime (an ONNX export)")
     max_length: int | None = Field(description="tokens a text input is cut to")
     context_length: int | None = Field(None, description="a causal LM's: prompt + max_tokens fit in it")
     batching: str = Field(

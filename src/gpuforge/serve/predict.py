@@ -47,6 +47,7 @@ class Predictor:
     max_length: int | None
     quantized: str | None = None
     adapters: Adapters | None = None  # several LoRA adapters on this base (serve/adapters.py)
+    backend: str = "torch"  # or onnxruntime (an ONNX export: gpuforge export)
     quantize_report: dict[str, Any] | None = None  # the eval metric before and after --quantize
     eval_result: dict[str, Any] | None = None  # the eval metric as served (--eval-at-load)
     tokens_read: int = 0  # real tokens (padding not counted) of every text batch so far, for /metrics
@@ -173,6 +174,9 @@ def load_predictor(
         raise GpuforgeError("--quantize with --adapter: quantizing merges one adapter into the base")
     torch_device = select_device(device)
     stored = read_manifest(model_dir)
+    if stored.format == "onnx":
+        _check_onnx(model_dir, stored, quantize, adapters)
+        precision = "fp32"  # the graph's own: int8 where the export quantized it, else fp32
     merge_qlora = bool(quantize and stored.quantize_base)  # merged onto a dequantized base first
     module, tokenizer, manifest = load_artifact(model_dir, torch_device, dequantize_base=merge_qlora)
     if manifest.task == "causal-lm":
@@ -192,8 +196,10 @@ def load_predictor(
         positions = getattr(module.config, "max_position_embeddings", None)
         length = min(length, positions) if positions else length
     log.info("serving %s (%s) on %s, precision %s", model_dir, manifest.task, torch_device, chosen.name)
-    quantized = quantize or manifest.quantization
+    quantized = quantize or manifest.quantization or (manifest.onnx.quantize if manifest.onnx else None)
     predictor = Predictor(module, tokenizer, manifest, torch_device, chosen, length, quantized)
+    if manifest.format == "onnx":
+        predictor.backend = f"onnxruntime ({module.provider})"
     predictor.quantize_report = report
     if eval_at_load and served is not None:
         metric = _metric_name(served)
@@ -202,6 +208,21 @@ def load_predictor(
     if manifest.is_adapter and not quantize:  # its own adapter, and any others on the same base
         predictor.adapters = Adapters(module, predictor.labels, adapters or {}, manifests, max_adapters)
     return predictor
+
+
+def _check_onnx(model_dir: Path, manifest: Manifest, quantize: str | None, adapters) -> None:
+    """What an ONNX export cannot do behind an endpoint, refused before it loads."""
+    if manifest.task == "causal-lm":
+        raise GpuforgeError(
+            f"{model_dir}: an ONNX export of a causal LM, whose graph has no key/value cache to generate "
+            "with: serve the model directory it came from"
+        )
+    if quantize:
+        raise GpuforgeError("--quantize: an ONNX export; quantize it with gpuforge export --quantize int8")
+    if adapters:
+        raise GpuforgeError(
+            "--adapter: an ONNX export has its adapter merged in; export each adapter's model"
+        )
 
 
 def _quantize(module: torch.nn.Module, manifest: Manifest, kind: str) -> torch.nn.Module:

@@ -115,7 +115,8 @@ def backend_for(
     """A causal LM's model generates; any other task's is classified. A manifest that cannot be read
     makes a classifier too: its load says what is wrong, on /readyz."""
     manifest = _manifest(model_dir)
-    if manifest is not None and manifest.task == "causal-lm":
+    # an ONNX export of a causal LM cannot generate (no key/value cache): the classifier's load says so
+    if manifest is not None and manifest.task == "causal-lm" and manifest.format != "onnx":
         return GeneratorBackend(model_dir, options, metrics, manifest.quantization)
     return ClassifierBackend(model_dir, options, metrics, adapters)
 

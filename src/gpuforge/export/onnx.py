@@ -1,0 +1,329 @@
+"""A model directory as an ONNX export, for runtimes other than torch (ONNX Runtime and its execution
+providers, OpenVINO, NPUs) and for ONNX Runtime's own CPU speed:
+
+    gpuforge export runs/x/model --format onnx --out exports/x [--quantize int8] [--opset 17]
+
+The export directory holds model.onnx (one file: weights inside, up to 2 GB), the tokenizer and
+gpuforge.json (format onnx): `gpuforge serve DIR` and load_artifact take it as they take the model it came
+from. Adapters are merged into their base first; a variant quantized by torch is refused (its int8 layers
+have no ONNX form): export the float model and pass --quantize int8, onnxruntime's dynamic quantization.
+
+torch's dynamo exporter is tried first; where it cannot trace the model, the TorchScript exporter. The
+batch (and a text model's sequence) axes are dynamic. Parity with the torch model is measured on the
+run's held-out split (parity.py) into export_report.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpuforge.artifact import MANIFEST, Manifest, built_from, load_artifact, read_manifest, write_manifest
+from gpuforge.artifact.manifest import OnnxRecord
+from gpuforge.artifact.onnx_module import ONNX_INSTALL
+from gpuforge.errors import GpuforgeError
+from gpuforge.runtime import tasks
+
+log = logging.getLogger("gpuforge.export")
+
+GRAPH = "model.onnx"
+REPORT = "export_report.json"
+DEFAULT_OPSET = 18
+MIN_OPSET, MAX_OPSET = 14, 21  # what torch's exporters write and onnxruntime 1.2x runs
+ONE_FILE_LIMIT = 1.8e9  # bytes of weights past which the graph keeps them in model.onnx.data (protobuf: 2 GB)
+
+
+class ExportError(GpuforgeError):
+    """A model that cannot be exported, or an export that cannot be written where it was asked."""
+
+
+def export_onnx(
+    model_dir: str | Path, out: str | Path, quantize: str | None = None, opset: int = DEFAULT_OPSET
+):
+    """Write the ONNX export of `model_dir` into `out`; (the export's manifest, the torch module it was
+    made from, its built model) for the parity measure."""
+    model_dir, out = Path(model_dir), Path(out)
+    if quantize not in (None, "int8"):
+        raise ExportError(f"--quantize: int8 or nothing, not {quantize!r}")
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ExportError(
+            f"--opset {opset}: torch writes and onnxruntime runs opsets {MIN_OPSET} to {MAX_OPSET}"
+        )
+    _check_modules()
+    stored = read_manifest(model_dir)
+    _check_exportable(model_dir, stored)
+    _check_out(out, model_dir)
+    module, tokenizer, manifest = load_artifact(model_dir, "cpu", dequantize_base=bool(stored.quantize_base))
+    if manifest.is_adapter:  # the adapter folded into its base: one plain model to export
+        from gpuforge.weights.merge import merge_adapter
+
+        module = merge_adapter(module)
+    module = module.float().eval()
+    if getattr(getattr(module, "config", None), "use_cache", False):
+        module.config.use_cache = False  # logits only: no key/value cache to trace through
+    built = built_from(module, manifest)
+    names, sample, dynamic = _inputs(built, manifest, tokenizer)
+    wrapper = _Logits(built, manifest.task, names)
+    big = sum(t.numel() * t.element_size() for t in module.state_dict().values()) > ONE_FILE_LIMIT
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".export-") as work:
+        graph = Path(work) / GRAPH
+        exporter = _export(wrapper, sample, names, dynamic, graph, opset, big)
+        if quantize == "int8":
+            graph = _quantize_int8(graph, Path(work) / "int8" / GRAPH, big)
+        for f in graph.parent.iterdir():  # model.onnx, and model.onnx.data for a big one
+            if f.is_file():
+                shutil.move(str(f), out / f.name)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out))
+    exported = _manifest(manifest, model_dir, opset, exporter, names, quantize)
+    write_manifest(out, exported)
+    log.info("exported %s to %s (%s exporter, opset %d%s)", model_dir, out / GRAPH, exporter, opset,
+             ", int8" if quantize else "")  # fmt: skip
+    return exported, module, built
+
+
+def _check_modules() -> None:
+    for name in ("onnx", "onnxruntime"):
+        try:
+            __import__(name)
+        except ImportError:
+            raise ExportError(f"--format onnx needs {name}: {ONNX_INSTALL}") from None
+
+
+def _check_exportable(model_dir: Path, manifest: Manifest) -> None:
+    if manifest.format == "onnx":
+        raise ExportError(f"{model_dir}: an ONNX export already; export the model directory it came from")
+    if manifest.quantization:
+        origin = manifest.compression.from_ if manifest.compression else None
+        raise ExportError(
+            f"{model_dir}: a variant quantized by torch ({manifest.quantization}), whose layers have no ONNX "
+            f"form: export the float model{f' ({origin})' if origin else ''} with --quantize int8 instead"
+        )
+
+
+# what an export directory may hold: ours (a re-export replaces them), nothing else
+_OURS = {GRAPH, f"{GRAPH}.data", MANIFEST, REPORT}
+_TOKENIZER = ("tokenizer", "vocab", "merges", "special_tokens_map", "added_tokens")
+
+
+def _check_out(out: Path, model_dir: Path) -> None:
+    """`out` must be new, empty, or an earlier ONNX export (replaced); never the model directory itself."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out}: a file, not a directory")
+    if out.resolve() == model_dir.resolve() or model_dir.resolve() in out.resolve().parents:
+        raise ExportError(f"--out {out}: inside the model directory it exports; choose another")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    try:
+        earlier = read_manifest(out)
+    except GpuforgeError:
+        earlier = None
+    strays = [p.name for p in out.iterdir() if p.name not in _OURS and not p.name.startswith(_TOKENIZER)]
+    if earlier is None or earlier.format != "onnx" or strays:
+        shown = ", ".join(sorted(strays)[:5]) or MANIFEST
+        raise ExportError(
+            f"--out {out}: holds something other than an ONNX export ({shown}); choose an empty directory"
+        )
+    for name in _OURS:
+        (out / name).unlink(missing_ok=True)
+
+
+class _Logits(torch.nn.Module):
+    """The model as the graph's inputs reach it, giving logits only (no loss, no cache)."""
+
+    def __init__(self, built, task: str, names: list[str]):
+        super().__init__()
+        self.model, self.built, self.task, self.names = built.module, built, task, names
+
+    def forward(self, main: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        batch = {self.names[0]: main}
+        if attention_mask is not None:
+            batch["attention_mask"] = attention_mask
+        return tasks.forward(self.built, self.task, batch)
+
+
+def _inputs(built, manifest: Manifest, tokenizer) -> tuple[list[str], tuple, dict[str, dict[int, str]]]:
+    """The graph's input names, a sample batch to trace with (2 rows, longer than 1: a size of 1 would be
+    fixed in the graph) and each input's dynamic axes."""
+    if manifest.task == "image-classification":
+        shape = manifest.sample_shape
+        if not shape:
+            raise ExportError("the manifest has no sample_shape: the image size to export with is unknown")
+        return ["pixel_values"], (torch.rand(2, *shape),), {"pixel_values": {0: "batch"}}
+    if tokenizer is None:
+        raise ExportError("a text model without its tokenizer in the model directory")
+    texts = ["an example sentence to trace the model with", "a second, shorter one"]
+    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    axes = {0: "batch", 1: "sequence"}
+    takes_mask = built.is_transformers or tasks.accepts(built.module, "attention_mask")
+    if not takes_mask:
+        return ["input_ids"], (encoded["input_ids"],), {"input_ids": axes}
+    sample = (encoded["input_ids"], encoded["attention_mask"])
+    return ["input_ids", "attention_mask"], sample, {"input_ids": axes, "attention_mask": axes}
+
+
+def _export(wrapper, sample, names, dynamic, graph: Path, opset: int, big: bool) -> str:
+    """Export with torch's dynamo exporter, else its TorchScript one; the one that worked. Both failing is
+    an ExportError with what each said (the operator it could not convert, where torch names it)."""
+    shapes = {name: {axis: torch.export.Dim(label) for axis, label in axes.items()}
+              for name, axes in dynamic.items()}  # fmt: skip
+    dims = {
+        "main": shapes[names[0]],
+        **({"attention_mask": shapes["attention_mask"]} if len(names) > 1 else {}),
+    }
+    try:
+        with _quiet():
+            torch.onnx.export(
+                wrapper, sample, str(graph), input_names=names, output_names=["logits"], opset_version=opset,
+                dynamo=True, dynamic_shapes=dims, external_data=big, verbose=False,
+            )  # fmt: skip
+        _check_runs(graph)  # its conversion to an older opset can write nodes that opset lacks
+        return "dynamo"
+    except Exception as err:  # torch raises many types here; the fallback below says if it matters
+        dynamo_error = _what_failed(err)
+        log.info(
+            "the dynamo exporter could not export the model (%s); trying the TorchScript one", dynamo_error
+        )
+    for leftover in graph.parent.glob(f"{GRAPH}*"):
+        leftover.unlink()
+    try:
+        with _quiet():
+            torch.onnx.export(
+                wrapper, sample, str(graph), input_names=names, output_names=["logits"], opset_version=opset,
+                dynamo=False, dynamic_axes={**dynamic, "logits": {0: "batch"}},
+            )  # fmt: skip
+        _check_runs(graph)
+        return "torchscript"
+    except Exception as err:
+        torchscript_error = _what_failed(err)
+    where = _module_of(wrapper, sample, dims, _operator(f"{dynamo_error} {torchscript_error}"))
+    raise ExportError(
+        f"torch cannot export this model to ONNX{where}. dynamo exporter: {dynamo_error}. "
+        f"TorchScript exporter: {torchscript_error}"
+    )
+
+
+def _operator(message: str) -> str | None:
+    """The operator an exporter's message names ("op='prims.bessel_j0'", "operator 'aten::foo'")."""
+    found = re.search(r"op='([\w.:]+)'|operator '([\w.:]+)'", message)
+    if not found:
+        return None
+    return re.split(r"[.:]+", found.group(1) or found.group(2))[-1]
+
+
+def _module_of(wrapper, sample, dims, operator: str | None) -> str:
+    """' (operator X in module Y, a Z)': where the model calls the operator that failed, read from the
+    graph torch.export traces (each node knows the module it ran in); '' where that cannot be told."""
+    if operator is None:
+        return ""
+    key = operator.removeprefix("special_")
+    try:
+        with _quiet():
+            traced = torch.export.export(wrapper, sample, dynamic_shapes=dims)
+    except Exception:  # noqa: BLE001 (a model torch.export cannot trace: the operator alone is said)
+        return f" (operator {operator})"
+    for node in traced.graph.nodes:
+        if node.op == "call_function" and key in str(node.target):
+            stack = list((node.meta.get("nn_module_stack") or {}).values())
+            if stack:
+                path, kind = stack[-1]
+                path = path.removeprefix("L['self'].")
+                path = "" if path == "model" else path.removeprefix("model.")  # the wrapper's own attribute
+                where = f"module {path}" if path else "the model's own forward"
+                name = getattr(kind, "__name__", str(kind)).rsplit(".", 1)[-1]
+                return f" (operator {operator} in {where}, a {name})"
+    return f" (operator {operator})"
+
+
+def _check_runs(graph: Path) -> None:
+    """onnxruntime loads the graph, or this raises what it said."""
+    import onnxruntime
+
+    try:
+        onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime's own types
+        raise ExportError(f"onnxruntime cannot run the exported graph: {_what_failed(err)}") from None
+
+
+def _what_failed(err: Exception) -> str:
+    """The line of torch's message that names what failed (an operator, a module), shortened: from the
+    deepest cause, where the dynamo exporter's outer errors only say which step failed."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # its terminal colours
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if any(mark in line for mark in ("aten::", "aten.", "Unsupported", "not supported", "operator")):
+            return line[:400]
+    return (lines[0] if lines else type(err).__name__)[:400]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """torch's exporters print progress and warnings of their own: kept out of the user's terminal (and
+    shown with --verbose through the logger)."""
+    sink = io.StringIO()
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir")]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sink):
+        warnings.simplefilter("ignore")
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
+            if sink.getvalue():
+                log.debug("torch.onnx: %s", sink.getvalue())
+
+
+def _quantize_int8(graph: Path, target: Path, big: bool) -> Path:
+    """onnxruntime's dynamic quantization: int8 weights, activations quantized per batch as it runs. One
+    scale per output channel: with one per tensor the MiniLM classifier lost a point of accuracy, per
+    channel none, at the same speed."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    target.parent.mkdir()
+    try:
+        with _quiet():
+            quantize_dynamic(
+                str(graph), str(target), weight_type=QuantType.QInt8, per_channel=True,
+                use_external_data_format=big,
+            )  # fmt: skip
+    except Exception as err:  # onnxruntime's own types
+        raise ExportError(
+            f"--quantize int8: onnxruntime could not quantize the graph: {_what_failed(err)}"
+        ) from None
+    return target
+
+
+def _manifest(source: Manifest, model_dir: Path, opset: int, exporter: str, names, quantize) -> Manifest:
+    """The source's manifest as an export's: format onnx, a full model (an adapter is merged), its graph."""
+    content: dict[str, Any] = source.to_dict()
+    for adapter_field in ("base", "lora_targets", "modules_to_save", "quantize_base"):
+        content.pop(adapter_field, None)
+    onnx = OnnxRecord.model_validate(
+        {
+            "file": GRAPH,
+            "opset": opset,
+            "exporter": exporter,
+            "inputs": names,
+            "quantize": quantize,
+            "from": str(model_dir.resolve()),
+        }  # fmt: skip
+    )
+    content.update(format="onnx", kind="full", weights=GRAPH, precision="int8" if quantize else "fp32")
+    manifest = Manifest.model_validate(content)
+    manifest.onnx = onnx
+    return manifest

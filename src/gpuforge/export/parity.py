@@ -1,0 +1,136 @@
+"""Parity of an export with the torch model it came from, measured, not assumed: the run's held-out split
+through both (max absolute difference of the logits, how often they pick the same class, the task metric
+of each), bytes, and latency at batch 1 and 32 on this machine. Written as export_report.json.
+
+Floors the report checks (and says where they are missed): an fp32 export agrees to 1e-4; an int8 one stays
+within 1 point of the task metric in at most 0.3x the bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpuforge.artifact import Manifest, built_from, load_artifact
+from gpuforge.artifact.origin import open_source
+from gpuforge.data.batches import micro_batches
+from gpuforge.errors import GpuforgeError
+from gpuforge.runtime import tasks
+
+FP32_TOLERANCE = 1e-4
+INT8_METRIC_POINTS = 1.0  # accuracy points (0.01); perplexity: 1 % of the torch model's
+INT8_BYTES_RATIO = 0.3
+BATCH = 32
+
+
+def measure_parity(
+    model_dir: Path, export_dir: Path, torch_built, manifest: Manifest, repeats: int = 10
+) -> dict:
+    """The report for the export in `export_dir` of the model in `model_dir` (loaded as `torch_built`)."""
+    onnx_module, _, exported = load_artifact(export_dir)
+    onnx_built = built_from(onnx_module, exported)
+    task = manifest.task
+    report: dict[str, Any] = {
+        "format": "onnx",
+        "from": str(Path(model_dir).resolve()),
+        "exporter": exported.onnx.exporter,
+        "opset": exported.onnx.opset,
+        "quantize": exported.onnx.quantize,
+        "provider": onnx_module.provider,
+        "threads": torch.get_num_threads(),
+        "notes": [],
+    }
+    try:
+        data = open_source(model_dir).data.eval
+    except (GpuforgeError, OSError) as err:
+        data = None
+        report["notes"].append(f"no held-out split to measure on ({err}): parity and metric unmeasured")
+    if data is not None:
+        report.update(_agreement(task, data, torch_built, onnx_built))
+    report["bytes"] = {"torch": _state_bytes(torch_built.module), "onnx": _files_bytes(export_dir)}
+    report["bytes"]["ratio"] = report["bytes"]["onnx"] / max(1, report["bytes"]["torch"])
+    if data is not None:
+        report["latency_ms"] = {
+            f"batch_{n}": {
+                "torch": _latency_ms(torch_built, task, data, n, repeats),
+                "onnx": _latency_ms(onnx_built, task, data, n, repeats),
+            }
+            for n in (1, BATCH)
+        }
+    report["checks"] = _checks(report)
+    (export_dir / "export_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _agreement(task: str, data, torch_built, onnx_built) -> dict[str, Any]:
+    torch_tally, onnx_tally = tasks.EvalTally(task), tasks.EvalTally(task)
+    worst, same, rows = 0.0, 0, 0
+    with torch.inference_mode():
+        for chunk in micro_batches(list(range(len(data))), BATCH):
+            batch = data.collate(chunk)
+            expected, got = _full(torch_built, task, batch), _full(onnx_built, task, batch)
+            torch_tally.add(expected, batch)
+            onnx_tally.add(got, batch)
+            if task == "causal-lm":  # padded positions carry no meaning: compared where the mask is 1
+                mask = batch.get("attention_mask", torch.ones(expected.shape[:2])).bool()
+                expected, got = expected[mask], got[mask]
+            worst = max(worst, float((expected - got).abs().max()))
+            same += int((expected.argmax(-1) == got.argmax(-1)).sum())
+            rows += expected.shape[0]
+    name = "perplexity" if task == "causal-lm" else "accuracy"
+    before, after = torch_tally.result()[name], onnx_tally.result()[name]
+    return {
+        "examples": len(data),
+        "max_abs_diff": worst,
+        "argmax_agreement": same / max(1, rows),
+        "metric": {"name": name, "torch": before, "onnx": after, "delta": after - before},
+    }
+
+
+def _full(built, task: str, batch) -> torch.Tensor:
+    return tasks.forward(built, task, batch).float()
+
+
+def _latency_ms(built, task: str, data, n: int, repeats: int) -> float:
+    """Median milliseconds of one forward pass over the first `n` held-out rows (repeated when fewer)."""
+    rows = [i % len(data) for i in range(n)]
+    batch = data.collate(rows)
+    with torch.inference_mode():
+        tasks.forward(built, task, batch)  # warm-up: lazy set-up is not latency
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            tasks.forward(built, task, batch)
+            times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def _state_bytes(module: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+def _files_bytes(export_dir: Path) -> int:
+    return sum(f.stat().st_size for f in export_dir.glob("model.onnx*") if f.is_file())
+
+
+def _checks(report: dict) -> dict[str, Any]:
+    """Each floor this export should meet, with whether it did (None: not measured)."""
+    metric = report.get("metric")
+    if report["quantize"] is None:
+        diff = report.get("max_abs_diff")
+        return {f"max_abs_diff <= {FP32_TOLERANCE:g}": None if diff is None else diff <= FP32_TOLERANCE}
+    if metric is None:
+        close = None
+    elif metric["name"] == "accuracy":
+        close = abs(metric["delta"]) * 100 <= INT8_METRIC_POINTS
+    else:
+        close = metric["onnx"] <= metric["torch"] * (1 + INT8_METRIC_POINTS / 100)
+    return {
+        f"metric within {INT8_METRIC_POINTS:g} point": close,
+        f"bytes <= {INT8_BYTES_RATIO:g} x torch": report["bytes"]["ratio"] <= INT8_BYTES_RATIO,
+    }

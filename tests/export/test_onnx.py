@@ -1,0 +1,153 @@
+"""ONNX exports of real (tiny) trained runs: each model kind exported by torch's exporter, run by
+onnxruntime on the run's held-out split beside the torch model (export_report.json), loaded and served as
+an endpoint's model, and the requests an export must refuse."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime", reason="the export extra (onnx, onnxruntime) is not installed")
+
+from gpuforge.artifact import load_artifact, read_manifest  # noqa: E402
+from gpuforge.errors import GpuforgeError  # noqa: E402
+from gpuforge.export.onnx import ExportError, export_onnx  # noqa: E402
+from gpuforge.export.parity import measure_parity  # noqa: E402
+from gpuforge.serve.predict import load_predictor  # noqa: E402
+from tests.helpers.cli import run_cli  # noqa: E402
+from tests.helpers.paths import TOPICS  # noqa: E402
+from tests.helpers.runs import train_run, train_text_run  # noqa: E402
+from tests.helpers.specs import image_spec  # noqa: E402
+
+QUESTIONS = ["the oven must be hot before the bread goes in", "the striker scored twice", "rain tomorrow"]
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, tiny_bert_dir):
+    """A LoRA adapter on the tiny BERT, trained a few steps on the topics: exported merged."""
+    return train_text_run(tmp_path_factory.mktemp("lora"), tiny_bert_dir, TOPICS, lora={"r": 4})
+
+
+def test_a_lora_classifier_exports_merged_with_parity_and_serves_through_onnxruntime(tmp_path, lora_run):
+    out = tmp_path / "onnx"
+    result = run_cli("export", str(lora_run), "--format", "onnx", "--out", str(out), "--json", timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report == json.loads((out / "export_report.json").read_text())
+    assert report["max_abs_diff"] <= 1e-4 and report["argmax_agreement"] == 1.0
+    assert report["metric"]["onnx"] == report["metric"]["torch"] and report["checks"] == {
+        "max_abs_diff <= 0.0001": True
+    }
+    assert set(report["latency_ms"]) == {"batch_1", "batch_32"} and report["examples"] > 0
+    manifest = read_manifest(out)
+    assert (manifest.format, manifest.kind, manifest.onnx.inputs) == (
+        "onnx",
+        "full",
+        ["input_ids", "attention_mask"],
+    )
+    assert (out / "model.onnx").is_file() and (out / "tokenizer.json").is_file()  # the export stands alone
+
+    served = load_predictor(out, device="cpu")
+    original = load_predictor(lora_run, device="cpu", precision="fp32")
+    assert served.backend == "onnxruntime (CPUExecutionProvider)" and served.precision.name == "fp32"
+    got, expected = (p.run_batch([(None, p.check(q)) for q in QUESTIONS]) for p in (served, original))
+    assert [r["label"] for r in got] == [r["label"] for r in expected]
+    for a, b in zip(got, expected, strict=True):
+        assert a["score"] == pytest.approx(b["score"], abs=1e-4)
+
+
+def test_an_int8_export_is_smaller_close_in_its_metric_and_a_new_export_replaces_it(tmp_path, lora_run):
+    out = tmp_path / "int8"
+    manifest, _, built = export_onnx(lora_run, out, quantize="int8")
+    report = measure_parity(lora_run, out, built, manifest, repeats=2)
+    assert report["quantize"] == "int8" and manifest.precision == "int8"
+    assert abs(report["metric"]["delta"]) <= 0.05 and report["argmax_agreement"] >= 0.9
+    assert set(report["checks"]) == {"metric within 1 point", "bytes <= 0.3 x torch"}
+    assert load_predictor(out, device="cpu").quantized == "int8"
+
+    export_onnx(lora_run, out)  # an earlier export in --out is replaced, not refused
+    assert read_manifest(out).onnx.quantize is None
+
+
+def test_an_image_cnn_and_a_causal_lm_export_with_their_dynamic_axes(tmp_path):
+    image = train_run(tmp_path, image_spec(tmp_path), "image")
+    manifest, _, built = export_onnx(image, tmp_path / "image-onnx")
+    report = measure_parity(image, tmp_path / "image-onnx", built, manifest, repeats=1)
+    assert report["max_abs_diff"] <= 1e-4 and manifest.onnx.inputs == ["pixel_values"]
+    module, _, _ = load_artifact(tmp_path / "image-onnx")
+    assert module(torch.rand(5, *manifest.sample_shape)).shape == (5, 10)  # any batch size
+    manifest, _, built = export_onnx(image, tmp_path / "image-int8", quantize="int8")
+    int8 = measure_parity(image, tmp_path / "image-int8", built, manifest, repeats=1)
+    assert int8["bytes"]["onnx"] < 0.7 * report["bytes"]["onnx"]  # a tiny model: the graph's own bytes weigh
+
+    gpt = {
+        "name": "gpt",
+        "model": {
+            "source": "bundled:gpt-tiny",
+            "task": "causal-lm",
+            "options": {"n_layer": 1, "n_embd": 32, "n_head": 2},
+        },
+        "data": {"train": str(TOPICS), "text_field": "text", "max_length": 24, "eval_fraction": 0.1},
+        "train": {"max_steps": 2, "batch_size": 8, "precision": "fp32"},
+    }
+    lm = train_run(tmp_path, gpt, "gpt")
+    manifest, _, built = export_onnx(lm, tmp_path / "gpt-onnx")
+    report = measure_parity(lm, tmp_path / "gpt-onnx", built, manifest, repeats=1)
+    assert report["metric"]["name"] == "perplexity" and report["max_abs_diff"] <= 1e-4
+    module, _, _ = load_artifact(tmp_path / "gpt-onnx")
+    ids = torch.randint(0, 200, (3, 7))
+    assert module(ids).shape[:2] == (3, 7)  # any batch and sequence length
+    with pytest.raises(GpuforgeError, match="no key/value cache"):
+        load_predictor(tmp_path / "gpt-onnx", device="cpu")
+
+
+UNEXPORTABLE = """
+import torch
+
+class Bessel(torch.nn.Module):
+    def forward(self, x):
+        return torch.special.bessel_j0(x).sum(-1, keepdim=True)  # no ONNX form in either exporter
+
+class Odd(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 10)
+        self.head = torch.nn.Sequential(Bessel())
+
+    def forward(self, x):
+        x = x.flatten(1)
+        return self.linear(x) + self.head(x)
+
+def odd(num_labels, **options):
+    return Odd()
+"""
+
+
+def test_bad_exports_are_refused_saying_what_is_wrong(tmp_path, lora_run):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match="holds something other than an ONNX export"):
+        export_onnx(lora_run, taken)
+    assert (taken / "notes.txt").read_text() == "mine"
+    with pytest.raises(ExportError, match="opsets 14 to 21"):
+        export_onnx(lora_run, tmp_path / "x", opset=9)
+    with pytest.raises(ExportError, match="inside the model directory"):
+        export_onnx(lora_run, lora_run / "onnx")
+
+    module = tmp_path / "odd.py"
+    module.write_text(UNEXPORTABLE)
+    spec = image_spec(tmp_path, max_steps=1)
+    spec["model"]["source"] = f"python:{module}:odd"
+    odd = train_run(tmp_path, spec, "odd")
+    with pytest.raises(ExportError, match=r"operator bessel_j0 in module head\.0, a Bessel"):
+        export_onnx(odd, tmp_path / "odd-onnx")
+
+    exported = tmp_path / "fine"
+    export_onnx(lora_run, exported)
+    with pytest.raises(ExportError, match="an ONNX export already"):
+        export_onnx(exported, tmp_path / "again")
+    with pytest.raises(GpuforgeError, match="--quantize: an ONNX export"):
+        load_predictor(exported, device="cpu", quantize="int8")
+    result = run_cli("export", str(lora_run), "--format", "tflite", "--out", str(tmp_path / "t"))
+    assert result.returncode == 2 and "--format tflite" in result.stderr
