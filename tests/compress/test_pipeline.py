@@ -213,11 +213,16 @@ def test_a_quantized_transformer_reloads_from_its_config(tmp_path, tiny_bert_dir
 
 
 def test_a_sweep_measures_every_variant_marks_the_front_and_reports_what_failed(tmp_path, digits_run):
-    rows = sweep(digits_run, tmp_path / "sweep")
+    rows = sweep(digits_run, tmp_path / "sweep", onnx=True)
     report = json.loads((tmp_path / "sweep" / "report.json").read_text())
     names = [v["name"] for v in report["variants"]]
     assert names[0] == "original" and {"int8", "int4", "int8-dynamic", "channel30+int8"} <= set(names)
     assert len(rows) == len(names) and all(REPORT_FIELDS <= set(v) for v in rows)
+    # the ONNX exports on the same axes: fp32 answers as the original does, int8 is smaller
+    by_name = {v["name"]: v for v in rows}
+    original, onnx, onnx_int8 = by_name["original"], by_name["onnx-fp32"], by_name["onnx-int8"]
+    assert onnx["metric"] == original["metric"] and onnx["runtime"].startswith("onnxruntime")
+    assert onnx_int8["memory_bytes"] < 0.5 * onnx["memory_bytes"]
     # the digits CNN has no linear layer but its head: 2:4 has nothing to prune, and says why
     assert [f["name"] for f in report["failed"]] == ["2:4"]
     assert "not convolutions" in report["failed"][0]["error"]

@@ -275,6 +275,9 @@ def compress(
         Path | None, typer.Option("--spec", help="the run's spec (default: <model_dir>/../spec.yaml)")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite a non-empty --out")] = False,
+    onnx: Annotated[
+        bool, typer.Option("--onnx", help="with --sweep: the ONNX exports too (fp32, int8; gpuforge[export])")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print report.json instead of the table")] = False,
 ) -> None:
     """Prune, quantize or merge a trained model; report size, latency and accuracy against the original."""
@@ -284,8 +287,10 @@ def compress(
     from gpuforge.compress.options import CompressOptions
     from gpuforge.compress.report import table
 
+    if onnx and not sweep:
+        raise GpuforgeError("--onnx: with --sweep (one export alone: gpuforge export --format onnx)")
     if sweep:
-        rows = pipeline.sweep(model_dir, out, recover_steps, force, spec)
+        rows = pipeline.sweep(model_dir, out, recover_steps, force, spec, onnx=onnx)
     else:
         options = CompressOptions(
             prune=prune, prune_structure=prune_structure, quantize=quantize, merge=merge,

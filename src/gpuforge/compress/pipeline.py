@@ -174,6 +174,23 @@ def _variant_row(source: Source, options: CompressOptions, out: Path) -> dict[st
     )  # fmt: skip
 
 
+def _onnx_row(source: Source, name: str, quantize: str | None, out: Path, original: dict) -> dict[str, Any]:
+    """The ONNX export of the source model (gpuforge export), measured as the torch variants are: by
+    onnxruntime, behind the same module interface."""
+    from gpuforge.export.onnx import export_onnx
+
+    export_onnx(source.model_dir, out, quantize)
+    module, _, manifest = load_artifact(out)
+    graph = sum(f.stat().st_size for f in out.glob("model.onnx*"))  # the graph and its weights
+    row = report.measure(
+        name, built_from(module, manifest), source.spec.model.task, source.data.eval,
+        (original["params"], original["nonzero_params"]), report.directory_bytes(out),
+        {"path": str(out), "runtime": f"onnxruntime ({module.provider})"},
+    )  # fmt: skip
+    row["memory_bytes"] = graph  # the graph's weights, which onnxruntime holds (the module has no tensors)
+    return row
+
+
 def sweep_options(source: Source, recover_steps: int) -> list[CompressOptions]:
     """The useful combinations: each quantization alone, each pruning (recovered when asked), and the
     two that stack best (channel pruning + int8, 50 % unstructured + int8)."""
@@ -201,17 +218,28 @@ def sweep_options(source: Source, recover_steps: int) -> list[CompressOptions]:
 
 
 def sweep(
-    model_dir: str | Path, out: str | Path, recover_steps: int = 0, force: bool = False, spec_path=None
+    model_dir: str | Path,
+    out: str | Path,
+    recover_steps: int = 0,
+    force: bool = False,
+    spec_path=None,
+    onnx: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every variant of sweep_options under out/<name>/, and out/report.json with the Pareto front.
-    A variant that fails is reported with its error and the sweep goes on."""
+    """Every variant of sweep_options under out/<name>/, and out/report.json with the Pareto front; with
+    `onnx`, the ONNX exports too (fp32 and int8, run by onnxruntime). A variant that fails is reported
+    with its error and the sweep goes on."""
     out = Path(out)
     _check_out(out, force)
     source = open_source(model_dir, spec_path)
-    return run_variants(source, sweep_options(source, recover_steps), out)
+    return run_variants(source, sweep_options(source, recover_steps), out, ONNX_VARIANTS if onnx else ())
 
 
-def run_variants(source: Source, variants: list[CompressOptions], out: Path) -> list[dict[str, Any]]:
+ONNX_VARIANTS = (None, "int8")  # gpuforge export's quantizations: none (fp32), onnxruntime's dynamic int8
+
+
+def run_variants(
+    source: Source, variants: list[CompressOptions], out: Path, onnx: tuple[str | None, ...] = ()
+) -> list[dict[str, Any]]:
     """The original and each variant (under out/<name>/), measured; out/report.json with the front.
     A variant that fails is reported with its error and the others go on."""
     rows = [_original_row(source)]
@@ -223,6 +251,14 @@ def run_variants(source: Source, variants: list[CompressOptions], out: Path) -> 
         except GpuforgeError as err:
             failed.append({"name": options.name, "error": str(err)})
             log.warning("variant %s failed: %s", options.name, err)
+    for quantize in onnx:
+        name = f"onnx-{quantize or 'fp32'}"
+        log.info("variant %s", name)
+        try:
+            rows.append(_onnx_row(source, name, quantize, out / name, rows[0]))
+        except GpuforgeError as err:
+            failed.append({"name": name, "error": str(err)})
+            log.warning("variant %s failed: %s", name, err)
     report.add_deltas_and_front(rows)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps({"variants": rows, "failed": failed}, indent=2) + "\n")
