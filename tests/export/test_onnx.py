@@ -142,9 +142,14 @@ def test_bad_exports_are_refused_saying_what_is_wrong(tmp_path, lora_run):
     odd = train_run(tmp_path, spec, "odd")
     with pytest.raises(ExportError, match=r"operator bessel_j0 in module head\.0, a Bessel"):
         export_onnx(odd, tmp_path / "odd-onnx")
+    assert not (tmp_path / "odd-onnx").exists()
 
     exported = tmp_path / "fine"
     export_onnx(lora_run, exported)
+    before = sorted(p.name for p in exported.iterdir())
+    with pytest.raises(ExportError, match="bessel_j0"):
+        export_onnx(odd, exported)  # a failed export over an earlier one leaves that one whole
+    assert sorted(p.name for p in exported.iterdir()) == before and load_predictor(exported, device="cpu")
     with pytest.raises(ExportError, match="an ONNX export already"):
         export_onnx(exported, tmp_path / "again")
     with pytest.raises(GpuforgeError, match="--quantize: an ONNX export"):

@@ -32,7 +32,7 @@ def load_artifact(
         if manifest.onnx is None:
             raise ModelError(f"{model_dir}: {MANIFEST} says format onnx but has no onnx record")
         path = manifest.weights_path(model_dir)
-        return OnnxModule(path, manifest.onnx.inputs).eval(), tokenizer, manifest
+        return OnnxModule(path, manifest.onnx.inputs, device).eval(), tokenizer, manifest
     if manifest.is_adapter:
         from peft import PeftModel
 

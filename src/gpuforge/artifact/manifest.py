@@ -82,6 +82,8 @@ class OnnxRecord(Record):
     inputs: list[str]  # the graph's input names, in order: input_ids, attention_mask, or pixel_values
     quantize: str | None = None  # "int8": onnxruntime's dynamic quantization of the weights
     from_: str | None = Field(None, alias="from")
+    files: list[str] = Field(default_factory=list)  # what the export wrote: a re-export replaces just these
+    max_positions: int | None = None  # the longest sequence the model takes (a transformers model's)
 
 
 class Manifest(Record):

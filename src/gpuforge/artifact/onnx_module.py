@@ -19,7 +19,9 @@ ONNX_INSTALL = "pip install 'gpuforge[export]' (onnx, onnxruntime)"
 
 
 class OnnxModule(torch.nn.Module):
-    def __init__(self, path: Path, inputs: list[str], threads: int | None = None):
+    def __init__(
+        self, path: Path, inputs: list[str], device: torch.device | str = "cpu", threads: int | None = None
+    ):
         super().__init__()
         try:
             import onnxruntime
@@ -31,12 +33,16 @@ class OnnxModule(torch.nn.Module):
         options.inter_op_num_threads = 1
         try:
             self.session = onnxruntime.InferenceSession(
-                str(path), options, providers=_providers(onnxruntime.get_available_providers())
+                str(path), options, providers=_providers(onnxruntime.get_available_providers(), device)
             )
         except Exception as err:  # onnxruntime raises its own types: an opset or operator it cannot run
             raise ModelError(f"{path}: onnxruntime cannot run this graph: {_first_line(err)}") from None
         self.inputs = list(inputs)
         self.provider = self.session.get_providers()[0]
+        # where the logits are: a CPU-only onnxruntime on a GPU machine runs on the CPU
+        self.device = (
+            torch.device(device) if self.provider == "CUDAExecutionProvider" else torch.device("cpu")
+        )
 
     def forward(self, main: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         given = {self.inputs[0]: main}
@@ -44,7 +50,7 @@ class OnnxModule(torch.nn.Module):
             given["attention_mask"] = attention_mask if attention_mask is not None else torch.ones_like(main)
         feed = {name: _numpy(tensor, name) for name, tensor in given.items()}
         (logits,) = self.session.run(None, feed)
-        return torch.from_numpy(logits).to(main.device)  # where the caller's batch is
+        return torch.from_numpy(logits).to(main.device)  # where the caller's batch is (cuda: copied back)
 
 
 def _numpy(tensor: torch.Tensor, name: str) -> np.ndarray:
@@ -53,10 +59,13 @@ def _numpy(tensor: torch.Tensor, name: str) -> np.ndarray:
     return tensor.detach().to(torch.int64).cpu().numpy()
 
 
-def _providers(available: list[str]) -> list[str]:
-    """CUDA first where this onnxruntime build has it, the CPU always (it runs what CUDA does not)."""
-    wanted = [p for p in ("CUDAExecutionProvider",) if p in available and torch.cuda.is_available()]
-    return [*wanted, "CPUExecutionProvider"]
+def _providers(available: list[str], device: torch.device | str) -> list:
+    """CUDA for a cuda device where this onnxruntime build has it (on that GPU), the CPU always (it runs
+    what CUDA does not)."""
+    device = torch.device(device)
+    if device.type == "cuda" and "CUDAExecutionProvider" in available:
+        return [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
 
 
 def _first_line(err: Exception) -> str:

@@ -316,7 +316,9 @@ def export(
     quantize: Annotated[
         str | None, typer.Option("--quantize", help="int8: onnxruntime's dynamic quantization")
     ] = None,
-    opset: Annotated[int, typer.Option("--opset", help="the ONNX opset to write (14 to 21)")] = 17,
+    opset: Annotated[
+        int, typer.Option("--opset", help="the ONNX opset to write (14 to 21; 18: the dynamo exporter's own)")
+    ] = 18,
     as_json: Annotated[
         bool, typer.Option("--json", help="print export_report.json instead of the table")
     ] = False,

@@ -140,6 +140,16 @@ def _check_out(out: Path, force: bool) -> None:
         raise CompressError(f"--out {out}: exists and is not empty; pass --force to overwrite it")
 
 
+def _opened(model_dir, spec_path) -> Source:
+    source = open_source(model_dir, spec_path)
+    if source.manifest.format == "onnx":  # no torch weights to prune or quantize
+        raise CompressError(
+            f"{model_dir}: an ONNX export; compress the model directory it came from "
+            f"({source.manifest.onnx.from_ if source.manifest.onnx else 'see its gpuforge.json'})"
+        )
+    return source
+
+
 def _original_row(source: Source) -> dict[str, Any]:
     module, _, manifest = load_artifact(source.model_dir)
     built = built_from(module, manifest)
@@ -155,7 +165,7 @@ def compress(
     """One variant, saved to `out`, with report.json holding the original and the variant."""
     out = Path(out)
     _check_out(out, force)
-    source = open_source(model_dir, spec_path)
+    source = _opened(model_dir, spec_path)
     rows = [_original_row(source), _variant_row(source, options, out)]
     report.add_deltas_and_front(rows)
     (out / "report.json").write_text(json.dumps({"variants": rows}, indent=2) + "\n")
@@ -230,7 +240,7 @@ def sweep(
     with its error and the sweep goes on."""
     out = Path(out)
     _check_out(out, force)
-    source = open_source(model_dir, spec_path)
+    source = _opened(model_dir, spec_path)
     return run_variants(source, sweep_options(source, recover_steps), out, ONNX_VARIANTS if onnx else ())
 
 

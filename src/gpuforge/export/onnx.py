@@ -74,19 +74,25 @@ def export_onnx(
     names, sample, dynamic = _inputs(built, manifest, tokenizer)
     wrapper = _Logits(built, manifest.task, names)
     big = sum(t.numel() * t.element_size() for t in module.state_dict().values()) > ONE_FILE_LIMIT
-    out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out, prefix=".export-") as work:
-        graph = Path(work) / GRAPH
-        exporter = _export(wrapper, sample, names, dynamic, graph, opset, big)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # built beside --out and swapped in whole: a failure leaves an earlier export as it was
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.export-") as work:
+        staged, scratch = Path(work) / "export", Path(work) / "scratch"
+        staged.mkdir()
+        scratch.mkdir()
+        graph = scratch / GRAPH
+        exporter = _export(wrapper, sample, names, dynamic, graph, opset, big, manifest.task)
         if quantize == "int8":
-            graph = _quantize_int8(graph, Path(work) / "int8" / GRAPH, big)
+            graph = _quantize_int8(graph, scratch / "int8" / GRAPH, big)
         for f in graph.parent.iterdir():  # model.onnx, and model.onnx.data for a big one
             if f.is_file():
-                shutil.move(str(f), out / f.name)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(out))
-    exported = _manifest(manifest, model_dir, opset, exporter, names, quantize)
-    write_manifest(out, exported)
+                shutil.move(str(f), staged / f.name)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(staged))
+        files = sorted(f.name for f in staged.iterdir())
+        exported = _manifest(manifest, model_dir, opset, exporter, names, quantize, files, _positions(module))
+        write_manifest(staged, exported)
+        _swap_in(staged, out, Path(work) / "earlier")
     log.info("exported %s to %s (%s exporter, opset %d%s)", model_dir, out / GRAPH, exporter, opset,
              ", int8" if quantize else "")  # fmt: skip
     return exported, module, built
@@ -111,13 +117,9 @@ def _check_exportable(model_dir: Path, manifest: Manifest) -> None:
         )
 
 
-# what an export directory may hold: ours (a re-export replaces them), nothing else
-_OURS = {GRAPH, f"{GRAPH}.data", MANIFEST, REPORT}
-_TOKENIZER = ("tokenizer", "vocab", "merges", "special_tokens_map", "added_tokens")
-
-
 def _check_out(out: Path, model_dir: Path) -> None:
-    """`out` must be new, empty, or an earlier ONNX export (replaced); never the model directory itself."""
+    """`out` must be new, empty, or an earlier ONNX export holding only the files it wrote (replaced once
+    the new one is made); never inside the model directory."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out}: a file, not a directory")
     if out.resolve() == model_dir.resolve() or model_dir.resolve() in out.resolve().parents:
@@ -128,14 +130,26 @@ def _check_out(out: Path, model_dir: Path) -> None:
         earlier = read_manifest(out)
     except GpuforgeError:
         earlier = None
-    strays = [p.name for p in out.iterdir() if p.name not in _OURS and not p.name.startswith(_TOKENIZER)]
+    ours = {MANIFEST, REPORT, *(earlier.onnx.files if earlier is not None and earlier.onnx else [])}
+    strays = [p.name for p in out.iterdir() if p.name not in ours]
     if earlier is None or earlier.format != "onnx" or strays:
         shown = ", ".join(sorted(strays)[:5]) or MANIFEST
         raise ExportError(
             f"--out {out}: holds something other than an ONNX export ({shown}); choose an empty directory"
         )
-    for name in _OURS:
-        (out / name).unlink(missing_ok=True)
+
+
+def _swap_in(staged: Path, out: Path, aside: Path) -> None:
+    """`staged` becomes `out`; an earlier export there is moved aside (and goes with the temporary
+    directory), never merged with the new one."""
+    if out.exists():
+        out.rename(aside)
+    staged.rename(out)
+
+
+def _positions(module: torch.nn.Module) -> int | None:
+    """The longest sequence a transformers model takes (serve caps --max-length with it)."""
+    return getattr(getattr(module, "config", None), "max_position_embeddings", None)
 
 
 class _Logits(torch.nn.Module):
@@ -162,17 +176,18 @@ def _inputs(built, manifest: Manifest, tokenizer) -> tuple[list[str], tuple, dic
         return ["pixel_values"], (torch.rand(2, *shape),), {"pixel_values": {0: "batch"}}
     if tokenizer is None:
         raise ExportError("a text model without its tokenizer in the model directory")
-    texts = ["an example sentence to trace the model with", "a second, shorter one"]
-    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    # one sentence twice: no padding, which a tokenizer may not have (GPT-2's)
+    ids = tokenizer("an example sentence to trace the model with", return_tensors="pt")["input_ids"]
+    ids = ids.repeat(2, 1)
     axes = {0: "batch", 1: "sequence"}
     takes_mask = built.is_transformers or tasks.accepts(built.module, "attention_mask")
     if not takes_mask:
-        return ["input_ids"], (encoded["input_ids"],), {"input_ids": axes}
-    sample = (encoded["input_ids"], encoded["attention_mask"])
+        return ["input_ids"], (ids,), {"input_ids": axes}
+    sample = (ids, torch.ones_like(ids))
     return ["input_ids", "attention_mask"], sample, {"input_ids": axes, "attention_mask": axes}
 
 
-def _export(wrapper, sample, names, dynamic, graph: Path, opset: int, big: bool) -> str:
+def _export(wrapper, sample, names, dynamic, graph: Path, opset: int, big: bool, task: str) -> str:
     """Export with torch's dynamo exporter, else its TorchScript one; the one that worked. Both failing is
     an ExportError with what each said (the operator it could not convert, where torch names it)."""
     shapes = {name: {axis: torch.export.Dim(label) for axis, label in axes.items()}
@@ -187,7 +202,7 @@ def _export(wrapper, sample, names, dynamic, graph: Path, opset: int, big: bool)
                 wrapper, sample, str(graph), input_names=names, output_names=["logits"], opset_version=opset,
                 dynamo=True, dynamic_shapes=dims, external_data=big, verbose=False,
             )  # fmt: skip
-        _check_runs(graph)  # its conversion to an older opset can write nodes that opset lacks
+        _check_runs(graph, wrapper, sample)  # its conversion to an older opset can write nodes it lacks
         return "dynamo"
     except Exception as err:  # torch raises many types here; the fallback below says if it matters
         dynamo_error = _what_failed(err)
@@ -200,9 +215,9 @@ def _export(wrapper, sample, names, dynamic, graph: Path, opset: int, big: bool)
         with _quiet():
             torch.onnx.export(
                 wrapper, sample, str(graph), input_names=names, output_names=["logits"], opset_version=opset,
-                dynamo=False, dynamic_axes={**dynamic, "logits": {0: "batch"}},
+                dynamo=False, dynamic_axes={**dynamic, "logits": _logit_axes(task)},
             )  # fmt: skip
-        _check_runs(graph)
+        _check_runs(graph, wrapper, sample)  # tracing may have fixed a size that must stay free
         return "torchscript"
     except Exception as err:
         torchscript_error = _what_failed(err)
@@ -245,14 +260,37 @@ def _module_of(wrapper, sample, dims, operator: str | None) -> str:
     return f" (operator {operator})"
 
 
-def _check_runs(graph: Path) -> None:
-    """onnxruntime loads the graph, or this raises what it said."""
+def _logit_axes(task: str) -> dict[int, str]:
+    return {0: "batch", 1: "sequence"} if task == "causal-lm" else {0: "batch"}
+
+
+def _check_runs(graph: Path, wrapper, sample: tuple) -> None:
+    """onnxruntime loads the graph and runs it at another batch size (and sequence length) than it was
+    traced with, giving logits of torch's shape; else an ExportError saying what went wrong."""
     import onnxruntime
 
+    other = tuple(_resized(t) for t in sample)
     try:
-        onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), other, strict=True)}
+        (got,) = session.run(None, feed)
     except Exception as err:  # onnxruntime's own types
         raise ExportError(f"onnxruntime cannot run the exported graph: {_what_failed(err)}") from None
+    with torch.inference_mode():
+        expected = wrapper(*other)
+    if tuple(got.shape) != tuple(expected.shape):
+        raise ExportError(
+            f"the exported graph gives logits of shape {list(got.shape)} for inputs of another size, torch "
+            f"{list(expected.shape)}: a size was fixed when it was traced"
+        )
+
+
+def _resized(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` with one more row (and, for a token sequence, three more positions)."""
+    rows = torch.cat([tensor, tensor[:1]])
+    if tensor.dtype.is_floating_point or tensor.dim() < 2:
+        return rows
+    return torch.cat([rows, rows[:, -3:]], dim=1)
 
 
 def _what_failed(err: Exception) -> str:
@@ -273,7 +311,8 @@ def _quiet():
     """torch's exporters print progress and warnings of their own: kept out of the user's terminal (and
     shown with --verbose through the logger)."""
     sink = io.StringIO()
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir")]
+    # onnxruntime's quantization logs its advice on the root logger ("")
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir", "")]
     levels = [logger.level for logger in loggers]
     with warnings.catch_warnings(), contextlib.redirect_stdout(sink):
         warnings.simplefilter("ignore")
@@ -308,7 +347,9 @@ def _quantize_int8(graph: Path, target: Path, big: bool) -> Path:
     return target
 
 
-def _manifest(source: Manifest, model_dir: Path, opset: int, exporter: str, names, quantize) -> Manifest:
+def _manifest(
+    source: Manifest, model_dir: Path, opset: int, exporter: str, names, quantize, files, positions
+):
     """The source's manifest as an export's: format onnx, a full model (an adapter is merged), its graph."""
     content: dict[str, Any] = source.to_dict()
     for adapter_field in ("base", "lora_targets", "modules_to_save", "quantize_base"):
@@ -321,6 +362,8 @@ def _manifest(source: Manifest, model_dir: Path, opset: int, exporter: str, name
             "inputs": names,
             "quantize": quantize,
             "from": str(model_dir.resolve()),
+            "files": files,
+            "max_positions": positions,
         }  # fmt: skip
     )
     content.update(format="onnx", kind="full", weights=GRAPH, precision="int8" if quantize else "fp32")

@@ -46,7 +46,7 @@ def measure_parity(
         "notes": [],
     }
     try:
-        data = open_source(model_dir).data.eval
+        data = open_source(model_dir, _spec_of(Path(model_dir), manifest)).data.eval
     except (GpuforgeError, OSError) as err:
         data = None
         report["notes"].append(f"no held-out split to measure on ({err}): parity and metric unmeasured")
@@ -65,6 +65,15 @@ def measure_parity(
     report["checks"] = _checks(report)
     (export_dir / "export_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _spec_of(model_dir: Path, manifest: Manifest) -> Path | None:
+    """The run's spec: beside the model directory, or for a compressed variant beside the model it was
+    made from (gpuforge.json's compression.from)."""
+    if (model_dir.parent / "spec.yaml").is_file() or manifest.compression is None:
+        return None  # open_source's own default
+    origin = manifest.compression.from_
+    return Path(origin).parent / "spec.yaml" if origin else None
 
 
 def _agreement(task: str, data, torch_built, onnx_built) -> dict[str, Any]:
@@ -111,7 +120,9 @@ def _latency_ms(built, task: str, data, n: int, repeats: int) -> float:
 
 
 def _state_bytes(module: torch.nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    """Bytes of the model's tensors, a tensor shared by two names (tied embeddings) once."""
+    unique = {t.data_ptr(): t.numel() * t.element_size() for t in module.state_dict().values()}
+    return sum(unique.values())
 
 
 def _files_bytes(export_dir: Path) -> int:

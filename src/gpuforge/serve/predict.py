@@ -192,14 +192,17 @@ def load_predictor(
     if report is not None:
         log.info("--quantize %s: %s", quantize, report["summary"])
     length = max_length or manifest.max_length
-    if length is not None and hasattr(module, "config"):
-        positions = getattr(module.config, "max_position_embeddings", None)
-        length = min(length, positions) if positions else length
+    positions = getattr(getattr(module, "config", None), "max_position_embeddings", None) or (
+        manifest.onnx.max_positions if manifest.onnx else None
+    )
+    if length is not None and positions:
+        length = min(length, positions)
     log.info("serving %s (%s) on %s, precision %s", model_dir, manifest.task, torch_device, chosen.name)
     quantized = quantize or manifest.quantization or (manifest.onnx.quantize if manifest.onnx else None)
     predictor = Predictor(module, tokenizer, manifest, torch_device, chosen, length, quantized)
     if manifest.format == "onnx":
         predictor.backend = f"onnxruntime ({module.provider})"
+        predictor.device = module.device  # a CPU-only onnxruntime on a GPU machine runs on the CPU
     predictor.quantize_report = report
     if eval_at_load and served is not None:
         metric = _metric_name(served)
