@@ -201,10 +201,21 @@ class CompressSpec(Section):
     prune: PruneSpec | None = None
     quantize: QuantKind | None = None
     sweep: bool = Field(False, description="every useful combination, with the Pareto front")
+    onnx: bool = Field(
+        False,
+        description="the ONNX exports too (fp32, int8; gpuforge[export]) in <run>/compressed/onnx-*",
+    )
 
     @property
     def requested(self) -> bool:
-        return self.merge or self.prune is not None or self.quantize is not None or self.sweep
+        return self.merge or self.prune is not None or self.quantize is not None or self.sweep or self.onnx
+
+    @model_validator(mode="after")
+    def _onnx_beside(self) -> CompressSpec:
+        single = self.merge or self.prune is not None or self.quantize is not None
+        if self.onnx and single and not self.sweep:
+            raise ValueError("onnx: with sweep, or alone (each variant then has a directory of its own)")
+        return self
 
 
 LabelText = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]

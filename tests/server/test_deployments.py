@@ -90,3 +90,25 @@ def _serves(pid: int, model_dir: str) -> bool:
     except OSError:
         return False
     return b"serve" in argv and model_dir.encode() in argv
+
+
+def test_an_onnx_export_its_compress_section_made_is_deployed_by_name(api, tmp_path):
+    pytest.importorskip("onnxruntime", reason="the export extra (onnx, onnxruntime) is not installed")
+    spec = {**image_spec(tmp_path, max_steps=4), "compress": {"onnx": True}}
+    job_id = api.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)}).json()["id"]
+    wait_for(api, f"/api/v1/jobs/{job_id}", lambda j: j["state"] == "finished", timeout=240)
+    missing = api.post(
+        "/api/v1/deployments", json={"job_id": job_id, "name": "d", "model": "compressed/int4"}
+    )
+    assert missing.status_code == 409 and "has no compressed/int4" in missing.json()["detail"]
+    outside = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "d", "model": "../model"})
+    assert outside.status_code == 422  # a variant is a name under compressed/, never a path
+
+    made = api.post(
+        "/api/v1/deployments", json={"job_id": job_id, "name": "onnx", "model": "compressed/onnx-int8"}
+    )
+    assert made.status_code == 201 and made.json()["model_dir"].endswith("compressed/onnx-int8"), made.text
+    wait_for(api, "/api/v1/deployments/onnx", lambda d: d["state"] == "ready", timeout=240)
+    images = (load_digits().images[:3] / 16.0).tolist()
+    answer = api.post("/api/v1/deployments/onnx/predict", json={"inputs": images})
+    assert answer.status_code == 200 and len(answer.json()["outputs"]) == 3, answer.text

@@ -29,13 +29,22 @@ class Source:
         return self.manifest.is_adapter
 
 
+def _run_spec(model_dir: Path) -> Path:
+    """The spec of the run a model directory belongs to: <run>/model, or a variant its compress: section
+    made, <run>/compressed/<name>."""
+    beside = model_dir.parent / "spec.yaml"
+    if not beside.is_file() and model_dir.parent.name == "compressed":
+        return model_dir.parent.parent / "spec.yaml"
+    return beside
+
+
 def open_source(model_dir: str | Path, spec_path: str | Path | None = None) -> Source:
     """Check that `model_dir` is a gpuforge model and rebuild its run's data split."""
     model_dir = Path(model_dir)
     if not (model_dir / MANIFEST).is_file():
         raise ArtifactError(f"{model_dir}: not a gpuforge model directory (no {MANIFEST}); pass <run>/model")
     manifest = read_manifest(model_dir)
-    spec_path = Path(spec_path) if spec_path else model_dir.parent / "spec.yaml"
+    spec_path = Path(spec_path) if spec_path else _run_spec(model_dir)
     if not spec_path.is_file():
         raise ArtifactError(f"{spec_path}: the run's spec is needed for its eval data; pass --spec")
     spec = load_spec(spec_path)

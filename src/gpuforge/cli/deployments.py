@@ -59,6 +59,10 @@ def deploy(
         ),
     ] = None,
     quantize: Annotated[str | None, typer.Option(help="int8 | int4 | int8-dynamic, at load")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="a variant of the job's compress: section, e.g. compressed/onnx-int8"),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="return once it is ready (a new version: once it serves)")
     ] = False,
@@ -82,7 +86,7 @@ def deploy(
     made = client.deploy(
         job_id, name, {k: v for k, v in options.items() if v is not None}, replicas=replicas,
         min_replicas=min_replicas, max_replicas=max_replicas, target_queue=target_queue,
-        scale_down_after_s=scale_down_after, max_metric_drop=max_metric_drop,
+        scale_down_after_s=scale_down_after, max_metric_drop=max_metric_drop, model=model,
     )  # fmt: skip
     version = made.get("rolling_version")
     if wait:

@@ -287,7 +287,10 @@ def compress_run(spec: JobSpec, run_dir: str | Path) -> list[dict[str, Any]] | N
     spec_path = run.root / "spec.yaml"
     if wanted.sweep:
         steps = wanted.prune.recover_steps if wanted.prune else 0
-        rows = sweep(run.model_dir, out, steps, force=True, spec_path=spec_path)
+        rows = sweep(run.model_dir, out, steps, force=True, spec_path=spec_path, onnx=wanted.onnx)
+    elif wanted.onnx:  # the exports alone, beside the original
+        _check_out(out, force=True)
+        rows = run_variants(_opened(run.model_dir, spec_path), [], out, ONNX_VARIANTS)
     else:
         options = CompressOptions.from_spec(wanted)
         rows = compress(run.model_dir, options, out, force=True, spec_path=spec_path)

@@ -236,6 +236,11 @@ class DeploymentCreate(BaseModel):
 
     job_id: int = Field(ge=1, le=2**31 - 1, description="a finished job: its run's model/ is served")
     name: str = Field(pattern=DEPLOYMENT_NAME, max_length=100)
+    model: str | None = Field(
+        None,
+        pattern=r"^compressed/[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$",
+        description="a variant its compress: section made, served instead of model/: compressed/onnx-int8",
+    )
     replicas: int | None = Field(None, ge=0, le=64, description="at the start (default: 1, within min..max)")
     min_replicas: int | None = Field(None, ge=0, le=64, description="autoscaling's floor; 0: scales to zero")
     max_replicas: int | None = Field(None, ge=1, le=64, description="autoscaling's ceiling")

@@ -95,14 +95,24 @@ def changeable(s, key: ApiKey, name: str) -> Deployment:
     return deployment
 
 
-def finished_model(s, key: ApiKey, job_id: int) -> tuple[Job, Path, Manifest]:
-    """A finished job's model/ that `key` may read, and its manifest: 404, or 409 saying why it has none."""
+def finished_model(s, key: ApiKey, job_id: int, variant: str | None = None) -> tuple[Job, Path, Manifest]:
+    """A finished job's model/ (or the `variant` its compress: section made, compressed/<name>) that `key`
+    may read, and its manifest: 404, or 409 saying why it has none."""
     job = s.get(Job, job_id)
     if job is None or not may_read(key, job):  # a teammate's model too: the deployment is the key's own
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
-    model_dir = Path(job.run_dir) / "model"
+    run = Path(job.run_dir).resolve()
+    model_dir = run / (variant or "model")
     if job.state != JobState.FINISHED or not (model_dir / MANIFEST).is_file():
+        if job.state == JobState.FINISHED and variant:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, f"job {job.id} has no {variant} (its compress: section)"
+            )
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} is {job.state}: it has no trained model")
+    if run not in model_dir.resolve().parents:  # a link inside the run directory pointing out of it
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"job {job.id}: {variant} lies outside its run directory"
+        )
     try:
         return job, model_dir, read_manifest(model_dir)
     except ArtifactError as err:  # a file anyone with the run directory could have edited
@@ -129,7 +139,7 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
     the name of a live deployment: its next version, rolled out replica by replica. Past its key's
     max_deployments: 429."""
     with session(request.app.state.engine) as s:
-        job, model_dir, manifest = finished_model(s, key, body.job_id)
+        job, model_dir, manifest = finished_model(s, key, body.job_id, body.model)
         if manifest.task == "causal-lm":
             raise _unprocessable(
                 f"job {job.id} trained a causal-lm: the server forwards /predict only; run `gpuforge serve` "
