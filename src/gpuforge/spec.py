@@ -214,7 +214,10 @@ class CompressSpec(Section):
     def _onnx_beside(self) -> CompressSpec:
         single = self.merge or self.prune is not None or self.quantize is not None
         if self.onnx and single and not self.sweep:
-            raise ValueError("onnx: with sweep, or alone (each variant then has a directory of its own)")
+            raise ValueError(
+                "onnx: true goes with sweep: true or alone, not with merge, prune or quantize (a single "
+                "variant fills <run>/compressed itself)"
+            )
         return self
 
 

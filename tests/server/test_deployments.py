@@ -103,6 +103,9 @@ def test_an_onnx_export_its_compress_section_made_is_deployed_by_name(api, tmp_p
     assert missing.status_code == 409 and "has no compressed/int4" in missing.json()["detail"]
     outside = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "d", "model": "../model"})
     assert outside.status_code == 422  # a variant is a name under compressed/, never a path
+    body = {"job_id": job_id, "name": "d", "model": "compressed/onnx-fp32", "options": {"quantize": "int8"}}
+    requantized = api.post("/api/v1/deployments", json=body)
+    assert requantized.status_code == 422 and "an ONNX export" in requantized.json()["detail"]
 
     made = api.post(
         "/api/v1/deployments", json={"job_id": job_id, "name": "onnx", "model": "compressed/onnx-int8"}

@@ -55,7 +55,7 @@ def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, 
     module, tokenizer, manifest = load_artifact(
         source.model_dir, dequantize_base=options.merge and bool(source.manifest.quantize_base)
     )
-    done = Compression(from_=str(source.model_dir), options=options.model_dump(), name=options.name)
+    done = Compression(from_=str(source.model_dir.resolve()), options=options.model_dump(), name=options.name)
     if options.merge:
         module = merge_adapter(module)
         done.merged = True

@@ -1,7 +1,7 @@
 """A model directory as an ONNX export, for runtimes other than torch (ONNX Runtime and its execution
 providers, OpenVINO, NPUs) and for ONNX Runtime's own CPU speed:
 
-    gpuforge export runs/x/model --format onnx --out exports/x [--quantize int8] [--opset 17]
+    gpuforge export runs/x/model --format onnx --out exports/x [--quantize int8] [--opset 18]
 
 The export directory holds model.onnx (one file: weights inside, up to 2 GB), the tokenizer and
 gpuforge.json (format onnx): `gpuforge serve DIR` and load_artifact take it as they take the model it came
@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -51,7 +52,7 @@ def export_onnx(
 ):
     """Write the ONNX export of `model_dir` into `out`; (the export's manifest, the torch module it was
     made from, its built model) for the parity measure."""
-    model_dir, out = Path(model_dir), Path(out)
+    model_dir, out = Path(model_dir), Path(out).resolve()  # a link's target: the folder that is replaced
     if quantize not in (None, "int8"):
         raise ExportError(f"--quantize: int8 or nothing, not {quantize!r}")
     if not MIN_OPSET <= opset <= MAX_OPSET:
@@ -124,6 +125,12 @@ def _check_out(out: Path, model_dir: Path) -> None:
         raise ExportError(f"--out {out}: a file, not a directory")
     if out.resolve() == model_dir.resolve() or model_dir.resolve() in out.resolve().parents:
         raise ExportError(f"--out {out}: inside the model directory it exports; choose another")
+    # the export is made beside --out and moved in whole: its parent must take a new folder
+    if out.exists() and os.path.ismount(out):
+        raise ExportError(f"--out {out}: a mount point, which cannot be replaced; export into a folder in it")
+    parent = next((p for p in out.parents if p.exists()), out.parent)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ExportError(f"--out {out}: {parent} is not writable")
     if not out.is_dir() or not any(out.iterdir()):
         return
     try:
@@ -144,7 +151,12 @@ def _swap_in(staged: Path, out: Path, aside: Path) -> None:
     directory), never merged with the new one."""
     if out.exists():
         out.rename(aside)
-    staged.rename(out)
+    try:
+        staged.rename(out)
+    except OSError as err:
+        if aside.exists():
+            aside.rename(out)  # the earlier export back where it was
+        raise ExportError(f"--out {out}: cannot put the export there ({err.strerror})") from None
 
 
 def _positions(module: torch.nn.Module) -> int | None:

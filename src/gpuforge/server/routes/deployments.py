@@ -101,7 +101,7 @@ def finished_model(s, key: ApiKey, job_id: int, variant: str | None = None) -> t
     job = s.get(Job, job_id)
     if job is None or not may_read(key, job):  # a teammate's model too: the deployment is the key's own
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
-    run = Path(job.run_dir).resolve()
+    run = Path(job.run_dir)
     model_dir = run / (variant or "model")
     if job.state != JobState.FINISHED or not (model_dir / MANIFEST).is_file():
         if job.state == JobState.FINISHED and variant:
@@ -109,7 +109,7 @@ def finished_model(s, key: ApiKey, job_id: int, variant: str | None = None) -> t
                 status.HTTP_409_CONFLICT, f"job {job.id} has no {variant} (its compress: section)"
             )
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} is {job.state}: it has no trained model")
-    if run not in model_dir.resolve().parents:  # a link inside the run directory pointing out of it
+    if variant and run.resolve() not in model_dir.resolve().parents:  # a link in the run, pointing out
         raise HTTPException(
             status.HTTP_409_CONFLICT, f"job {job.id}: {variant} lies outside its run directory"
         )
@@ -146,7 +146,14 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
                 "for its /v1/completions"
             )
         existing = s.scalar(select(Deployment).where(Deployment.name == body.name))
-        if existing is not None and existing.state in LIVE_DEPLOYMENT_STATES:
+        live = existing is not None and existing.state in LIVE_DEPLOYMENT_STATES
+        quantize = (existing.options or {}).get("quantize") if live else body.options.quantize
+        if manifest.format == "onnx" and quantize:
+            raise _unprocessable(
+                f"{body.model}: an ONNX export, quantized (or not) when it was made; a deployment's quantize "
+                f"({quantize}) does not apply to it"
+            )
+        if live:
             deployment = changeable(s, key, body.name)  # 404 or 403 where another key's
             s.refresh(deployment, with_for_update=True)  # one change at a time (PostgreSQL)
             _next_version(s, deployment, job, model_dir, body)
