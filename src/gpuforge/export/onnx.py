@@ -326,6 +326,10 @@ def _quiet():
     # onnxruntime's quantization logs its advice on the root logger ("")
     loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir", "")]
     levels = [logger.level for logger in loggers]
+    # a message logged on the root logger with no handler makes `logging` add one (basicConfig), which
+    # would then print every gpuforge line twice: a handler that drops them stands there meanwhile
+    guard = logging.NullHandler()
+    logging.getLogger().addHandler(guard)
     with warnings.catch_warnings(), contextlib.redirect_stdout(sink):
         warnings.simplefilter("ignore")
         for logger in loggers:
@@ -335,6 +339,7 @@ def _quiet():
         finally:
             for logger, level in zip(loggers, levels, strict=True):
                 logger.setLevel(level)
+            logging.getLogger().removeHandler(guard)
             if sink.getvalue():
                 log.debug("torch.onnx: %s", sink.getvalue())
 
