@@ -188,10 +188,11 @@ def _onnx_row(source: Source, name: str, quantize: str | None, out: Path, origin
     """The ONNX export of the source model (gpuforge export), measured as the torch variants are: by
     onnxruntime, behind the same module interface."""
     from gpuforge.export.onnx import export_onnx
+    from gpuforge.export.parity import graph_bytes
 
     export_onnx(source.model_dir, out, quantize)
     module, _, manifest = load_artifact(out)
-    graph = sum(f.stat().st_size for f in out.glob("model.onnx*"))  # the graph and its weights
+    graph = graph_bytes(out)
     row = report.measure(
         name, built_from(module, manifest), source.spec.model.task, source.data.eval,
         (original["params"], original["nonzero_params"]), report.directory_bytes(out),

@@ -20,6 +20,7 @@ from gpuforge.artifact import Manifest, built_from, load_artifact
 from gpuforge.artifact.origin import open_source
 from gpuforge.data.batches import micro_batches
 from gpuforge.errors import GpuforgeError
+from gpuforge.export.onnx import GRAPH, REPORT
 from gpuforge.runtime import tasks
 
 FP32_TOLERANCE = 1e-4
@@ -52,7 +53,7 @@ def measure_parity(
         report["notes"].append(f"no held-out split to measure on ({err}): parity and metric unmeasured")
     if data is not None:
         report.update(_agreement(task, data, torch_built, onnx_built))
-    report["bytes"] = {"torch": _state_bytes(torch_built.module), "onnx": _files_bytes(export_dir)}
+    report["bytes"] = {"torch": _state_bytes(torch_built.module), "onnx": graph_bytes(export_dir)}
     report["bytes"]["ratio"] = report["bytes"]["onnx"] / max(1, report["bytes"]["torch"])
     if data is not None:
         report["latency_ms"] = {
@@ -63,7 +64,7 @@ def measure_parity(
             for n in (1, BATCH)
         }
     report["checks"] = _checks(report)
-    (export_dir / "export_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (export_dir / REPORT).write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -125,8 +126,9 @@ def _state_bytes(module: torch.nn.Module) -> int:
     return sum(unique.values())
 
 
-def _files_bytes(export_dir: Path) -> int:
-    return sum(f.stat().st_size for f in export_dir.glob("model.onnx*") if f.is_file())
+def graph_bytes(export_dir: Path) -> int:
+    """Bytes of the graph and its weights (model.onnx, and model.onnx.data for a big one)."""
+    return sum(f.stat().st_size for f in export_dir.glob(f"{GRAPH}*") if f.is_file())
 
 
 def _checks(report: dict) -> dict[str, Any]:
