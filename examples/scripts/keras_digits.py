@@ -37,7 +37,10 @@ class Report(keras.callbacks.Callback):
             eval_loss=logs.get("val_loss", float("nan")),
             eval_accuracy=logs.get("val_accuracy", float("nan")),
         )
-        self.model.save(self.checkpoint)
+        # written aside, then renamed over the last one: a kill mid-write leaves that one whole
+        partial = self.checkpoint.with_name("partial-" + self.checkpoint.name)  # Keras wants .keras last
+        self.model.save(partial)
+        os.replace(partial, self.checkpoint)
         track.checkpointed(epoch)
 
 

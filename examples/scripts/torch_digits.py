@@ -63,7 +63,10 @@ def main() -> None:
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
             stop = bool(agreed.item())
         if rank == 0 and (stop or epoch % 5 == 4 or epoch == args.epochs - 1):
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint)
+            # written aside, then renamed over the last one: a kill mid-write leaves that one whole
+            partial = checkpoint.with_suffix(".partial")
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, partial)
+            os.replace(partial, checkpoint)
             track.checkpointed(epoch)
         if stop:
             break

@@ -58,6 +58,14 @@ def _stopped_after(args: list[str], run: Path, lines: int, timeout: float = 120)
     return process.returncode, out, err
 
 
+def _log_tail(run: Path, lines: int = 60) -> str:
+    """The end of what the script and its ranks printed (a rank's own traceback or abort message, which
+    torchrun's report leaves out)."""
+    log = run / "logs" / "script.log"
+    shown = log.read_text(errors="replace").splitlines()[-lines:] if log.is_file() else ["(no script.log)"]
+    return "\n--- logs/script.log ---\n" + "\n".join(shown)
+
+
 def _processes_of(run: Path) -> list[int]:
     """The processes working for the run directory `run` (its runner, and what it started)."""
     mark, found = f"{run}".encode(), []
@@ -424,7 +432,7 @@ def test_the_pytorch_example_under_torchrun_stops_on_sigterm_and_resumes_one_pro
     args = ["train", str(spec), "--out", str(run), "--set", command]
     args += ["--set", "script.launcher=torchrun", "--set", "resources.devices=2"]
     returncode, out, err = _stopped_after(args, run, 2, timeout=180)
-    assert returncode == 143, out[-2000:] + err  # both ranks saved and ended within the grace period
+    assert returncode == 143, out[-2000:] + err + _log_tail(run)  # both ranks saved and ended in the grace
     stopped = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert 2 <= len(stopped) < epochs and (run / "checkpoints" / "script" / "state.pt").is_file()
 
@@ -441,7 +449,7 @@ def test_the_pytorch_example_under_torchrun_stops_on_sigterm_and_resumes_one_pro
     saved = max(e["step"] for e in _events(run) if e["event"] == "checkpoint")
     assert saved >= stopped[-1]
     resumed = run_cli(*args, timeout=180)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr + _log_tail(run)
     assert f"resumed from epoch {saved}" in resumed.stdout
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(epochs))  # rank 0's lines only, each epoch once
