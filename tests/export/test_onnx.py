@@ -3,9 +3,11 @@ onnxruntime on the run's held-out split beside the torch model (export_report.js
 an endpoint's model, and the requests an export must refuse."""
 
 import json
+import time
 
 import pytest
 import torch
+from fastapi.testclient import TestClient
 
 pytest.importorskip("onnxruntime", reason="the export extra (onnx, onnxruntime) is not installed")
 
@@ -13,7 +15,9 @@ from gpuforge.artifact import load_artifact, read_manifest  # noqa: E402
 from gpuforge.errors import GpuforgeError  # noqa: E402
 from gpuforge.export.onnx import ExportError, export_onnx  # noqa: E402
 from gpuforge.export.parity import measure_parity  # noqa: E402
+from gpuforge.serve.options import ServeOptions  # noqa: E402
 from gpuforge.serve.predict import load_predictor  # noqa: E402
+from gpuforge.serve.worker import create_worker  # noqa: E402
 from tests.helpers.cli import run_cli  # noqa: E402
 from tests.helpers.paths import TOPICS  # noqa: E402
 from tests.helpers.runs import train_run, train_text_run  # noqa: E402
@@ -69,7 +73,7 @@ def test_an_int8_export_is_smaller_close_in_its_metric_and_a_new_export_replaces
     assert read_manifest(out).onnx.quantize is None
 
 
-def test_an_image_cnn_and_a_causal_lm_export_with_their_dynamic_axes(tmp_path):
+def test_an_image_cnn_exports_with_its_dynamic_batch(tmp_path):
     image = train_run(tmp_path, image_spec(tmp_path), "image")
     manifest, _, built = export_onnx(image, tmp_path / "image-onnx")
     report = measure_parity(image, tmp_path / "image-onnx", built, manifest, repeats=1)
@@ -80,25 +84,50 @@ def test_an_image_cnn_and_a_causal_lm_export_with_their_dynamic_axes(tmp_path):
     int8 = measure_parity(image, tmp_path / "image-int8", built, manifest, repeats=1)
     assert int8["bytes"]["onnx"] < 0.7 * report["bytes"]["onnx"]  # a tiny model: the graph's own bytes weigh
 
+
+def test_a_causal_lm_exports_with_its_cache_and_generates_as_the_torch_model_does(tmp_path):
     gpt = {
         "name": "gpt",
         "model": {
             "source": "bundled:gpt-tiny",
             "task": "causal-lm",
-            "options": {"n_layer": 1, "n_embd": 32, "n_head": 2},
+            "options": {"n_layer": 2, "n_embd": 32, "n_head": 2},
         },
         "data": {"train": str(TOPICS), "text_field": "text", "max_length": 24, "eval_fraction": 0.1},
         "train": {"max_steps": 2, "batch_size": 8, "precision": "fp32"},
     }
     lm = train_run(tmp_path, gpt, "gpt")
-    manifest, _, built = export_onnx(lm, tmp_path / "gpt-onnx")
-    report = measure_parity(lm, tmp_path / "gpt-onnx", built, manifest, repeats=1)
+    exported = tmp_path / "gpt-onnx"
+    manifest, _, built = export_onnx(lm, exported)
+    assert manifest.onnx.cache.layers == 2 and manifest.onnx.inputs[:3] == [
+        "input_ids", "attention_mask", "position_ids"
+    ]  # fmt: skip
+    report = measure_parity(lm, exported, built, manifest, repeats=1)
     assert report["metric"]["name"] == "perplexity" and report["max_abs_diff"] <= 1e-4
-    module, _, _ = load_artifact(tmp_path / "gpt-onnx")
+    # prompts of 8 lengths, left-padded, then 8 steps each through its own cache: the logits agree at each
+    assert report["decode"]["max_abs_diff"] <= 1e-4 and report["decode"]["same_token"] == 1.0
+    assert all(report["checks"].values())
+    module, _, _ = load_artifact(exported)
     ids = torch.randint(0, 200, (3, 7))
-    assert module(ids).shape[:2] == (3, 7)  # any batch and sequence length
-    with pytest.raises(GpuforgeError, match="no key/value cache"):
-        load_predictor(tmp_path / "gpt-onnx", device="cpu")
+    assert module(ids).shape[:2] == (3, 7)  # any batch and sequence length, no cache given
+    with pytest.raises(GpuforgeError, match="serves classifiers only|logits alone"):
+        load_predictor(exported, device="cpu")  # /predict is not for it: the completion routes are
+
+    answers = {}
+    for model in (lm, exported):
+        with TestClient(create_worker(model, ServeOptions(precision="fp32", max_batch=4))) as client:
+            deadline = time.monotonic() + 60
+            while client.get("/readyz").status_code != 200:
+                assert time.monotonic() < deadline, client.get("/readyz").json()
+                time.sleep(0.05)
+            texts = []
+            for prompt in ("the striker", "rain", "the oven must be hot before"):
+                body = {"prompt": prompt, "max_tokens": 6, "temperature": 0}
+                answer = client.post("/v1/completions", json=body)
+                assert answer.status_code == 200, answer.text
+                texts.append(answer.json()["choices"][0]["text"])
+            answers[client.get("/info").json()["backend"]] = texts
+    assert answers["onnxruntime (CPUExecutionProvider)"] == answers["torch"]  # greedy: the same words
 
 
 UNEXPORTABLE = """

@@ -32,7 +32,10 @@ def load_artifact(
         if manifest.onnx is None:
             raise ModelError(f"{model_dir}: {MANIFEST} says format onnx but has no onnx record")
         path = manifest.weights_path(model_dir)
-        return OnnxModule(path, manifest.onnx.inputs, device).eval(), tokenizer, manifest
+        record = manifest.onnx
+        module = OnnxModule(path, record.inputs, device, cache=record.cache,
+                            max_positions=record.max_positions)  # fmt: skip
+        return module.eval(), tokenizer, manifest
     if manifest.is_adapter:
         from peft import PeftModel
 

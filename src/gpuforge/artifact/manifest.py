@@ -73,6 +73,17 @@ class Compression(Record):
     nonzero_params: int | None = None
 
 
+class OnnxCacheRecord(Record):
+    """A causal LM's graph that takes and gives its key/value cache: past_key_I, past_value_I in,
+    present_key_I, present_value_I out, each [batch, heads, length, head_dim], so that generation reads
+    each token once."""
+
+    layers: int
+    heads: int
+    head_dim: int
+    eos_token_ids: list[int] = Field(default_factory=list)  # where the model's generation ends
+
+
 class OnnxRecord(Record):
     """An ONNX export (gpuforge export): the graph file, how it was made, from which model directory."""
 
@@ -84,6 +95,7 @@ class OnnxRecord(Record):
     from_: str | None = Field(None, alias="from")
     files: list[str] = Field(default_factory=list)  # what the export wrote: a re-export replaces just these
     max_positions: int | None = None  # the longest sequence the model takes (a transformers model's)
+    cache: OnnxCacheRecord | None = None  # a causal LM exported with its key/value cache (it can generate)
 
 
 class Manifest(Record):

@@ -354,6 +354,11 @@ def _export_table(report: dict) -> Table:
         )
         table.add_row("max |logit difference|", "", f"{report['max_abs_diff']:.2e}")
         table.add_row("same class picked", "", f"{report['argmax_agreement']:.1%}")
+    decode = report.get("decode")
+    if decode:
+        steps = f"{decode['prompts']} prompts x {decode['steps']} steps"
+        table.add_row(f"decode |logit difference| ({steps})", "", f"{decode['max_abs_diff']:.2e}")
+        table.add_row("decode: same token picked", "", f"{decode['same_token']:.1%}")
     size = report["bytes"]
     table.add_row(
         "bytes", f"{size['torch'] / 1e6:.1f} MB", f"{size['onnx'] / 1e6:.1f} MB ({size['ratio']:.2f}x)"

@@ -11,6 +11,12 @@ have no ONNX form): export the float model and pass --quantize int8, onnxruntime
 torch's dynamo exporter is tried first; where it cannot trace the model, the TorchScript exporter. The
 batch (and a text model's sequence) axes are dynamic. Parity with the torch model is measured on the
 run's held-out split (parity.py) into export_report.json.
+
+A transformers causal LM is exported with its key/value cache (past_key_I/past_value_I in, present_key_I/
+present_value_I out, the cache's length dynamic too), so that the export generates as the model does, one
+new token a pass: `gpuforge serve` runs it behind the completion routes. Where that graph cannot be made,
+the logits alone are exported (a forward over whole sequences: scoring, not generation), and the log says
+why.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Any
 import torch
 
 from gpuforge.artifact import MANIFEST, Manifest, built_from, load_artifact, read_manifest, write_manifest
-from gpuforge.artifact.manifest import OnnxRecord
+from gpuforge.artifact.manifest import OnnxCacheRecord, OnnxRecord
 from gpuforge.artifact.onnx_module import ONNX_INSTALL
 from gpuforge.errors import GpuforgeError
 from gpuforge.runtime import tasks
@@ -69,11 +75,9 @@ def export_onnx(
 
         module = merge_adapter(module)
     module = module.float().eval()
-    if getattr(getattr(module, "config", None), "use_cache", False):
-        module.config.use_cache = False  # logits only: no key/value cache to trace through
     built = built_from(module, manifest)
     names, sample, dynamic = _inputs(built, manifest, tokenizer)
-    wrapper = _Logits(built, manifest.task, names)
+    cache = _cache_layout(built, manifest.task, sample[0])
     big = sum(t.numel() * t.element_size() for t in module.state_dict().values()) > ONE_FILE_LIMIT
     out.parent.mkdir(parents=True, exist_ok=True)
     # built beside --out and swapped in whole: a failure leaves an earlier export as it was
@@ -82,7 +86,14 @@ def export_onnx(
         staged.mkdir()
         scratch.mkdir()
         graph = scratch / GRAPH
-        exporter = _export(wrapper, sample, names, dynamic, graph, opset, big, manifest.task)
+        if cache is not None and _export_with_cache(built.module, cache, sample[0], graph, opset, big):
+            exporter, names = "dynamo", _cache_inputs(cache)
+        else:
+            cache = None
+            if getattr(getattr(module, "config", None), "use_cache", False):
+                module.config.use_cache = False  # logits only: no key/value cache to trace through
+            wrapper = _Logits(built, manifest.task, names)
+            exporter = _export(wrapper, sample, names, dynamic, graph, opset, big, manifest.task)
         if quantize == "int8":
             graph = _quantize_int8(graph, scratch / "int8" / GRAPH, big)
         for f in graph.parent.iterdir():  # model.onnx, and model.onnx.data for a big one
@@ -92,6 +103,7 @@ def export_onnx(
             tokenizer.save_pretrained(str(staged))
         files = sorted(f.name for f in staged.iterdir())
         exported = _manifest(manifest, model_dir, opset, exporter, names, quantize, files, _positions(module))
+        exported.onnx.cache = cache
         write_manifest(staged, exported)
         _swap_in(staged, out, Path(work) / "earlier")
     log.info("exported %s to %s (%s exporter, opset %d%s)", model_dir, out / GRAPH, exporter, opset,
@@ -176,6 +188,128 @@ class _Logits(torch.nn.Module):
         if attention_mask is not None:
             batch["attention_mask"] = attention_mask
         return tasks.forward(self.built, self.task, batch)
+
+
+class _WithCache(torch.nn.Module):
+    """A transformers causal LM as its cache graph runs it: ids, mask, positions and the cache as flat
+    tensors in; logits and the cache grown by the new tokens out."""
+
+    def __init__(self, model: torch.nn.Module, layers: int):
+        super().__init__()
+        self.model, self.layers = model, layers
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        for layer in range(self.layers):
+            cache.update(past[2 * layer], past[2 * layer + 1], layer)
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            use_cache=True, **{cache_argument(self.model): cache},
+        )  # fmt: skip
+        return (out.logits, *[t for kv in _layers_of(returned_cache(out)) for t in kv])
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The keyword a transformers model takes its cache by: `cache` in newer releases, `past_key_values`
+    before (the old name still works there, with a warning)."""
+    return "cache" if tasks.accepts(model, "cache") else "past_key_values"
+
+
+def returned_cache(out):
+    """The cache a transformers forward returned, under either name."""
+    cache = out.get("cache") if hasattr(out, "get") else None
+    return cache if cache is not None else out.past_key_values
+
+
+def _layers_of(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (keys, values) of a transformers cache object, or of the legacy tuples."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return [(k, v) for k, v in cache]
+
+
+def _cache_layout(built, task: str, ids: torch.Tensor) -> OnnxCacheRecord | None:
+    """The shape of a transformers causal LM's key/value cache, read from one pass of the model; None for
+    any other model (or one that returns no cache)."""
+    if task != "causal-lm" or not built.is_transformers:
+        return None
+    try:
+        with torch.inference_mode():
+            out = built.module(input_ids=ids, use_cache=True)
+        layers = _layers_of(returned_cache(out))
+    except Exception as err:  # noqa: BLE001 (a model of its own kind: its logits alone are exported)
+        log.info("no key/value cache read from the model (%s): its logits alone are exported", err)
+        return None
+    if not layers or any(k.dim() != 4 or k.shape != v.shape for k, v in layers):
+        return None
+    eos = getattr(getattr(built.module, "generation_config", None), "eos_token_id", None)
+    eos = [eos] if isinstance(eos, int) else [int(e) for e in eos or []]
+    keys = layers[0][0]
+    return OnnxCacheRecord(layers=len(layers), heads=keys.shape[1], head_dim=keys.shape[3], eos_token_ids=eos)
+
+
+def _cache_inputs(cache: OnnxCacheRecord) -> list[str]:
+    past = [f"past_{kind}_{layer}" for layer in range(cache.layers) for kind in ("key", "value")]
+    return ["input_ids", "attention_mask", "position_ids", *past]
+
+
+def _cache_sample(cache: OnnxCacheRecord, ids: torch.Tensor) -> tuple:
+    """2 rows of 3 new tokens after 5 cached ones: sizes that differ from each other (torch.export takes
+    equal sizes for one symbol) and from 0 and 1 (which it fixes)."""
+    ids, held = ids[:2, :3], 5
+    mask = torch.ones(2, held + 3, dtype=torch.long)
+    positions = torch.arange(held, held + 3)[None].repeat(2, 1)
+    past = [torch.randn(2, cache.heads, held, cache.head_dim) for _ in range(2 * cache.layers)]
+    return (ids, mask, positions, *past)
+
+
+def _export_with_cache(model, cache: OnnxCacheRecord, ids, graph: Path, opset: int, big: bool) -> bool:
+    """The cache graph of a causal LM (dynamo exporter); False, with the reason logged, where it cannot be
+    made or does not run with an empty cache (the first pass of each generation)."""
+    wrapper = _WithCache(model, cache.layers)
+    names, sample = _cache_inputs(cache), _cache_sample(cache, ids)
+    outputs = ["logits", *[name.replace("past_", "present_") for name in names[3:]]]
+    free = torch.export.Dim.DYNAMIC
+    shapes = ({0: free, 1: free},) * 3 + (tuple({0: free, 2: free} for _ in names[3:]),)
+    try:
+        with _quiet():
+            torch.onnx.export(
+                wrapper, sample, str(graph), input_names=names, output_names=outputs, opset_version=opset,
+                dynamo=True, dynamic_shapes=shapes, external_data=big, verbose=False,
+            )  # fmt: skip
+        _check_runs(graph, wrapper, sample)
+        _check_empty_cache(graph, wrapper, sample)
+        return True
+    except Exception as err:  # torch raises many types here; the logits-only export follows
+        log.info(
+            "the model could not be exported with its key/value cache (%s): its logits alone are exported, "
+            "which score sequences but cannot generate", _what_failed(err),
+        )  # fmt: skip
+        for leftover in graph.parent.glob(f"{GRAPH}*"):
+            leftover.unlink()
+        return False
+
+
+def _check_empty_cache(graph: Path, wrapper, sample: tuple) -> None:
+    """A generation's first pass has no cache yet: the graph must take one of length 0 and give torch's
+    logits for the prompt."""
+    import onnxruntime
+
+    ids = sample[0]
+    mask, positions = torch.ones_like(ids), torch.arange(ids.shape[1])[None].repeat(ids.shape[0], 1)
+    past = [t[:, :, :0] for t in sample[3:]]
+    session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    given = (ids, mask, positions, *past)
+    feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), given, strict=True)}
+    got = session.run(None, feed)[0]
+    with torch.inference_mode():
+        expected = wrapper(*given)[0]
+    if tuple(got.shape) != tuple(expected.shape) or not torch.allclose(
+        torch.from_numpy(got), expected, atol=1e-3, rtol=1e-3
+    ):
+        raise ExportError("with an empty cache the graph's logits differ from torch's")
 
 
 def _inputs(built, manifest: Manifest, tokenizer) -> tuple[list[str], tuple, dict[str, dict[int, str]]]:
@@ -285,11 +419,13 @@ def _check_runs(graph: Path, wrapper, sample: tuple) -> None:
     try:
         session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
         feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), other, strict=True)}
-        (got,) = session.run(None, feed)
+        got = session.run(None, feed)[0]  # the logits (a cache graph's present key/values follow)
     except Exception as err:  # onnxruntime's own types
         raise ExportError(f"onnxruntime cannot run the exported graph: {_what_failed(err)}") from None
     with torch.inference_mode():
         expected = wrapper(*other)
+    if isinstance(expected, tuple):
+        expected = expected[0]
     if tuple(got.shape) != tuple(expected.shape):
         raise ExportError(
             f"the exported graph gives logits of shape {list(got.shape)} for inputs of another size, torch "

@@ -1,6 +1,8 @@
 """Parity of an export with the torch model it came from, measured, not assumed: the run's held-out split
 through both (max absolute difference of the logits, how often they pick the same class, the task metric
-of each), bytes, and latency at batch 1 and 32 on this machine. Written as export_report.json.
+of each), bytes, and latency at batch 1 and 32 on this machine. Written as export_report.json. A causal LM
+exported with its key/value cache is also run as generation runs it (decode): held-out prompts of different
+lengths, left-padded, then greedy steps with each side's own cache, the logits compared at every step.
 
 Floors the report checks (and says where they are missed): an fp32 export agrees to 1e-4; an int8 one stays
 within 1 point of the task metric in at most 0.3x the bytes.
@@ -20,13 +22,14 @@ from gpuforge.artifact import Manifest, built_from, load_artifact
 from gpuforge.artifact.origin import open_source
 from gpuforge.data.batches import micro_batches
 from gpuforge.errors import GpuforgeError
-from gpuforge.export.onnx import GRAPH, REPORT
+from gpuforge.export.onnx import GRAPH, REPORT, cache_argument, returned_cache
 from gpuforge.runtime import tasks
 
 FP32_TOLERANCE = 1e-4
 INT8_METRIC_POINTS = 1.0  # accuracy points (0.01); perplexity: 1 % of the torch model's
 INT8_BYTES_RATIO = 0.3
 BATCH = 32
+DECODE_PROMPTS, DECODE_STEPS = 8, 8
 
 
 def measure_parity(
@@ -53,6 +56,8 @@ def measure_parity(
         report["notes"].append(f"no held-out split to measure on ({err}): parity and metric unmeasured")
     if data is not None:
         report.update(_agreement(task, data, torch_built, onnx_built))
+        if exported.onnx.cache is not None:
+            report["decode"] = _decode_agreement(torch_built.module, onnx_module, data)
     report["bytes"] = {"torch": _state_bytes(torch_built.module), "onnx": graph_bytes(export_dir)}
     report["bytes"]["ratio"] = report["bytes"]["onnx"] / max(1, report["bytes"]["torch"])
     if data is not None:
@@ -102,6 +107,44 @@ def _agreement(task: str, data, torch_built, onnx_built) -> dict[str, Any]:
     }
 
 
+def _decode_agreement(model, onnx_module, data) -> dict[str, Any]:
+    """Prompts cut from the first held-out rows at different lengths, left-padded as the serving engine pads
+    them, then DECODE_STEPS greedy tokens: torch's pick is fed to both, each through its own cache; the
+    largest logit difference over every step and how often both picked the same token."""
+    batch = data.collate(list(range(min(DECODE_PROMPTS, len(data)))))
+    ids = batch["input_ids"]
+    real = batch.get("attention_mask", torch.ones_like(ids)).sum(1)
+    lengths = [max(1, min(int(real[i]), 2 + 3 * i)) for i in range(len(ids))]
+    width = max(lengths)
+    prompt = torch.zeros(len(ids), width, dtype=torch.long)
+    mask = torch.zeros_like(prompt)
+    for i, n in enumerate(lengths):
+        prompt[i, width - n :], mask[i, width - n :] = ids[i, :n], 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    worst, same, steps = 0.0, 0, 0
+    with torch.inference_mode():
+        expected = model(input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
+        got = onnx_module(input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
+        for step in range(DECODE_STEPS + 1):
+            last, theirs = expected.logits[:, -1].float(), got.logits[:, -1].float()
+            worst = max(worst, float((last - theirs).abs().max()))
+            picked = last.argmax(-1)
+            same, steps = same + int((theirs.argmax(-1) == picked).sum()), steps + 1
+            if step == DECODE_STEPS:
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            positions = positions[:, -1:] + 1
+            step_in = {"input_ids": picked[:, None], "attention_mask": mask, "position_ids": positions}
+            expected = model(**step_in, use_cache=True, **{cache_argument(model): returned_cache(expected)})
+            got = onnx_module(**step_in, past_key_values=got.past_key_values, use_cache=True)
+    return {
+        "prompts": len(lengths),
+        "steps": DECODE_STEPS,
+        "max_abs_diff": worst,
+        "same_token": same / max(1, steps * len(lengths)),
+    }
+
+
 def _full(built, task: str, batch) -> torch.Tensor:
     return tasks.forward(built, task, batch).float()
 
@@ -136,7 +179,12 @@ def _checks(report: dict) -> dict[str, Any]:
     metric = report.get("metric")
     if report["quantize"] is None:
         diff = report.get("max_abs_diff")
-        return {f"max_abs_diff <= {FP32_TOLERANCE:g}": None if diff is None else diff <= FP32_TOLERANCE}
+        checks = {f"max_abs_diff <= {FP32_TOLERANCE:g}": None if diff is None else diff <= FP32_TOLERANCE}
+        if "decode" in report:  # generation through the cache, step by step
+            checks[f"decode max_abs_diff <= {FP32_TOLERANCE:g}"] = (
+                report["decode"]["max_abs_diff"] <= FP32_TOLERANCE
+            )
+        return checks
     if metric is None:
         close = None
     elif metric["name"] == "accuracy":

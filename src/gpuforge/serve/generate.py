@@ -206,6 +206,7 @@ class GenerationEngine:
         self._active: list[_Sequence] = []
         self._cache: Any = None
         self._mask = self._positions = self._next = None
+        self.backend = "torch"  # what runs the model: torch, or onnxruntime (an ONNX export)
         self.steps = 0  # decode steps run
         self.tokens = 0  # tokens generated
 
@@ -487,10 +488,18 @@ def load_engine(
     module, tokenizer, manifest = load_artifact(model_dir, torch_device)
     if manifest.task != "causal-lm" or tokenizer is None:
         raise GpuforgeError(f"{model_dir}: a {manifest.task} model; generation needs a causal-lm")
+    if manifest.format == "onnx":  # onnxruntime runs the graph as exported (fp32, or its int8 layers)
+        if getattr(module, "cache", None) is None:
+            raise GpuforgeError(
+                f"{model_dir}: an ONNX export of the logits alone, without the key/value cache to generate "
+                "with: serve the model directory it came from"
+            )
+        torch_device, precision = module.device, "fp32"
     chosen = choose_precision(precision, torch_device)
     engine = GenerationEngine(
         module, tokenizer, torch_device, chosen, max_batch, max_queue, name=manifest.job or "model"
     )
+    engine.backend = f"onnxruntime ({module.provider})" if manifest.format == "onnx" else "torch"
     engine.warm_up()
     log.info("generating with %s on %s, precision %s", model_dir, torch_device, chosen.name)
     return engine

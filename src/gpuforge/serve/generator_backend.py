@@ -68,7 +68,7 @@ class GeneratorBackend:
             model=engine.name, task="causal-lm", labels=[], device=str(engine.device),
             precision=engine.precision.name, quantized=self.quantized, max_length=None,
             context_length=engine.context, batching="continuous", max_batch=engine.max_batch,
-            max_wait_ms=None, max_queue=engine.max_queue, adapters=[],
+            max_wait_ms=None, max_queue=engine.max_queue, adapters=[], backend=engine.backend,
         )  # fmt: skip
 
     def update_metrics(self) -> None:

@@ -217,8 +217,8 @@ def _check_onnx(model_dir: Path, manifest: Manifest, quantize: str | None, adapt
     """What an ONNX export cannot do behind an endpoint, refused before it loads."""
     if manifest.task == "causal-lm":
         raise GpuforgeError(
-            f"{model_dir}: an ONNX export of a causal LM, whose graph has no key/value cache to generate "
-            "with: serve the model directory it came from"
+            f"{model_dir}: an ONNX export of a causal LM's logits alone, without the key/value cache to "
+            "generate with (its export log says why): serve the model directory it came from"
         )
     if quantize:
         raise GpuforgeError("--quantize: an ONNX export; quantize it with gpuforge export --quantize int8")

@@ -115,10 +115,16 @@ def backend_for(
     """A causal LM's model generates; any other task's is classified. A manifest that cannot be read
     makes a classifier too: its load says what is wrong, on /readyz."""
     manifest = _manifest(model_dir)
-    # an ONNX export of a causal LM cannot generate (no key/value cache): the classifier's load says so
-    if manifest is not None and manifest.task == "causal-lm" and manifest.format != "onnx":
-        return GeneratorBackend(model_dir, options, metrics, manifest.quantization)
+    if manifest is not None and manifest.task == "causal-lm" and _generates(manifest):
+        quantized = manifest.quantization or (manifest.onnx.quantize if manifest.onnx else None)
+        return GeneratorBackend(model_dir, options, metrics, quantized)
     return ClassifierBackend(model_dir, options, metrics, adapters)
+
+
+def _generates(manifest: Manifest) -> bool:
+    """An ONNX export of a causal LM generates where it was exported with its key/value cache; one of its
+    logits alone cannot, and the classifier's load says so."""
+    return manifest.format != "onnx" or (manifest.onnx is not None and manifest.onnx.cache is not None)
 
 
 def _manifest(model_dir: Path) -> Manifest | None:
