@@ -152,6 +152,42 @@ def odd(num_labels, **options):
 """
 
 
+MASK_READ_WHEN_PADDED = """
+import torch
+
+class MaskWhenPadded(torch.nn.Module):
+    def __init__(self, vocab_size, num_labels):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(vocab_size, 8), torch.nn.Linear(8, num_labels)
+
+    def forward(self, input_ids, attention_mask=None):
+        h = self.embed(input_ids)
+        if attention_mask is not None and bool((attention_mask == 0).any()):  # a branch on the values
+            h = h * attention_mask[..., None]
+        return self.head(h.mean(1))
+
+def model(vocab_size, num_labels, **options):
+    return MaskWhenPadded(vocab_size, num_labels)
+"""
+
+
+def test_a_graph_that_traced_the_mask_away_is_refused(tmp_path):
+    module = tmp_path / "masked.py"
+    module.write_text(MASK_READ_WHEN_PADDED)
+    spec = {
+        "name": "masked",
+        "model": {"source": f"python:{module}:model", "task": "sequence-classification"},
+        "data": {"train": str(TOPICS), "text_field": "text", "tokenizer": "bytes", "eval_fraction": 0.1},
+        "train": {"max_steps": 1, "batch_size": 8, "precision": "fp32"},
+    }
+    run = train_run(tmp_path, spec, "masked")
+    # traced on a batch without padding (torch.export refuses the branch; the TorchScript tracer keeps the
+    # side it took), the graph would ignore every mask: a padded batch of another size shows it
+    with pytest.raises(ExportError, match="fixed when it was traced"):
+        export_onnx(run, tmp_path / "masked-onnx")
+    assert not (tmp_path / "masked-onnx").exists()
+
+
 def test_bad_exports_are_refused_saying_what_is_wrong(tmp_path, lora_run):
     taken = tmp_path / "taken"
     taken.mkdir()

@@ -412,13 +412,26 @@ def _logit_axes(task: str) -> dict[int, str]:
 
 def _check_runs(graph: Path, wrapper, sample: tuple) -> None:
     """onnxruntime loads the graph and runs it at another batch size (and sequence length) than it was
-    traced with, giving logits of torch's shape; else an ExportError saying what went wrong."""
+    traced with, with padding in the attention mask where there is one (the trace saw none), giving torch's
+    logits; else an ExportError saying what went wrong."""
     import onnxruntime
 
     other = tuple(_resized(t) for t in sample)
+    if len(other) > 1 and not other[1].dtype.is_floating_point:  # the attention mask: a padded row
+        other[1][0, -2:] = 0
     try:
         session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-        feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), other, strict=True)}
+    except Exception as err:  # onnxruntime's own types
+        raise ExportError(f"onnxruntime cannot load the exported graph: {_what_failed(err)}") from None
+    taken = [i.name for i in session.get_inputs()]
+    if len(taken) != len(other):  # the trace never read an input: what the model did with it is gone
+        raise ExportError(
+            f"the exported graph takes {len(taken)} of the {len(other)} inputs ({', '.join(taken)}): the "
+            "others were dropped, their use fixed when it was traced (the model read them only in a branch "
+            "the example batch did not take, or not at all)"
+        )
+    try:
+        feed = {name: t.numpy() for name, t in zip(taken, other, strict=True)}
         got = session.run(None, feed)[0]  # the logits (a cache graph's present key/values follow)
     except Exception as err:  # onnxruntime's own types
         raise ExportError(f"onnxruntime cannot run the exported graph: {_what_failed(err)}") from None
@@ -430,6 +443,14 @@ def _check_runs(graph: Path, wrapper, sample: tuple) -> None:
         raise ExportError(
             f"the exported graph gives logits of shape {list(got.shape)} for inputs of another size, torch "
             f"{list(expected.shape)}: a size was fixed when it was traced"
+        )
+    got = torch.from_numpy(got).float()
+    if not torch.allclose(got, expected.float(), atol=1e-3, rtol=1e-3, equal_nan=True):
+        gap = float((got - expected.float()).abs().nan_to_num(0).max())
+        raise ExportError(
+            f"the exported graph's logits differ from torch's by up to {gap:.3g} for a padded batch of "
+            "another size: a branch of the model (its use of the attention mask, or a size) was fixed "
+            "when it was traced"
         )
 
 
