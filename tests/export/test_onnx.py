@@ -110,8 +110,8 @@ def test_a_causal_lm_exports_with_its_cache_and_generates_as_the_torch_model_doe
     module, _, _ = load_artifact(exported)
     ids = torch.randint(0, 200, (3, 7))
     assert module(ids).shape[:2] == (3, 7)  # any batch and sequence length, no cache given
-    with pytest.raises(GpuforgeError, match="serves classifiers only|logits alone"):
-        load_predictor(exported, device="cpu")  # /predict is not for it: the completion routes are
+    with pytest.raises(GpuforgeError, match="answers the completion routes"):
+        load_predictor(exported, device="cpu")  # /predict is not for it
 
     answers = {}
     for model in (lm, exported):
@@ -127,6 +127,8 @@ def test_a_causal_lm_exports_with_its_cache_and_generates_as_the_torch_model_doe
                 assert answer.status_code == 200, answer.text
                 texts.append(answer.json()["choices"][0]["text"])
             answers[client.get("/info").json()["backend"]] = texts
+            wrong = client.post("/v1/completions", json={"prompt": [5, 100_000], "max_tokens": 2})
+            assert wrong.status_code == 422 and "token ids must be in" in wrong.text  # refused, not a 500
     assert answers["onnxruntime (CPUExecutionProvider)"] == answers["torch"]  # greedy: the same words
 
 

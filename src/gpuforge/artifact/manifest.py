@@ -82,6 +82,7 @@ class OnnxCacheRecord(Record):
     heads: int
     head_dim: int
     eos_token_ids: list[int] = Field(default_factory=list)  # where the model's generation ends
+    vocab_size: int | None = None  # token ids a prompt may hold: [0, vocab_size)
 
 
 class OnnxRecord(Record):
@@ -96,6 +97,7 @@ class OnnxRecord(Record):
     files: list[str] = Field(default_factory=list)  # what the export wrote: a re-export replaces just these
     max_positions: int | None = None  # the longest sequence the model takes (a transformers model's)
     cache: OnnxCacheRecord | None = None  # a causal LM exported with its key/value cache (it can generate)
+    no_cache: str | None = None  # a causal LM exported as its logits alone: why its cache could not go in
 
 
 class Manifest(Record):

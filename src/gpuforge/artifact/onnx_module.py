@@ -61,7 +61,9 @@ class OnnxModule(torch.nn.Module):
         )
         self.cache = cache
         # what the generation engine reads of a transformers model: its context and where text ends
-        self.config = SimpleNamespace(max_position_embeddings=max_positions)
+        self.config = SimpleNamespace(
+            max_position_embeddings=max_positions, vocab_size=cache.vocab_size if cache else None
+        )
         self.generation_config = SimpleNamespace(eos_token_id=list(cache.eos_token_ids) if cache else None)
 
     def forward(

@@ -77,7 +77,7 @@ def export_onnx(
     module = module.float().eval()
     built = built_from(module, manifest)
     names, sample, dynamic = _inputs(built, manifest, tokenizer)
-    cache = _cache_layout(built, manifest.task, sample[0])
+    cache, no_cache = _cache_layout(built, manifest.task, sample[0])
     big = sum(t.numel() * t.element_size() for t in module.state_dict().values()) > ONE_FILE_LIMIT
     out.parent.mkdir(parents=True, exist_ok=True)
     # built beside --out and swapped in whole: a failure leaves an earlier export as it was
@@ -86,7 +86,9 @@ def export_onnx(
         staged.mkdir()
         scratch.mkdir()
         graph = scratch / GRAPH
-        if cache is not None and _export_with_cache(built.module, cache, sample[0], graph, opset, big):
+        if cache is not None:
+            no_cache = _export_with_cache(built.module, cache, sample[0], graph, opset, big)
+        if no_cache is None and cache is not None:
             exporter, names = "dynamo", _cache_inputs(cache)
         else:
             cache = None
@@ -103,7 +105,7 @@ def export_onnx(
             tokenizer.save_pretrained(str(staged))
         files = sorted(f.name for f in staged.iterdir())
         exported = _manifest(manifest, model_dir, opset, exporter, names, quantize, files, _positions(module))
-        exported.onnx.cache = cache
+        exported.onnx.cache, exported.onnx.no_cache = cache, no_cache
         write_manifest(staged, exported)
         _swap_in(staged, out, Path(work) / "earlier")
     log.info("exported %s to %s (%s exporter, opset %d%s)", model_dir, out / GRAPH, exporter, opset,
@@ -230,24 +232,44 @@ def _layers_of(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(k, v) for k, v in cache]
 
 
-def _cache_layout(built, task: str, ids: torch.Tensor) -> OnnxCacheRecord | None:
-    """The shape of a transformers causal LM's key/value cache, read from one pass of the model; None for
-    any other model (or one that returns no cache)."""
-    if task != "causal-lm" or not built.is_transformers:
-        return None
+def _cache_layout(built, task: str, ids: torch.Tensor) -> tuple[OnnxCacheRecord | None, str | None]:
+    """The shape of a transformers causal LM's key/value cache, read from one pass of the model, or why
+    its cache cannot go into the graph (logged: the logits alone are exported); (None, None) for a model
+    that is not a causal LM."""
+    if task != "causal-lm":
+        return None, None
+    record, why = _cache_record(built, ids)
+    if why is not None:
+        log.info("no key/value cache in the export (%s): its logits alone are exported", why)
+    return record, why
+
+
+def _cache_record(built, ids: torch.Tensor) -> tuple[OnnxCacheRecord | None, str | None]:
+    if not built.is_transformers:
+        return None, "not a transformers model, whose cache gpuforge knows"
+    config = built.module.config
+    kinds = set(getattr(config, "layer_types", None) or []) - {"full_attention"}
+    if getattr(config, "sliding_window", None) or kinds:
+        # a sliding window's cache is cut and counted by the cache object itself, which the graph's flat
+        # tensors do not carry from one pass to the next
+        return None, f"layers of kind {', '.join(sorted(kinds)) or 'sliding_attention'}"
     try:
         with torch.inference_mode():
             out = built.module(input_ids=ids, use_cache=True)
         layers = _layers_of(returned_cache(out))
     except Exception as err:  # noqa: BLE001 (a model of its own kind: its logits alone are exported)
-        log.info("no key/value cache read from the model (%s): its logits alone are exported", err)
-        return None
-    if not layers or any(k.dim() != 4 or k.shape != v.shape for k, v in layers):
-        return None
+        return None, f"no cache read from one pass of the model: {_what_failed(err)}"
+    shaped = all(k is not None and v is not None and k.dim() == 4 and k.shape == v.shape for k, v in layers)
+    if not layers or not shaped:
+        return None, "a cache whose layers are not each keys and values of one shape"
     eos = getattr(getattr(built.module, "generation_config", None), "eos_token_id", None)
     eos = [eos] if isinstance(eos, int) else [int(e) for e in eos or []]
     keys = layers[0][0]
-    return OnnxCacheRecord(layers=len(layers), heads=keys.shape[1], head_dim=keys.shape[3], eos_token_ids=eos)
+    record = OnnxCacheRecord(
+        layers=len(layers), heads=keys.shape[1], head_dim=keys.shape[3], eos_token_ids=eos,
+        vocab_size=out.logits.shape[-1],
+    )  # fmt: skip
+    return record, None
 
 
 def _cache_inputs(cache: OnnxCacheRecord) -> list[str]:
@@ -265,9 +287,10 @@ def _cache_sample(cache: OnnxCacheRecord, ids: torch.Tensor) -> tuple:
     return (ids, mask, positions, *past)
 
 
-def _export_with_cache(model, cache: OnnxCacheRecord, ids, graph: Path, opset: int, big: bool) -> bool:
-    """The cache graph of a causal LM (dynamo exporter); False, with the reason logged, where it cannot be
-    made or does not run with an empty cache (the first pass of each generation)."""
+def _export_with_cache(model, cache: OnnxCacheRecord, ids, graph: Path, opset: int, big: bool) -> str | None:
+    """The cache graph of a causal LM (dynamo exporter): None once made and checked, else why not (logged).
+    Checked: it runs at other sizes, with an empty cache (the first pass of each generation), and through
+    its own cache over left-padded prompts of two lengths as the model does through its own."""
     wrapper = _WithCache(model, cache.layers)
     names, sample = _cache_inputs(cache), _cache_sample(cache, ids)
     outputs = ["logits", *[name.replace("past_", "present_") for name in names[3:]]]
@@ -281,15 +304,57 @@ def _export_with_cache(model, cache: OnnxCacheRecord, ids, graph: Path, opset: i
             )  # fmt: skip
         _check_runs(graph, wrapper, sample)
         _check_empty_cache(graph, wrapper, sample)
-        return True
+        _check_decode(graph, model, cache, ids)
+        return None
+    except (OSError, MemoryError):
+        raise  # the machine's trouble, not the model's: said as it is
     except Exception as err:  # torch raises many types here; the logits-only export follows
+        why = _what_failed(err)
         log.info(
             "the model could not be exported with its key/value cache (%s): its logits alone are exported, "
-            "which score sequences but cannot generate", _what_failed(err),
+            "which score sequences but cannot generate", why,
         )  # fmt: skip
         for leftover in graph.parent.glob(f"{GRAPH}*"):
             leftover.unlink()
-        return False
+        return why
+
+
+def decode_gap(model, onnx_module, prompt: torch.Tensor, mask: torch.Tensor, steps: int) -> tuple[float, int]:
+    """Generation through both caches from left-padded `prompt`: the prompt's pass, then `steps` greedy
+    tokens (the model's pick fed to both). (Largest logit difference at any pass, passes where both picked
+    the same token, summed over the rows.)"""
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    worst, same = 0.0, 0
+    with torch.inference_mode():
+        expected = model(input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
+        got = onnx_module(input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
+        for step in range(steps + 1):
+            last, theirs = expected.logits[:, -1].float(), got.logits[:, -1].float()
+            worst = max(worst, float((last - theirs).abs().max()))
+            picked = last.argmax(-1)
+            same += int((theirs.argmax(-1) == picked).sum())
+            if step == steps:
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            positions = positions[:, -1:] + 1
+            step_in = {"input_ids": picked[:, None], "attention_mask": mask, "position_ids": positions}
+            expected = model(**step_in, use_cache=True, **{cache_argument(model): returned_cache(expected)})
+            got = onnx_module(**step_in, past_key_values=got.past_key_values, use_cache=True)
+    return worst, same
+
+
+def _check_decode(graph: Path, model, cache: OnnxCacheRecord, ids: torch.Tensor) -> None:
+    """Prompts of 2 and 5 tokens, left-padded to one batch, then 3 greedy steps: the graph's logits
+    through its own cache must be the model's through its own (to 1e-3)."""
+    from gpuforge.artifact.onnx_module import OnnxModule
+
+    row = ids[0].repeat(5)[:5]
+    prompt, mask = torch.stack([row, row]), torch.ones(2, 5, dtype=torch.long)
+    prompt[0, :3], mask[0, :3] = 0, 0
+    onnx_module = OnnxModule(graph, _cache_inputs(cache), "cpu", cache=cache)
+    gap, _ = decode_gap(model, onnx_module, prompt, mask, steps=3)
+    if not gap <= 1e-3:
+        raise ExportError(f"through its cache the graph's logits differ from the model's by {gap:.3g}")
 
 
 def _check_empty_cache(graph: Path, wrapper, sample: tuple) -> None:

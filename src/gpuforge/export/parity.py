@@ -22,7 +22,7 @@ from gpuforge.artifact import Manifest, built_from, load_artifact
 from gpuforge.artifact.origin import open_source
 from gpuforge.data.batches import micro_batches
 from gpuforge.errors import GpuforgeError
-from gpuforge.export.onnx import GRAPH, REPORT, cache_argument, returned_cache
+from gpuforge.export.onnx import GRAPH, REPORT, decode_gap
 from gpuforge.runtime import tasks
 
 FP32_TOLERANCE = 1e-4
@@ -108,9 +108,10 @@ def _agreement(task: str, data, torch_built, onnx_built) -> dict[str, Any]:
 
 
 def _decode_agreement(model, onnx_module, data) -> dict[str, Any]:
-    """Prompts cut from the first held-out rows at different lengths, left-padded as the serving engine pads
-    them, then DECODE_STEPS greedy tokens: torch's pick is fed to both, each through its own cache; the
-    largest logit difference over every step and how often both picked the same token."""
+    """Prompts cut from the first held-out rows at lengths 2, 5, 8, ... (shorter where a row is), left-padded
+    as the serving engine pads them, then DECODE_STEPS greedy tokens: torch's pick is fed to both, each
+    through its own cache; the largest logit difference over every pass and how often both picked the same
+    token (the prompt's pass included)."""
     batch = data.collate(list(range(min(DECODE_PROMPTS, len(data)))))
     ids = batch["input_ids"]
     real = batch.get("attention_mask", torch.ones_like(ids)).sum(1)
@@ -120,28 +121,13 @@ def _decode_agreement(model, onnx_module, data) -> dict[str, Any]:
     mask = torch.zeros_like(prompt)
     for i, n in enumerate(lengths):
         prompt[i, width - n :], mask[i, width - n :] = ids[i, :n], 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    worst, same, steps = 0.0, 0, 0
-    with torch.inference_mode():
-        expected = model(input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
-        got = onnx_module(input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
-        for step in range(DECODE_STEPS + 1):
-            last, theirs = expected.logits[:, -1].float(), got.logits[:, -1].float()
-            worst = max(worst, float((last - theirs).abs().max()))
-            picked = last.argmax(-1)
-            same, steps = same + int((theirs.argmax(-1) == picked).sum()), steps + 1
-            if step == DECODE_STEPS:
-                break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            positions = positions[:, -1:] + 1
-            step_in = {"input_ids": picked[:, None], "attention_mask": mask, "position_ids": positions}
-            expected = model(**step_in, use_cache=True, **{cache_argument(model): returned_cache(expected)})
-            got = onnx_module(**step_in, past_key_values=got.past_key_values, use_cache=True)
+    worst, same = decode_gap(model, onnx_module, prompt, mask, DECODE_STEPS)
     return {
         "prompts": len(lengths),
+        "lengths": sorted(set(lengths)),
         "steps": DECODE_STEPS,
         "max_abs_diff": worst,
-        "same_token": same / max(1, steps * len(lengths)),
+        "same_token": same / ((DECODE_STEPS + 1) * len(lengths)),
     }
 
 

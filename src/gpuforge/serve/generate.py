@@ -490,9 +490,10 @@ def load_engine(
         raise GpuforgeError(f"{model_dir}: a {manifest.task} model; generation needs a causal-lm")
     if manifest.format == "onnx":  # onnxruntime runs the graph as exported (fp32, or its int8 layers)
         if getattr(module, "cache", None) is None:
+            why = manifest.onnx.no_cache if manifest.onnx else None
             raise GpuforgeError(
                 f"{model_dir}: an ONNX export of the logits alone, without the key/value cache to generate "
-                "with: serve the model directory it came from"
+                f"with{f' ({why})' if why else ''}: serve the model directory it came from"
             )
         torch_device, precision = module.device, "fp32"
     chosen = choose_precision(precision, torch_device)

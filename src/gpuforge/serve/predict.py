@@ -216,9 +216,15 @@ def load_predictor(
 def _check_onnx(model_dir: Path, manifest: Manifest, quantize: str | None, adapters) -> None:
     """What an ONNX export cannot do behind an endpoint, refused before it loads."""
     if manifest.task == "causal-lm":
+        if manifest.onnx is not None and manifest.onnx.cache is not None:
+            raise GpuforgeError(
+                f"{model_dir}: an ONNX export of a causal LM, which answers the completion routes "
+                "(gpuforge serve), not /predict"
+            )
+        why = manifest.onnx.no_cache if manifest.onnx else None
         raise GpuforgeError(
             f"{model_dir}: an ONNX export of a causal LM's logits alone, without the key/value cache to "
-            "generate with (its export log says why): serve the model directory it came from"
+            f"generate with{f' ({why})' if why else ''}: serve the model directory it came from"
         )
     if quantize:
         raise GpuforgeError("--quantize: an ONNX export; quantize it with gpuforge export --quantize int8")
