@@ -79,6 +79,11 @@ class DataSpec(Section):
     max_records: int | None = Field(None, ge=1, description="read at most this many records (quick trials)")
 
 
+class ProfileSpec(Section):
+    start_step: int = Field(10, ge=1, description="the first step recorded (after warm-up: 10 by default)")
+    steps: int = Field(5, ge=1, le=50, description="steps recorded, from start_step on")
+
+
 class TrainSpec(Section):
     max_steps: int | None = Field(None, ge=1)
     epochs: float | None = Field(None, gt=0)
@@ -104,6 +109,9 @@ class TrainSpec(Section):
     compile: bool = Field(False, description="torch.compile the model (first steps pay the compile time)")
     fast_dropout: bool = Field(
         True, description="CPU: dropout masks from a faster generator, seeded from torch's (same expectation)"
+    )
+    profile: ProfileSpec | None = Field(
+        None, description="record these steps with torch.profiler into <run>/profile/ (gpuforge profile RUN)"
     )
 
     @field_validator("batch_size")

@@ -7,6 +7,7 @@
     gpuforge compress RUN/model --sweep --out DIR
     gpuforge export RUN/model --format onnx --out DIR [--quantize int8] [--opset N]
     gpuforge hw
+    gpuforge profile RUN                                 (a run trained with --profile START:STEPS)
     gpuforge server | submit | jobs | job | logs | cancel | resume | wait | keys      (cli/server.py)
     gpuforge serve RUN/model [--port 8700] [--max-batch 32] [--max-wait-ms 5]        (cli/serve.py)
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from gpuforge.cli import deployments, local, serve, server  # noqa: F401  (each module's verbs join `app`)
+from gpuforge.cli import deployments, local, profile, serve, server  # noqa: F401  (each module's verbs join `app`)
 from gpuforge.cli.app import EXIT_BAD_INPUT, EXIT_FAILED, app, console
 from gpuforge.errors import GpuforgeError, TrainingFailed
 

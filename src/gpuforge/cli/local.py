@@ -19,6 +19,7 @@ from gpuforge.cli.app import (
     out_console,
     run_announced,
 )
+from gpuforge.cli.profile import ProfileSteps, profile_overrides
 from gpuforge.errors import GpuforgeError
 
 if TYPE_CHECKING:
@@ -75,9 +76,11 @@ def train(
     ] = None,
     max_steps: MaxSteps = None,
     set_: Overrides = None,
+    profile_steps: ProfileSteps = None,
 ) -> None:
     """Train a job locally, with no server, into a run directory."""
     overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
+    overrides += profile_overrides(profile_steps)
     if _is_script(spec):
         _run_script(spec, out, overrides, max_steps)
         return

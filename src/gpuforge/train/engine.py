@@ -21,10 +21,12 @@ from gpuforge.distributed.ranks import Ranks
 from gpuforge.errors import SpecError, TrainingFailed
 from gpuforge.hardware.probe import device_name
 from gpuforge.runs import ReaderRunDir, RunDir
+from gpuforge.runtime.phases import phase
 from gpuforge.spec import JobSpec
 from gpuforge.train.batch import check_memory_budget
 from gpuforge.train.checkpoint import read_meta
 from gpuforge.train.loop import LoopState, Trainer
+from gpuforge.train.profile import step_profiler
 from gpuforge.train.progress import Reporter
 from gpuforge.train.resume import check_not_past, check_same_job, finished_already
 from gpuforge.train.setup import build_job
@@ -67,20 +69,43 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         _announce(trainer, state)
         meter = trainer.start_meter()
         trainer.reporter.start(job.total_steps, state.start_step)
+        profiler = step_profiler(spec.train.profile, run.root, job.device, ranks.rank, _profiled(trainer))
         with _stopping(trainer.reporter):
             for step in range(state.start_step + 1, job.total_steps + 1):
-                result = trainer.step(state, step, stop)  # forward/backward (less at once on OOM), update
-                if result is None:
-                    break  # failed: state.reason says why
-                evaluation = trainer.evaluate_if_due(state)
-                record = trainer.log_if_due(state, result, evaluation, meter)
-                tracker.metric(record)  # TensorBoard, MLflow: what the spec's tracking section asks for
-                trainer.checkpoint_if_due(state)
+                with profiler.step(step):  # train.profile's steps only; nothing at the others
+                    result = trainer.step(state, step, stop)  # forward/backward (less at once on OOM), update
+                    if result is None:
+                        break  # failed: state.reason says why
+                    profiler.note_comm(result.comm)
+                    with phase("evaluation"):
+                        evaluation = trainer.evaluate_if_due(state)
+                    with phase("logging"):
+                        record = trainer.log_if_due(state, result, evaluation, meter)
+                        tracker.metric(record)  # TensorBoard, MLflow: as the spec's tracking section asks
+                    with phase("checkpoint"):
+                        trainer.checkpoint_if_due(state)
                 if trainer.should_stop(state, result, stop):  # a signal, or the budget spent
                     break
+        profiler.close()  # a run that ended inside the window: what was recorded
         summary = finish(trainer, state, meter)  # the last checkpoint, the model, summary.json, the event
         tracker.finish(summary.as_dict(), run.model_dir)
     return summary.as_result(stop.signal_number)
+
+
+def _profiled(t: Trainer) -> dict[str, Any]:
+    """What a profile's advice needs to know of the run (which levers are pulled already)."""
+    built = t.job.built
+    return {
+        "trainable_params": built.num_trainable_parameters,
+        "params": built.num_parameters,
+        "lora": bool(built.adapter),
+        "compile": t.spec.train.compile,
+        "strategy": t.parallel.strategy,
+        "processes": t.ranks.world,
+        "gradient_compression": t.spec.distributed.gradient_compression,
+        "precision": t.job.precision.name,
+        "global_batch": t.job.order.global_batch,
+    }
 
 
 def _check_strategy(spec: JobSpec, ranks: Ranks) -> None:

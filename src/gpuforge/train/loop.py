@@ -21,6 +21,7 @@ from gpuforge.hardware.bench import peak_flops
 from gpuforge.hardware.probe import peak_memory_bytes, reset_peak_memory
 from gpuforge.runs import RunDir
 from gpuforge.runtime.evaluate import evaluate, to_device
+from gpuforge.runtime.phases import phase
 from gpuforge.runtime.precision import MixedPrecision
 from gpuforge.spec import JobSpec
 from gpuforge.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -178,20 +179,23 @@ class Trainer:
         loss, samples, tokens, data_wait = gradients
         stopping, over_budget = stop.signal_name is not None, self.over_budget(state)
         if self.ranks.world > 1:  # one all-reduce: the step's figures, and decisions every rank shares
-            loss, samples, tokens, stops, overs = self.ranks.sum(
-                [loss, samples, tokens, float(stopping), float(over_budget)], self.job.device
-            )
+            with phase("sync"):
+                loss, samples, tokens, stops, overs = self.ranks.sum(
+                    [loss, samples, tokens, float(stopping), float(over_budget)], self.job.device
+                )
             samples, tokens, stopping, over_budget = int(samples), int(tokens), stops > 0, overs > 0
         state.loss = loss
         if not math.isfinite(loss):
             state.end("failed", f"loss is {loss} at step {step}")
             return None
-        refused = self.amp.step(self.optimizer, self.trained, self.spec.train.grad_clip)
+        with phase("optimizer"):
+            refused = self.amp.step(self.optimizer, self.trained, self.spec.train.grad_clip)
+            if refused is None:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.scheduler.step()
         if refused is not None:
             state.end("failed", f"{refused} at step {step}")
             return None
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
         comm = self.parallel.pop_comm()
         seconds = time.perf_counter() - began
         state.count(seconds, samples, tokens, comm.get("comm_bytes", 0))

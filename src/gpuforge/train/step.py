@@ -19,6 +19,7 @@ from gpuforge.distributed.parallel import Parallel
 from gpuforge.models.base import BuiltModel
 from gpuforge.runtime import tasks
 from gpuforge.runtime.evaluate import to_device
+from gpuforge.runtime.phases import phase
 from gpuforge.runtime.precision import MixedPrecision
 
 
@@ -50,14 +51,17 @@ def forward_backward(
     chunks = micro_batches(indices, micro)
     for i, chunk in enumerate(chunks):
         fetch_start = time.perf_counter()
-        batch = to_device(data.collate(chunk), amp.device)
+        with phase("data_wait"):
+            batch = to_device(data.collate(chunk), amp.device)
         data_wait += time.perf_counter() - fetch_start
         with parallel.accumulating(last=i == len(chunks) - 1) if parallel else nullcontext():
-            with amp.autocast():
-                logits = tasks.forward(built, task, batch, module)
-            loss_sum, terms = tasks.loss_sum_and_count(task, logits, batch)
-            loss = loss_sum / terms * (len(chunk) / global_size)
-            amp.backward(loss * world if world > 1 else loss)
+            with phase("forward"):
+                with amp.autocast():
+                    logits = tasks.forward(built, task, batch, module)
+                loss_sum, terms = tasks.loss_sum_and_count(task, logits, batch)
+                loss = loss_sum / terms * (len(chunk) / global_size)
+            with phase("backward"):  # DDP's all-reduces run within it, overlapped with the gradients
+                amp.backward(loss * world if world > 1 else loss)
         loss_total += loss.detach()
         n_samples, n_tokens = tasks.count(task, batch)
         samples, tokens = samples + n_samples, tokens + n_tokens

@@ -1,0 +1,271 @@
+"""A profile of a few training steps (train.profile, `gpuforge train SPEC --profile 10:5`): torch.profiler
+records them, and the phases gpuforge marks (runtime/phases.py) split each step's time.
+
+    <run>/profile/trace.json.gz    the trace (Chrome / Perfetto JSON, gzipped; each rank's own under DDP)
+    <run>/profile/profile.json     the mean step's breakdown, the top operators, the memory peak, advice
+
+Off (no train.profile), nothing here is created: the engine holds NO_PROFILE, whose step() is one shared
+no-op context. On, at most the asked steps are recorded, and a trace past TRACE_LIMIT bytes is cut, with a
+note in profile.json. `gpuforge profile RUN_DIR` prints the breakdown (cli/).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpuforge.hardware.probe import peak_memory_bytes, reset_peak_memory
+from gpuforge.runtime.phases import PHASES, PhaseClock, timing
+
+log = logging.getLogger("gpuforge.train")
+
+PROFILE_DIR = "profile"
+PROFILE_FILE = "profile.json"
+TRACE_LIMIT = 200 * 2**20  # bytes of trace JSON kept; past it the trace is cut
+TOP_OPERATORS = 20
+OTHER = "other"  # the step's time outside every marked phase: host work between them, syncs
+
+
+class _NoProfile:
+    """What the engine holds when no profile is asked for."""
+
+    _nothing = contextlib.nullcontext()
+
+    def step(self, step: int):
+        return self._nothing
+
+    def note_comm(self, comm: dict[str, int]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+NO_PROFILE = _NoProfile()
+
+
+def step_profiler(options, root: Path, device: torch.device, rank: int, context: dict[str, Any]):
+    """The spec's train.profile as a StepProfiler, or NO_PROFILE when it asks for none."""
+    if options is None:
+        return NO_PROFILE
+    return StepProfiler(options.start_step, options.steps, Path(root) / PROFILE_DIR, device, rank, context)
+
+
+class StepProfiler:
+    """Steps start_step .. start_step + steps - 1 under torch.profiler, each step's phases timed. The files
+    are written after the last one, or at close() when the run ends inside the window (what was recorded)."""
+
+    def __init__(self, first: int, count: int, folder: Path, device: torch.device, rank: int, context):
+        self.first, self.last, self.folder = first, first + count - 1, folder
+        self.device, self.rank, self.context = device, rank, dict(context)
+        self.steps: list[dict[str, Any]] = []
+        self.comm_bytes = 0
+        self._profiler: torch.profiler.profile | None = None
+        self._done = False
+
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        if self._done or not self.first <= step <= self.last:
+            yield
+            return
+        if self._profiler is None:
+            self._start()
+        clock = PhaseClock(self.device)
+        clock.synchronize()
+        began = time.perf_counter()
+        try:
+            with timing(clock), torch.profiler.record_function("gpuforge.step"):
+                yield
+        finally:
+            clock.synchronize()
+            seconds = time.perf_counter() - began
+            self.steps.append({"step": step, "seconds": seconds, "phases": dict(clock.seconds)})
+        if step == self.last:
+            self._finish(cut_short=False)
+
+    def note_comm(self, comm: dict[str, int]) -> None:
+        """The all-reduce bytes of a recorded step (Parallel.pop_comm's figures)."""
+        if self._profiler is not None and not self._done:
+            self.comm_bytes += int(comm.get("comm_bytes", 0))
+
+    def close(self) -> None:
+        if self._profiler is not None and not self._done:
+            self._finish(cut_short=True)
+
+    def _start(self) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        reset_peak_memory(self.device)
+        self._profiler = torch.profiler.profile(
+            activities=activities, record_shapes=True, profile_memory=True, with_stack=False
+        )
+        self._profiler.__enter__()
+        log.info("profiling steps %d to %d into %s", self.first, self.last, self.folder)
+
+    def _finish(self, cut_short: bool) -> None:
+        self._done = True
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(None, None, None)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        trace_name = "trace.json.gz" if self.rank == 0 else f"trace.rank{self.rank}.json.gz"
+        trace_note = _write_trace(profiler, self.folder / trace_name)
+        report = breakdown(self.steps, self.device)
+        report.update(
+            rank=self.rank,
+            asked={"start_step": self.first, "steps": self.last - self.first + 1},
+            cut_short=cut_short,
+            trace=trace_name,
+            trace_note=trace_note,
+            top_operators=top_operators(profiler, self.device, max(1, len(self.steps))),
+            memory=_memory(profiler, self.device),
+            all_reduce=_all_reduce(profiler, report, self.comm_bytes),
+            context=self.context,
+        )
+        report["advice"] = advice(report)
+        name = PROFILE_FILE if self.rank == 0 else f"profile.rank{self.rank}.json"
+        (self.folder / name).write_text(json.dumps(report, indent=2) + "\n")
+        log.info("profile of %d steps written to %s", len(self.steps), self.folder / name)
+
+
+def breakdown(steps: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """The mean recorded step, split into its phases (seconds and shares); what no phase covers is OTHER."""
+    mean = statistics.fmean(s["seconds"] for s in steps) if steps else 0.0
+    parts = {name: statistics.fmean(s["phases"].get(name, 0.0) for s in steps) if steps else 0.0
+             for name in PHASES}  # fmt: skip
+    parts[OTHER] = max(0.0, mean - sum(parts.values()))
+    return {
+        "device": device.type,
+        "steps": steps,
+        "mean_step_s": mean,
+        "breakdown": {name: {"seconds": s, "share": s / mean if mean else 0.0} for name, s in parts.items()},
+    }
+
+
+def top_operators(profiler, device: torch.device, steps: int, count: int = TOP_OPERATORS) -> list[dict]:
+    """The operators with the most self time in a mean step (the device's on a GPU, else the CPU's), calls
+    a step too; gpuforge's own phase ranges left out."""
+    on_device = device.type == "cuda"
+    rows = []
+    for event in profiler.key_averages():
+        if event.key.startswith(("gpuforge.", "ProfilerStep")):
+            continue
+        cpu = event.self_cpu_time_total / 1e6 / steps
+        gpu = getattr(event, "self_device_time_total", 0.0) / 1e6 / steps
+        calls = event.count / steps
+        rows.append({"name": event.key, "calls": calls, "self_cpu_s": cpu, "self_device_s": gpu})
+    rows.sort(key=lambda r: r["self_device_s" if on_device else "self_cpu_s"], reverse=True)
+    total = sum(r["self_device_s" if on_device else "self_cpu_s"] for r in rows) or 1.0
+    for row in rows:
+        row["share"] = row["self_device_s" if on_device else "self_cpu_s"] / total
+    return rows[:count]
+
+
+def _memory(profiler, device: torch.device) -> dict[str, Any]:
+    """The peak over the recorded steps (the allocator's on a GPU; this process's peak resident memory on
+    a CPU, which may predate them) and the operators that allocated the most."""
+    field = "self_device_memory_usage" if device.type == "cuda" else "self_cpu_memory_usage"
+    held = sorted(
+        ((event.key, int(getattr(event, field, 0) or 0)) for event in profiler.key_averages()),
+        key=lambda kv: kv[1],
+        reverse=True,
+    )
+    return {
+        "peak_bytes": peak_memory_bytes(device),
+        "peak_is": "the allocator's, in the window" if device.type == "cuda" else "the process's resident",
+        "held_by": [{"name": name, "bytes": size} for name, size in held[:5] if size > 0],
+    }
+
+
+def _all_reduce(profiler, report: dict[str, Any], comm_bytes: int) -> dict[str, Any] | None:
+    """The all-reduces' time a mean step (gloo's or NCCL's own ranges: from the start of the work to its
+    end, waiting for the slowest rank included; DDP's gradient buckets, overlapped with backward, and the
+    step's figures), the gradient bytes and the bandwidth they reached; None with one process."""
+    seconds = 0.0
+    for event in profiler.key_averages():
+        if event.key.startswith(("gloo:all_reduce", "nccl:all_reduce")):
+            seconds += max(event.cpu_time_total, getattr(event, "device_time_total", 0.0)) / 1e6
+    if not seconds and not comm_bytes:
+        return None
+    steps = max(1, len(report["steps"]))
+    mean_s = seconds / steps
+    return {
+        "seconds": mean_s,
+        "share": mean_s / report["mean_step_s"] if report["mean_step_s"] else 0.0,
+        "bytes": comm_bytes // steps,
+        "bandwidth_bytes_per_s": (comm_bytes / steps) / mean_s if mean_s else None,
+    }
+
+
+def _write_trace(profiler, target: Path) -> str | None:
+    """The Chrome trace, gzipped; cut to its first TRACE_LIMIT bytes of events (and said so) when longer."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        raw = Path(scratch) / "trace.json"
+        profiler.export_chrome_trace(str(raw))
+        size, note = raw.stat().st_size, None
+        if size > TRACE_LIMIT:
+            trace = json.loads(raw.read_text())
+            events = trace.get("traceEvents", [])
+            kept = events[: max(1, int(len(events) * TRACE_LIMIT / size))]
+            trace["traceEvents"] = kept
+            raw.write_text(json.dumps(trace))
+            note = (
+                f"the trace was {size / 2**20:.0f} MB, past the {TRACE_LIMIT / 2**20:.0f} MB kept: its first "
+                f"{len(kept)} of {len(events)} events are kept; profile fewer steps for all of them"
+            )
+        partial = target.with_name(target.name + ".partial")
+        with raw.open("rb") as src, gzip.open(partial, "wb", compresslevel=6) as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        os.replace(partial, target)
+    return note
+
+
+# --- advice: one line where a share is out of line and gpuforge has a lever for it ---------------------
+
+ADVICE_RULES = (
+    # (part, share at least, the line; {share} and the context's fields are filled in)
+    ("optimizer", 0.25, "optimizer {share:.0%} with {trainable_m:.1f} M trainable parameters: model.lora "
+                        "trains a small adapter instead, with a far smaller optimizer step"),
+    (OTHER, 0.30, "{share:.0%} of the step outside the model's phases (host work between kernels): "
+                  "train.compile fuses them"),
+    ("evaluation", 0.25, "evaluation {share:.0%} of the step: evaluate less often (train.eval_every)"),
+    ("checkpoint", 0.25, "checkpoints {share:.0%} of the step: save less often (train.checkpoint_every)"),
+    ("logging", 0.15, "logging {share:.0%} of the step: log less often (train.log_every)"),
+    ("data_wait", 0.30, "data wait {share:.0%}: batches are built on the training thread; shorter "
+                        "data.max_length pads less"),
+)  # fmt: skip
+
+
+def advice(report: dict[str, Any]) -> list[str]:
+    """The advice lines for a profile report, each where its lever is not pulled already."""
+    context, lines = report.get("context", {}), []
+    for part, floor, line in ADVICE_RULES:
+        share = report["breakdown"].get(part, {}).get("share", 0.0)
+        if share < floor:
+            continue
+        if part == "optimizer" and context.get("lora"):
+            continue
+        if part == OTHER and (context.get("compile") or context.get("processes", 1) > 1):
+            continue  # compiled already, or several processes (train.compile does not go with them yet)
+        lines.append(line.format(share=share, trainable_m=context.get("trainable_params", 0) / 1e6))
+    comm = report.get("all_reduce")
+    if comm and comm["share"] >= 0.4 and context.get("gradient_compression", "none") == "none":
+        speed = comm.get("bandwidth_bytes_per_s")
+        over = f" over {speed * 8 / 1e6:.0f} Mbit/s" if speed else ""
+        lines.append(
+            f"all-reduce {comm['share']:.0%}{over}: distributed.gradient_compression: powersgd sends a "
+            "fraction of the bytes"
+        )
+    return lines

@@ -1,0 +1,112 @@
+"""Profiles of real training runs on this CPU (train.profile, `gpuforge train --profile`, `gpuforge profile`):
+the step split into the phases gpuforge marks, the trace, the top operators, advice on a run built to need
+it, and nothing at all when no profile is asked for."""
+
+import gzip
+import json
+from pathlib import Path
+
+from gpuforge.runtime import phases
+from tests.helpers.cli import run_cli
+from tests.helpers.runs import train_run
+from tests.helpers.specs import image_spec, write_spec
+
+CNN = Path(__file__).resolve().parents[2] / "examples" / "models" / "digits_cnn.py"
+
+
+def _cnn_spec(tmp_path: Path, **train) -> dict:
+    spec = image_spec(tmp_path, **train)
+    spec["model"] = {
+        "source": f"python:{CNN}:build",
+        "task": "image-classification",
+        "options": {"channels": 32},
+    }
+    return spec
+
+
+def _profile(run: Path) -> dict:
+    return json.loads((run / "profile" / "profile.json").read_text())
+
+
+def test_a_profiled_step_is_split_into_phases_that_cover_it_with_its_trace_and_operators(tmp_path):
+    train_run(tmp_path, _cnn_spec(tmp_path, max_steps=10, profile={"start_step": 4, "steps": 3}), "run")
+    report = _profile(tmp_path / "run")
+    assert [s["step"] for s in report["steps"]] == [4, 5, 6] and not report["cut_short"]
+    parts = report["breakdown"]
+    marked = sum(p["seconds"] for name, p in parts.items() if name != "other")
+    # the marked phases (data wait, forward, backward, optimizer, logging, ...) are the step, within 10 %
+    assert abs(marked - report["mean_step_s"]) <= 0.1 * report["mean_step_s"], parts
+    assert abs(sum(p["share"] for p in parts.values()) - 1) < 1e-6
+    assert (
+        parts["forward"]["seconds"] > 0
+        and parts["backward"]["seconds"] > 0
+        and parts["optimizer"]["seconds"] > 0
+    )
+    assert report["top_operators"][0]["name"].startswith("aten::") and report["all_reduce"] is None
+    assert report["context"]["trainable_params"] > 0 and report["context"]["lora"] is False
+
+    with gzip.open(tmp_path / "run" / "profile" / "trace.json.gz", "rt") as f:
+        names = {event.get("name") for event in json.load(f)["traceEvents"]}
+    assert {"gpuforge.step", "gpuforge.forward", "gpuforge.backward", "gpuforge.optimizer"} <= names
+
+
+def test_no_profile_asked_for_creates_nothing_and_the_phase_markers_do_nothing(tmp_path):
+    train_run(tmp_path, image_spec(tmp_path, max_steps=3), "run")
+    assert not (tmp_path / "run" / "profile").exists()
+    assert phases._clock is None and phases.phase("forward") is phases.phase("backward")  # one shared no-op
+
+
+def test_a_slow_forward_is_the_top_share_and_a_run_ending_inside_the_window_keeps_what_it_recorded(tmp_path):
+    spec = image_spec(tmp_path, max_steps=4, profile={"start_step": 3, "steps": 5}, options={"sleep_s": 0.05})
+    train_run(tmp_path, spec, "run")
+    report = _profile(tmp_path / "run")
+    assert report["cut_short"] and [s["step"] for s in report["steps"]] == [3, 4]
+    first = report["steps"][0]  # the last step also evaluates the model: its own top share
+    top = max(first["phases"].items(), key=lambda kv: kv[1])
+    assert top[0] == "forward" and top[1] > 0.6 * first["seconds"], first
+
+
+def test_evaluating_every_step_is_advised_against_and_the_cli_prints_the_breakdown(tmp_path):
+    spec = image_spec(tmp_path, max_steps=6, eval_every=1, data={"eval_fraction": 0.6}, batch_size=8)
+    run = tmp_path / "run"
+    result = run_cli(
+        "train", str(write_spec(tmp_path / "job.yaml", spec)), "--out", str(run), "--profile", "2:3"
+    )
+    assert result.returncode == 0, result.stderr
+    report = _profile(run)
+    assert report["breakdown"]["evaluation"]["share"] > 0.25
+    assert any("train.eval_every" in line for line in report["advice"]), report["advice"]
+
+    shown = run_cli("profile", str(run))
+    assert shown.returncode == 0, shown.stderr
+    assert "mean step" in shown.stdout and "evaluation" in shown.stdout and "aten::" in shown.stdout
+    assert "advice: evaluation" in shown.stdout and "train.eval_every" in shown.stdout
+
+
+def test_bad_profile_requests_say_what_is_wrong(tmp_path):
+    spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=2))
+    bad = run_cli("train", str(spec), "--out", str(tmp_path / "r"), "--profile", "ten")
+    assert bad.returncode == 2 and "expected START:STEPS" in bad.stderr
+    too_many = run_cli("train", str(spec), "--out", str(tmp_path / "r"), "--profile", "1:500")
+    assert too_many.returncode == 2 and "train.profile.steps" in too_many.stderr
+    missing = run_cli("profile", str(tmp_path))
+    assert missing.returncode == 2 and "train with --profile" in missing.stderr
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "profile.json").write_text("{not json")
+    broken = run_cli("profile", str(tmp_path))
+    assert broken.returncode == 2 and "not a profile gpuforge wrote" in broken.stderr
+
+
+def test_each_ddp_rank_writes_its_trace_and_rank_0_measures_the_all_reduce(tmp_path):
+    from tests.helpers.ddp_specs import write_ddp_spec
+
+    spec = write_ddp_spec(tmp_path, "ddp", train={"max_steps": 8, "profile": {"start_step": 3, "steps": 3}})
+    run = tmp_path / "run"
+    result = run_cli("train", str(spec), "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    written = {p.name for p in (run / "profile").iterdir()}
+    assert written == {"profile.json", "trace.json.gz", "profile.rank1.json", "trace.rank1.json.gz"}
+    report = _profile(run)
+    comm = report["all_reduce"]  # gloo's own ranges: DDP's gradient buckets and the step's figures
+    assert comm["bytes"] > 0 and comm["seconds"] > 0 and comm["bandwidth_bytes_per_s"] > 0
+    assert report["breakdown"]["sync"]["seconds"] > 0 and report["context"]["processes"] == 2
