@@ -92,9 +92,21 @@ def test_bad_profile_requests_say_what_is_wrong(tmp_path):
     missing = run_cli("profile", str(tmp_path))
     assert missing.returncode == 2 and "train with --profile" in missing.stderr
     (tmp_path / "profile").mkdir()
-    (tmp_path / "profile" / "profile.json").write_text("{not json")
-    broken = run_cli("profile", str(tmp_path))
-    assert broken.returncode == 2 and "not a profile gpuforge wrote" in broken.stderr
+    for text in ("{not json", '{"breakdown": {}}', '{"breakdown": {"forward": 1}, "mean_step_s": 1}'):
+        (tmp_path / "profile" / "profile.json").write_text(text)
+        broken = run_cli("profile", str(tmp_path))
+        assert broken.returncode == 2 and "not a profile gpuforge wrote" in broken.stderr, broken.stderr
+
+
+def test_a_window_outside_the_run_is_said_and_a_profiled_run_resumes_with_another_window(tmp_path):
+    spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=4, checkpoint_every=2))
+    run = tmp_path / "run"
+    outside = run_cli("train", str(spec), "--out", str(run), "--profile", "50:3")
+    assert outside.returncode == 0 and "steps 50 to 52 are not among this run's (1 to 4)" in outside.stderr
+    assert not (run / "profile").exists()
+    resumed = run_cli("train", str(spec), "--out", str(run), "--max-steps", "8", "--profile", "6:2")
+    assert resumed.returncode == 0, resumed.stderr  # train.profile may change on a resume
+    assert [s["step"] for s in _profile(run)["steps"]] == [6, 7]
 
 
 def test_each_ddp_rank_writes_its_trace_and_rank_0_measures_the_all_reduce(tmp_path):

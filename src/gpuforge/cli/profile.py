@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from gpuforge.cli.app import app, out_console
@@ -45,20 +46,25 @@ def profile(
         )
     try:
         report = json.loads(path.read_text())
-        parts = report["breakdown"]
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, UnicodeDecodeError) as err:
         raise GpuforgeError(f"{path}: not a profile gpuforge wrote ({err})") from None
+    problem = _shape_problem(report)
+    if problem:
+        raise GpuforgeError(f"{path}: not a profile gpuforge wrote ({problem})")
+    parts = report["breakdown"]
     if as_json:
         out_console.print_json(json.dumps(report))
         return
     out_console.print(_breakdown_table(report, parts))
     out_console.print(_operators_table(report.get("top_operators", [])[:10], report.get("device")))
     memory = report.get("memory") or {}
-    if memory.get("peak_bytes"):
-        held = ", ".join(f"{h['name']} {h['bytes'] / 2**20:.1f} MiB" for h in memory.get("held_by", [])[:3])
+    if isinstance(memory.get("peak_bytes"), int | float):
+        kept = ", ".join(
+            f"{h.get('name')} {h.get('bytes', 0) / 2**20:.1f} MiB" for h in (memory.get("kept_by") or [])[:3]
+        )
         out_console.print(
             f"memory peak {memory['peak_bytes'] / 2**30:.2f} GiB ({memory.get('peak_is', '')})"
-            + (f"; most allocated by {held}" if held else ""),
+            + (f"; kept a step (allocated, net of frees) by {kept}" if kept else ""),
             highlight=False,
             markup=False,
         )
@@ -69,9 +75,41 @@ def profile(
     notes = [report.get("trace_note"), "the run ended inside the window" if report.get("cut_short") else None]
     for note in filter(None, notes):
         out_console.print(f"note: {note}", highlight=False, markup=False)
-    out_console.print(
-        f"trace: {run_dir / PROFILE_DIR / report.get('trace', '')} (Perfetto, chrome://tracing)"
-    )
+    trace = run_dir / PROFILE_DIR / str(report.get("trace") or "")
+    out_console.print(f"trace: {trace} (Perfetto, chrome://tracing)", highlight=False, markup=False)
+
+
+def _shape_problem(report) -> str | None:
+    """What is wrong with the fields the table reads, or None."""
+    if not isinstance(report, dict):
+        return "not a JSON object"
+    if not isinstance(report.get("mean_step_s"), int | float):
+        return "mean_step_s is not a number"
+    parts = report.get("breakdown")
+    figures = ("seconds", "share")
+    if not isinstance(parts, dict) or not all(
+        isinstance(p, dict) and all(isinstance(p.get(k), int | float) for k in figures)
+        for p in parts.values()
+    ):
+        return "breakdown is not {part: {seconds, share}}"
+    if not isinstance(report.get("steps", []), list) or not isinstance(report.get("top_operators", []), list):
+        return "steps or top_operators is not a list"
+    if not all(isinstance(step, dict) and "step" in step for step in report.get("steps", [])):
+        return "a steps row lacks its step"
+    for row in report.get("top_operators", []):
+        if not isinstance(row, dict) or not all(
+            isinstance(row.get(k), int | float) for k in ("calls", "self_cpu_s", "self_device_s", "share")
+        ):
+            return "a top_operators row lacks its figures"
+    comm = report.get("all_reduce")
+    if comm is not None and not (
+        isinstance(comm, dict)
+        and all(isinstance(comm.get(k), int | float) for k in ("seconds", "share", "bytes"))
+    ):
+        return "all_reduce lacks its figures"
+    if not all(isinstance(line, str) for line in report.get("advice") or []):
+        return "advice is not a list of lines"
+    return None
 
 
 def _breakdown_table(report: dict, parts: dict) -> Table:
@@ -88,7 +126,9 @@ def _breakdown_table(report: dict, parts: dict) -> Table:
         if part["seconds"] <= 0:
             continue
         bar = "#" * round(part["share"] * 30)
-        table.add_row(name.replace("_", " "), f"{part['seconds'] * 1000:.2f}", f"{part['share']:.1%}", bar)
+        table.add_row(
+            escape(name.replace("_", " ")), f"{part['seconds'] * 1000:.2f}", f"{part['share']:.1%}", bar
+        )
     comm = report.get("all_reduce")
     if comm:
         speed = comm.get("bandwidth_bytes_per_s")
@@ -107,5 +147,7 @@ def _operators_table(rows: list[dict], device: str | None) -> Table:
         table.add_column(column, justify="left" if column == "operator" else "right")
     for row in rows:
         seconds = row["self_device_s"] if on_device else row["self_cpu_s"]
-        table.add_row(row["name"], f"{row['calls']:g}", f"{seconds * 1000:.2f}", f"{row['share']:.1%}")
+        table.add_row(
+            escape(str(row.get("name"))), f"{row['calls']:g}", f"{seconds * 1000:.2f}", f"{row['share']:.1%}"
+        )
     return table

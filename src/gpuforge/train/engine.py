@@ -69,12 +69,16 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         _announce(trainer, state)
         meter = trainer.start_meter()
         trainer.reporter.start(job.total_steps, state.start_step)
-        profiler = step_profiler(spec.train.profile, run.root, job.device, ranks.rank, _profiled(trainer))
-        with _stopping(trainer.reporter):
-            for step in range(state.start_step + 1, job.total_steps + 1):
+        steps = range(state.start_step + 1, job.total_steps + 1)
+        profiler = step_profiler(
+            spec.train.profile, run.root, job.device, ranks.rank, _profiled(trainer), steps
+        )
+        with _stopping(trainer.reporter), _closing(profiler):
+            for step in steps:
                 with profiler.step(step):  # train.profile's steps only; nothing at the others
                     result = trainer.step(state, step, stop)  # forward/backward (less at once on OOM), update
                     if result is None:
+                        profiler.note_failed()
                         break  # failed: state.reason says why
                     profiler.note_comm(result.comm)
                     with phase("evaluation"):
@@ -86,7 +90,6 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                         trainer.checkpoint_if_due(state)
                 if trainer.should_stop(state, result, stop):  # a signal, or the budget spent
                     break
-        profiler.close()  # a run that ended inside the window: what was recorded
         summary = finish(trainer, state, meter)  # the last checkpoint, the model, summary.json, the event
         tracker.finish(summary.as_dict(), run.model_dir)
     return summary.as_result(stop.signal_number)
@@ -102,10 +105,21 @@ def _profiled(t: Trainer) -> dict[str, Any]:
         "compile": t.spec.train.compile,
         "strategy": t.parallel.strategy,
         "processes": t.ranks.world,
+        "eval_every": t.spec.train.eval_every,
         "gradient_compression": t.spec.distributed.gradient_compression,
         "precision": t.job.precision.name,
         "global_batch": t.job.order.global_batch,
     }
+
+
+@contextmanager
+def _closing(profiler):
+    """The profile's window closed however the loop ends (a run that ends, fails or raises inside it):
+    what was recorded is written and torch.profiler stops."""
+    try:
+        yield
+    finally:
+        profiler.close()
 
 
 def _check_strategy(spec: JobSpec, ranks: Ranks) -> None:

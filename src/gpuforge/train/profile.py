@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from gpuforge.hardware.probe import peak_memory_bytes, reset_peak_memory
+from gpuforge.hardware.probe import peak_memory_bytes
 from gpuforge.runtime.phases import PHASES, PhaseClock, timing
 
 log = logging.getLogger("gpuforge.train")
@@ -48,6 +48,9 @@ class _NoProfile:
     def note_comm(self, comm: dict[str, int]) -> None:
         pass
 
+    def note_failed(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -55,9 +58,19 @@ class _NoProfile:
 NO_PROFILE = _NoProfile()
 
 
-def step_profiler(options, root: Path, device: torch.device, rank: int, context: dict[str, Any]):
-    """The spec's train.profile as a StepProfiler, or NO_PROFILE when it asks for none."""
+def step_profiler(
+    options, root: Path, device: torch.device, rank: int, context: dict[str, Any], steps: range
+):
+    """The spec's train.profile as a StepProfiler, or NO_PROFILE when it asks for none. `steps`: the steps
+    this run will take (a window outside them is said at once, not left to an empty profile/)."""
     if options is None:
+        return NO_PROFILE
+    last = options.start_step + options.steps - 1
+    if options.start_step > steps.stop - 1 or last < steps.start:
+        log.warning(
+            "train.profile: steps %d to %d are not among this run's (%d to %d): nothing is recorded",
+            options.start_step, last, steps.start, steps.stop - 1,
+        )  # fmt: skip
         return NO_PROFILE
     return StepProfiler(options.start_step, options.steps, Path(root) / PROFILE_DIR, device, rank, context)
 
@@ -73,6 +86,7 @@ class StepProfiler:
         self.comm_bytes = 0
         self._profiler: torch.profiler.profile | None = None
         self._done = False
+        self._failed = False
 
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator[None]:
@@ -84,13 +98,15 @@ class StepProfiler:
         clock = PhaseClock(self.device)
         clock.synchronize()
         began = time.perf_counter()
-        try:
-            with timing(clock), torch.profiler.record_function("gpuforge.step"):
-                yield
-        finally:
-            clock.synchronize()
-            seconds = time.perf_counter() - began
-            self.steps.append({"step": step, "seconds": seconds, "phases": dict(clock.seconds)})
+        with timing(clock), torch.profiler.record_function("gpuforge.step"):
+            yield  # an exception here ends the window: the engine's close() writes what was recorded
+        clock.synchronize()
+        if self._failed:  # a step that failed (NaN loss, OOM at a micro-batch of 1) made no update
+            self._failed = False
+            self.close()
+            return
+        seconds = time.perf_counter() - began
+        self.steps.append({"step": step, "seconds": seconds, "phases": dict(clock.seconds)})
         if step == self.last:
             self._finish(cut_short=False)
 
@@ -99,7 +115,13 @@ class StepProfiler:
         if self._profiler is not None and not self._done:
             self.comm_bytes += int(comm.get("comm_bytes", 0))
 
+    def note_failed(self) -> None:
+        """The step under way failed: it is left out, and the window ends with the run."""
+        self._failed = True
+
     def close(self) -> None:
+        """The run ended (or failed) inside the window: what was recorded is written, and the profiler
+        is stopped whatever happens."""
         if self._profiler is not None and not self._done:
             self._finish(cut_short=True)
 
@@ -107,7 +129,6 @@ class StepProfiler:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        reset_peak_memory(self.device)
         self._profiler = torch.profiler.profile(
             activities=activities, record_shapes=True, profile_memory=True, with_stack=False
         )
@@ -115,12 +136,24 @@ class StepProfiler:
         log.info("profiling steps %d to %d into %s", self.first, self.last, self.folder)
 
     def _finish(self, cut_short: bool) -> None:
+        """Stop the profiler and write the files. A profile that cannot be written (a full disk) is a
+        warning: the training goes on."""
         self._done = True
         profiler, self._profiler = self._profiler, None
         profiler.__exit__(None, None, None)
+        if not self.steps:
+            log.warning("train.profile: no step was recorded whole; nothing is written")
+            return
+        try:
+            self._write(profiler, cut_short)
+        except Exception as err:  # noqa: BLE001 (the run matters more than its profile)
+            log.warning("train.profile: the profile could not be written into %s: %s", self.folder, err)
+
+    def _write(self, profiler, cut_short: bool) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         trace_name = "trace.json.gz" if self.rank == 0 else f"trace.rank{self.rank}.json.gz"
         trace_note = _write_trace(profiler, self.folder / trace_name)
+        averages, steps = profiler.key_averages(), len(self.steps)
         report = breakdown(self.steps, self.device)
         report.update(
             rank=self.rank,
@@ -128,15 +161,17 @@ class StepProfiler:
             cut_short=cut_short,
             trace=trace_name,
             trace_note=trace_note,
-            top_operators=top_operators(profiler, self.device, max(1, len(self.steps))),
-            memory=_memory(profiler, self.device),
-            all_reduce=_all_reduce(profiler, report, self.comm_bytes),
+            top_operators=top_operators(averages, self.device, steps),
+            memory=_memory(averages, self.device, steps),
+            all_reduce=_all_reduce(profiler.events(), report, self.comm_bytes, self.context),
             context=self.context,
         )
         report["advice"] = advice(report)
         name = PROFILE_FILE if self.rank == 0 else f"profile.rank{self.rank}.json"
-        (self.folder / name).write_text(json.dumps(report, indent=2) + "\n")
-        log.info("profile of %d steps written to %s", len(self.steps), self.folder / name)
+        partial = self.folder / f"{name}.partial"
+        partial.write_text(json.dumps(report, indent=2) + "\n")
+        os.replace(partial, self.folder / name)
+        log.info("profile of %d steps written to %s", steps, self.folder / name)
 
 
 def breakdown(steps: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
@@ -153,13 +188,16 @@ def breakdown(steps: list[dict[str, Any]], device: torch.device) -> dict[str, An
     }
 
 
-def top_operators(profiler, device: torch.device, steps: int, count: int = TOP_OPERATORS) -> list[dict]:
+def top_operators(averages, device: torch.device, steps: int, count: int = TOP_OPERATORS) -> list[dict]:
     """The operators with the most self time in a mean step (the device's on a GPU, else the CPU's), calls
-    a step too; gpuforge's own phase ranges left out."""
+    a step too. Only operators: gpuforge's phase ranges and other annotations (which span their whole
+    contents) are left out, and so are the kernels' own rows, whose time each operator's row holds."""
     on_device = device.type == "cuda"
     rows = []
-    for event in profiler.key_averages():
-        if event.key.startswith(("gpuforge.", "ProfilerStep")):
+    for event in averages:
+        if event.key.startswith(("gpuforge.", "ProfilerStep")) or getattr(event, "is_user_annotation", False):
+            continue
+        if getattr(event, "device_type", torch.autograd.DeviceType.CPU) != torch.autograd.DeviceType.CPU:
             continue
         cpu = event.self_cpu_time_total / 1e6 / steps
         gpu = getattr(event, "self_device_time_total", 0.0) / 1e6 / steps
@@ -172,39 +210,48 @@ def top_operators(profiler, device: torch.device, steps: int, count: int = TOP_O
     return rows[:count]
 
 
-def _memory(profiler, device: torch.device) -> dict[str, Any]:
-    """The peak over the recorded steps (the allocator's on a GPU; this process's peak resident memory on
-    a CPU, which may predate them) and the operators that allocated the most."""
+def _memory(averages, device: torch.device, steps: int) -> dict[str, Any]:
+    """The run's peak so far (the allocator's on a GPU, the process's resident memory on a CPU: the
+    run's own figure, which a profile does not reset) and the operators whose allocations, net of what
+    they freed, kept the most a mean step."""
     field = "self_device_memory_usage" if device.type == "cuda" else "self_cpu_memory_usage"
-    held = sorted(
-        ((event.key, int(getattr(event, field, 0) or 0)) for event in profiler.key_averages()),
+    kept = sorted(
+        ((event.key, int(getattr(event, field, 0) or 0) // steps) for event in averages),
         key=lambda kv: kv[1],
         reverse=True,
     )
     return {
         "peak_bytes": peak_memory_bytes(device),
-        "peak_is": "the allocator's, in the window" if device.type == "cuda" else "the process's resident",
-        "held_by": [{"name": name, "bytes": size} for name, size in held[:5] if size > 0],
+        "peak_is": "allocated, since the run began" if device.type == "cuda" else "resident, the process's",
+        "kept_by": [{"name": name, "bytes": size} for name, size in kept[:5] if size > 0],
     }
 
 
-def _all_reduce(profiler, report: dict[str, Any], comm_bytes: int) -> dict[str, Any] | None:
-    """The all-reduces' time a mean step (gloo's or NCCL's own ranges: from the start of the work to its
-    end, waiting for the slowest rank included; DDP's gradient buckets, overlapped with backward, and the
-    step's figures), the gradient bytes and the bandwidth they reached; None with one process."""
-    seconds = 0.0
-    for event in profiler.key_averages():
-        if event.key.startswith(("gloo:all_reduce", "nccl:all_reduce")):
-            seconds += max(event.cpu_time_total, getattr(event, "device_time_total", 0.0)) / 1e6
-    if not seconds and not comm_bytes:
+def _all_reduce(events, report: dict[str, Any], comm_bytes: int, context: dict) -> dict[str, Any] | None:
+    """The gradient all-reduces' time a mean step (gloo's or NCCL's own ranges, from the start of the work
+    to its end, waiting for the slowest rank included; they overlap backward), their bytes and the
+    bandwidth reached; None with one process. The step's figures, shared in the `sync` phase, are left
+    out: an all-reduce that overlaps a gpuforge.sync range is theirs. Under FSDP the gathers and scatters
+    are not counted (`counted` says so)."""
+    if context.get("processes", 1) < 2:
         return None
+    syncs = [e.time_range for e in events if e.name == "gpuforge.sync"]
+    seconds = 0.0
+    for event in events:
+        if not event.name.startswith(("gloo:all_reduce", "nccl:all_reduce")):
+            continue
+        span = event.time_range
+        if any(span.start < sync.end and sync.start < span.end for sync in syncs):
+            continue
+        seconds += (span.end - span.start) / 1e6
     steps = max(1, len(report["steps"]))
-    mean_s = seconds / steps
+    mean_s, mean_bytes = seconds / steps, comm_bytes // steps
     return {
         "seconds": mean_s,
         "share": mean_s / report["mean_step_s"] if report["mean_step_s"] else 0.0,
-        "bytes": comm_bytes // steps,
-        "bandwidth_bytes_per_s": (comm_bytes / steps) / mean_s if mean_s else None,
+        "bytes": mean_bytes,
+        "bandwidth_bytes_per_s": mean_bytes / mean_s if mean_s and mean_bytes else None,
+        "counted": "DDP's gradient all-reduces" if context.get("strategy") == "ddp" else "not counted (FSDP)",
     }
 
 
@@ -240,7 +287,8 @@ ADVICE_RULES = (
                         "trains a small adapter instead, with a far smaller optimizer step"),
     (OTHER, 0.30, "{share:.0%} of the step outside the model's phases (host work between kernels): "
                   "train.compile fuses them"),
-    ("evaluation", 0.25, "evaluation {share:.0%} of the step: evaluate less often (train.eval_every)"),
+    ("evaluation", 0.25, "evaluation {share:.0%} of the step: evaluate less often "
+                         "(train.eval_every is {eval_every})"),
     ("checkpoint", 0.25, "checkpoints {share:.0%} of the step: save less often (train.checkpoint_every)"),
     ("logging", 0.15, "logging {share:.0%} of the step: log less often (train.log_every)"),
     ("data_wait", 0.30, "data wait {share:.0%}: batches are built on the training thread; shorter "
@@ -259,9 +307,13 @@ def advice(report: dict[str, Any]) -> list[str]:
             continue
         if part == OTHER and (context.get("compile") or context.get("processes", 1) > 1):
             continue  # compiled already, or several processes (train.compile does not go with them yet)
-        lines.append(line.format(share=share, trainable_m=context.get("trainable_params", 0) / 1e6))
+        if part == "evaluation" and not context.get("eval_every"):
+            continue  # the run's last step evaluates once in any case: that is not a lever
+        trainable_m = context.get("trainable_params", 0) / 1e6
+        lines.append(line.format(share=share, trainable_m=trainable_m, eval_every=context.get("eval_every")))
     comm = report.get("all_reduce")
-    if comm and comm["share"] >= 0.4 and context.get("gradient_compression", "none") == "none":
+    compressed = context.get("gradient_compression", "none") != "none"
+    if comm and comm["share"] >= 0.4 and comm["bytes"] and not compressed:
         speed = comm.get("bandwidth_bytes_per_s")
         over = f" over {speed * 8 / 1e6:.0f} Mbit/s" if speed else ""
         lines.append(

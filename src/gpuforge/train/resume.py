@@ -28,6 +28,7 @@ RESUMABLE_CHANGES = {
     ("resources", "devices"),  # the global batch of a step does not depend on how many processes share it
     ("distributed", "max_restarts"),
     ("distributed", "timeout_s"),
+    ("train", "profile"),  # which steps are recorded, not what they compute (the whole section)
 }
 # Sections that may differ as a whole: where a run's figures are also sent does not change the run (and a
 # run stored before the section existed has none)
@@ -43,7 +44,8 @@ def check_same_job(run: RunDir, spec: JobSpec) -> None:
     differing = [
         key
         for key in _diff_keys(stored, current)
-        if key not in RESUMABLE_CHANGES and key[0] not in RESUMABLE_SECTIONS
+        if not any(key[: len(change)] == change for change in RESUMABLE_CHANGES)
+        and key[0] not in RESUMABLE_SECTIONS
     ]
     if differing:
         names = ", ".join(".".join(k) for k in differing[:5])
