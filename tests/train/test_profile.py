@@ -57,13 +57,13 @@ def test_no_profile_asked_for_creates_nothing_and_the_phase_markers_do_nothing(t
 
 
 def test_a_slow_forward_is_the_top_share_and_a_run_ending_inside_the_window_keeps_what_it_recorded(tmp_path):
-    spec = image_spec(tmp_path, max_steps=4, profile={"start_step": 3, "steps": 5}, options={"sleep_s": 0.05})
+    spec = image_spec(tmp_path, max_steps=4, profile={"start_step": 3, "steps": 5}, options={"sleep_s": 0.25})
     train_run(tmp_path, spec, "run")
     report = _profile(tmp_path / "run")
     assert report["cut_short"] and [s["step"] for s in report["steps"]] == [3, 4]
     first = report["steps"][0]  # the last step also evaluates the model: its own top share
     top = max(first["phases"].items(), key=lambda kv: kv[1])
-    assert top[0] == "forward" and top[1] > 0.6 * first["seconds"], first
+    assert top[0] == "forward" and top[1] >= 0.25, first  # the forward's sleep is in it, not elsewhere
 
 
 def test_evaluating_every_step_is_advised_against_and_the_cli_prints_the_breakdown(tmp_path):
@@ -89,6 +89,9 @@ def test_bad_profile_requests_say_what_is_wrong(tmp_path):
     assert bad.returncode == 2 and "expected START:STEPS" in bad.stderr
     too_many = run_cli("train", str(spec), "--out", str(tmp_path / "r"), "--profile", "1:500")
     assert too_many.returncode == 2 and "train.profile.steps" in too_many.stderr
+    script = write_spec(tmp_path / "script.yaml", {"name": "s", "kind": "script", "script": {"command": "x"}})
+    refused = run_cli("train", str(script), "--profile", "1:2")
+    assert refused.returncode == 2 and "a script job runs its own loop" in refused.stderr
     missing = run_cli("profile", str(tmp_path))
     assert missing.returncode == 2 and "train with --profile" in missing.stderr
     (tmp_path / "profile").mkdir()

@@ -82,6 +82,8 @@ def train(
     overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
     overrides += profile_overrides(profile_steps)
     if _is_script(spec):
+        if profile_steps:
+            raise GpuforgeError("--profile: a script job runs its own loop, which gpuforge does not profile")
         _run_script(spec, out, overrides, max_steps)
         return
     job, out, summary = _run_job(spec, out, overrides)

@@ -39,6 +39,7 @@ from gpuforge.artifact.manifest import OnnxCacheRecord, OnnxRecord
 from gpuforge.artifact.onnx_module import ONNX_INSTALL
 from gpuforge.errors import GpuforgeError
 from gpuforge.runtime import tasks
+from gpuforge.runtime.kv_cache import cache_argument, cache_layers, returned_cache
 
 log = logging.getLogger("gpuforge.export")
 
@@ -210,26 +211,7 @@ class _WithCache(torch.nn.Module):
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             use_cache=True, **{cache_argument(self.model): cache},
         )  # fmt: skip
-        return (out.logits, *[t for kv in _layers_of(returned_cache(out)) for t in kv])
-
-
-def cache_argument(model: torch.nn.Module) -> str:
-    """The keyword a transformers model takes its cache by: `cache` in newer releases, `past_key_values`
-    before (the old name still works there, with a warning)."""
-    return "cache" if tasks.accepts(model, "cache") else "past_key_values"
-
-
-def returned_cache(out):
-    """The cache a transformers forward returned, under either name."""
-    cache = out.get("cache") if hasattr(out, "get") else None
-    return cache if cache is not None else out.past_key_values
-
-
-def _layers_of(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer (keys, values) of a transformers cache object, or of the legacy tuples."""
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return [(k, v) for k, v in cache]
+        return (out.logits, *[t for kv in cache_layers(returned_cache(out)) for t in kv])
 
 
 def _cache_layout(built, task: str, ids: torch.Tensor) -> tuple[OnnxCacheRecord | None, str | None]:
@@ -256,7 +238,7 @@ def _cache_record(built, ids: torch.Tensor) -> tuple[OnnxCacheRecord | None, str
     try:
         with torch.inference_mode():
             out = built.module(input_ids=ids, use_cache=True)
-        layers = _layers_of(returned_cache(out))
+        layers = cache_layers(returned_cache(out))
     except Exception as err:  # noqa: BLE001 (a model of its own kind: its logits alone are exported)
         return None, f"no cache read from one pass of the model: {_what_failed(err)}"
     shaped = all(k is not None and v is not None and k.dim() == 4 and k.shape == v.shape for k, v in layers)

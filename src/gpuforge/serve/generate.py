@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from gpuforge.runtime.kv_cache import cache_argument, cache_layers, returned_cache, with_layers
 from gpuforge.runtime.precision import Precision, autocast
 from gpuforge.serve.batcher import QueueFull
 
@@ -193,7 +194,7 @@ class GenerationEngine:
             next(iter(self.eos_ids), 0) if tokenizer.pad_token_id is None else tokenizer.pad_token_id
         )
         forward = inspect.signature(getattr(module, "get_base_model", lambda: module)().forward).parameters
-        self._cache_arg = "cache" if "cache" in forward else "past_key_values"
+        self._cache_arg = cache_argument(module)
         self._keep_logits = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
         self._waiting: deque[_Sequence] = deque()
         self._cond = threading.Condition()
@@ -309,7 +310,7 @@ class GenerationEngine:
             ids = torch.full((1, 8), self.pad_id, device=self.device)
             out = self._forward(ids, torch.ones_like(ids), torch.arange(8, device=self.device)[None], None)
             mask = torch.ones(1, 9, dtype=torch.long, device=self.device)
-            self._forward(ids[:, :1], mask, torch.tensor([[8]], device=self.device), _cache_of(out))
+            self._forward(ids[:, :1], mask, torch.tensor([[8]], device=self.device), returned_cache(out))
 
     # -- the model thread ----------------------------------------------------------------------------
 
@@ -362,7 +363,7 @@ class GenerationEngine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self._forward(ids, mask, positions, None)
-        kv = _get_kv(_cache_of(out))
+        kv = cache_layers(returned_cache(out))
         hidden = (mask == 0)[:, None, :, None]
         kv = [(k.masked_fill(hidden, 0), v.masked_fill(hidden, 0)) for k, v in kv]  # padding stays finite
         tokens = self._sample(out.logits[:, -1, :], seqs)
@@ -375,14 +376,14 @@ class GenerationEngine:
         joining = [s for s, g in zip(seqs, going, strict=True) if g]
         next_ids = torch.tensor([s.ids[-1] for s in joining], device=self.device)
         if not self._active:
-            self._cache = _set_kv(_cache_of(out), kv)
+            self._cache = with_layers(returned_cache(out), kv)
             self._mask, self._positions, self._next = mask, positions, next_ids
         else:  # pad both on the left to one length, then one batch
             width = max(self._mask.shape[1], mask.shape[1])
-            old = [(_pad_left(k, width), _pad_left(v, width)) for k, v in _get_kv(self._cache)]
+            old = [(_pad_left(k, width), _pad_left(v, width)) for k, v in cache_layers(self._cache)]
             new = [(_pad_left(k, width), _pad_left(v, width)) for k, v in kv]
             merged = [(torch.cat([a, c]), torch.cat([b, d])) for (a, b), (c, d) in zip(old, new, strict=True)]
-            self._cache = _set_kv(self._cache, merged)
+            self._cache = with_layers(self._cache, merged)
             self._mask = torch.cat([_pad_left(self._mask, width, dim=1), _pad_left(mask, width, dim=1)])
             self._positions = torch.cat([self._positions, positions])
             self._next = torch.cat([self._next, next_ids])
@@ -392,7 +393,7 @@ class GenerationEngine:
         batch = len(self._active)
         self._mask = torch.cat([self._mask, self._mask.new_ones((batch, 1))], dim=1)
         out = self._forward(self._next[:, None], self._mask, self._positions[:, None], self._cache)
-        self._cache = _cache_of(out)
+        self._cache = returned_cache(out)
         self._positions = self._positions + 1
         tokens = self._sample(out.logits[:, -1, :], self._active)
         self.steps += 1
@@ -414,8 +415,8 @@ class GenerationEngine:
         used = mask.any(dim=0).nonzero()
         first = int(used[0]) if len(used) else 0  # columns before it are padding in every row left
         self._mask = mask[:, first:]
-        self._cache = _set_kv(
-            self._cache, [(k[index, :, first:], v[index, :, first:]) for k, v in _get_kv(self._cache)]
+        self._cache = with_layers(
+            self._cache, [(k[index, :, first:], v[index, :, first:]) for k, v in cache_layers(self._cache)]
         )
         self._positions, self._next = self._positions[index], self._next[index]
 
@@ -551,34 +552,6 @@ def _eos_ids(tokenizer: Any, module: torch.nn.Module) -> set[int]:
         elif isinstance(value, (list, tuple)):
             ids.update(int(v) for v in value)
     return ids
-
-
-def _cache_of(out: Any) -> Any:
-    """The KV cache a forward returned (`cache` in newer transformers, `past_key_values` before)."""
-    cache = out.get("cache") if hasattr(out, "get") else None
-    return cache if cache is not None else out.past_key_values
-
-
-def _get_kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer (keys, values), each [batch, heads, length, head_dim]: a DynamicCache or legacy tuples."""
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    if hasattr(cache, "key_cache"):
-        return list(zip(cache.key_cache, cache.value_cache, strict=True))
-    return [(k, v) for k, v in cache]
-
-
-def _set_kv(cache: Any, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-    """`cache` holding `kv` instead (in place for a cache object, a new tuple for the legacy form)."""
-    if hasattr(cache, "layers"):
-        for layer, (k, v) in zip(cache.layers, kv, strict=True):
-            layer.keys, layer.values = k, v
-        return cache
-    if hasattr(cache, "key_cache"):
-        cache.key_cache[:] = [k for k, _ in kv]
-        cache.value_cache[:] = [v for _, v in kv]
-        return cache
-    return tuple(kv)
 
 
 def _pad_left(tensor: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
