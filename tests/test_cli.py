@@ -156,14 +156,22 @@ def test_demo_runs_every_example_through_a_server_and_tabulates_them(tmp_path):
 
 def test_demo_local_trains_every_spec_in_the_folder_and_says_where(tmp_path):
     examples = _demo_examples(tmp_path)
+    scripts = examples / "scripts"  # a team's own loop, run as a script job beside the specs
+    scripts.mkdir()
+    (scripts / "count.py").write_text(
+        "from gpuforge import track\nfor step in range(3):\n    track.log(step, loss=1.0 / (step + 1))\n"
+    )
+    script = {"command": "python count.py", "files": ["count.py"]}
+    write_spec(scripts / "c.yaml", {"name": "counting", "kind": "script", "script": script})
     out = tmp_path / "out"
     result = run_cli("demo", "--local", "--examples", str(examples), "--out", str(out), "--max-steps", "2")
     assert result.returncode == 0, result.stderr
     runs = sorted((tmp_path / "out").iterdir())
-    assert [p.name.split("-")[0] for p in runs] == ["a", "b"]
-    for run in runs:
-        assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    assert [p.name.split("-")[0] for p in runs] == ["a", "b", "c"]
+    for run, steps in zip(runs, (2, 2, 3), strict=True):  # --max-steps is the specs', not the script's
+        assert json.loads((run / "summary.json").read_text())["steps"] == steps
         assert str(run.resolve()) in result.stdout
+    assert "counting" in result.stdout and "0.3333" in result.stdout  # the script's row: its last loss
     assert not (runs[0] / "compressed").exists() and (runs[1] / "compressed" / "report.json").exists()
     _one_line_error(run_cli("demo", "--examples", str(tmp_path / "none")), "no *.yaml example specs")
 

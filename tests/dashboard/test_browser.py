@@ -234,6 +234,27 @@ def test_a_script_job_that_reports_no_metric_shows_its_log_and_says_no_metrics_y
     assert not stray and not errors, (stray, errors)
 
 
+def test_a_script_job_that_reports_through_track_draws_its_curves(page, dashboard_server, tmp_path):
+    server = dashboard_server
+    (tmp_path / "loop.py").write_text(
+        "from gpuforge import track\n"
+        "for step in range(12):\n"
+        "    track.log(step, loss=1.0 / (step + 1), accuracy=step / 12)\n"
+    )
+    script = {"command": "python loop.py", "files": ["loop.py"]}
+    spec = write_spec(tmp_path / "loop.yaml", {"name": "tracked-script", "kind": "script", "script": script})
+    job_id = server.client().submit(load_spec(spec))["id"]
+    wait_state(server.url, server.key, job_id)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    sign_in(page, server.url, server.key, path=f"/jobs/{job_id}")
+    wait_for(lambda: points(page) == 12, 15, what="a loss chart with the script's 12 points")
+    assert points(page, "accuracy") == 12  # any figure the script logs gets its curve
+    expect(page.locator(".chart[data-metric=loss]").locator("canvas, svg").first).to_be_visible()
+    expect(page.get_by_text("no metrics yet")).to_be_hidden()
+    assert not errors, errors
+
+
 def test_gpuforge_dashboard_shows_run_directories_read_only_with_its_key(page, tmp_path):
     runs = tmp_path / "runs"
     spec = write_spec(tmp_path / "local.yaml", _spec(tmp_path, name="digits-local"))

@@ -321,6 +321,45 @@ def test_a_server_queues_a_script_job_with_its_files_and_refuses_one_from_a_key_
         assert gone.returncode == 2 and "script.files: nothing/ not found" in gone.stderr
 
 
+# a loop that checkpoints every 5 steps on its own, as long runs do
+PERIODIC = """
+import time
+from gpuforge import track
+
+for step in range(track.resume_step(), 40):
+    time.sleep(0.1)
+    track.log(step, loss=1.0 / (step + 1))
+    if step % 5 == 4:
+        (track.checkpoint_dir() / "state.txt").write_text(str(step))
+        track.checkpointed(step)
+"""
+
+
+def test_a_server_restarts_a_script_job_whose_runner_was_killed_from_the_script_checkpoint(tmp_path):
+    import httpx
+
+    from gpuforge.server.local import LocalServer
+    from gpuforge.spec import load_spec
+    from tests.helpers.jobs import runner_pid
+
+    spec = _job(tmp_path, "python periodic.py", files=["periodic.py"])
+    (spec.parent / "periodic.py").write_text(PERIODIC)
+    with LocalServer(tmp_path / "home", log=tmp_path / "server.log") as server:
+        job_id = server.client().submit(load_spec(spec))["id"]
+        http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.key}"})
+        running = wait_for_job(http, job_id, lambda j: j["state"] == "running" and (j["step"] or 0) >= 12)
+        run = Path(running["run_dir"])
+        os.kill(runner_pid(running["run_dir"]), signal.SIGKILL)  # as the OOM killer would: no last word
+        job = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), timeout=120)
+        assert job["state"] == "finished" and "restart 1 of" in (job["reason"] or ""), (job, _log_tail(run))
+        starts = [e for e in http.get(f"/api/v1/jobs/{job_id}/events").json() if e["kind"] == "started"]
+        assert len(starts) == 2 and starts[1]["data"]["how"] == "resumes from its checkpoint"
+        assert starts[1]["data"]["resumes_from"] >= 10  # steps 0-9 at least were saved before the kill
+        steps = [m["step"] for m in http.get(f"/api/v1/jobs/{job_id}/metrics", params={"limit": 100}).json()]
+        assert steps == list(range(40))  # the steps past the checkpoint that the kill lost are logged once
+        assert not _processes_of(run)  # the killed attempt's script died with its runner
+
+
 def test_a_relative_out_a_crash_while_saving_and_workers_left_behind(tmp_path):
     crash = """
 import multiprocessing, signal, sys, time

@@ -108,18 +108,9 @@ def _is_script(spec: Path) -> bool:
 
 
 def _run_script(spec: Path, out: Path | None, overrides: list[str], max_steps: int | None) -> None:
-    from gpuforge.launch.script import run_script
-    from gpuforge.spec import load_spec
-
     if max_steps:
         raise GpuforgeError("--max-steps: a script job counts its own steps (pass them in script.command)")
-    from gpuforge.admission import check_script
-    from gpuforge.policy import current
-
-    job = load_spec(spec, overrides)
-    check_script(current(), job)  # a runner the server started holds to its job's policy, whatever the file
-    out = out or _default_out(job.name)
-    summary = run_script(job, out)
+    _, out, summary = _run_script_job(spec, out, overrides)
     out_console.print(
         f"{summary.status}: {summary.steps} steps reported, {summary.wall_s:.1f} s"
         + (f", {summary.reason}" if summary.reason else "")
@@ -133,6 +124,34 @@ def _run_script(spec: Path, out: Path | None, overrides: list[str], max_steps: i
         raise typer.Exit(EXIT_PAUSED)
     if summary.status == "cancelled":
         raise typer.Exit(130 if summary.reason.startswith("SIGINT") else 143)
+
+
+def _run_script_job(spec: Path, out: Path | None, overrides: list[str] = ()):
+    """Run a script job's spec into `out` (default: runs/<name>-<time>): (spec, out, summary)."""
+    from gpuforge.admission import check_script
+    from gpuforge.launch.script import run_script
+    from gpuforge.policy import current
+    from gpuforge.spec import load_spec
+
+    job = load_spec(spec, list(overrides))
+    check_script(current(), job)  # a runner the server started holds to its job's policy, whatever the file
+    out = out or _default_out(job.name)
+    return job, out, run_script(job, out)
+
+
+def _demo_row(name: str, s: RunSummary) -> list[str]:
+    """A row of `demo --local`'s table (a script job leaves its speed and precision to itself: -)."""
+    from gpuforge.demo import eval_figure
+
+    return [
+        name,
+        f"{s.steps} {s.status}",
+        f"{s.final_loss:.4f}" if s.final_loss is not None else "-",
+        eval_figure(s.eval or {}),
+        f"{s.samples_per_s:.1f}" if s.samples_per_s is not None else "-",
+        f"{s.device_type} {s.precision or '-'}",
+        f"{s.wall_s:.0f}",
+    ]
 
 
 def _compress_after(job, out: Path, summary: RunSummary) -> None:
@@ -162,15 +181,13 @@ def demo(
     specs = sorted(examples.glob("*.yaml"))
     if not specs:
         raise GpuforgeError(f"--examples {examples}: no *.yaml example specs there")
+    scripts = sorted((examples / "scripts").glob("*.yaml"))  # a team's own code, as script jobs
     if not local:
         from gpuforge.demo import demo_via_server
 
         overrides = [f"train.max_steps={max_steps}"] if max_steps else []
-        scripts = sorted((examples / "scripts").glob("*.yaml"))  # a team's own code, as script jobs
         demo_via_server(specs + scripts, (out / "server").absolute(), overrides, out_console)
         return
-    from gpuforge.demo import eval_figure
-
     stamp = time.strftime("%Y%m%d-%H%M%S")
     table = Table(title="gpuforge demo")
     for column in ("job", "steps", "loss", "eval", "samples/s", "device", "wall s"):
@@ -182,15 +199,12 @@ def demo(
         job, run_dir, s = _run_job(spec_path, out / f"{spec_path.stem}-{stamp}", overrides)
         _compress_after(job, run_dir, s)
         run_dirs.append((job.name, run_dir))
-        table.add_row(
-            job.name,
-            f"{s.steps} {s.status}",
-            f"{s.final_loss:.4f}" if s.final_loss is not None else "-",
-            eval_figure(s.eval or {}),
-            f"{s.samples_per_s or 0:.1f}",
-            f"{s.device_type} {s.precision}",
-            f"{s.wall_s:.0f}",
-        )
+        table.add_row(*_demo_row(job.name, s))
+    for spec_path in scripts:  # their own steps: --max-steps is not theirs to take
+        out_console.print(f"[bold]{spec_path.name}[/bold] (script job)")
+        job, run_dir, s = _run_script_job(spec_path, out / f"{spec_path.stem}-{stamp}")
+        run_dirs.append((job.name, run_dir))
+        table.add_row(*_demo_row(job.name, s))
     out_console.print(table)
     for name, run_dir in run_dirs:
         out_console.print(f"{name}: {run_dir.resolve()}", soft_wrap=True)

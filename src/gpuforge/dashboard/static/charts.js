@@ -15,12 +15,14 @@ const STEP_INCRS = [0, 1, 2, 3, 4, 5, 6, 7, 8].flatMap((k) => [1, 2, 5].map((m) 
 const AFTER_EVALS = ["samples_per_s", "mfu", "peak_mem_bytes", "step_cost_usd"];
 
 // The metrics a page charts, in this order: loss, each eval_* (eval_loss first), then throughput, MFU,
-// memory and cost, of those in `names` (and in `only`, where given).
-export function chartedMetrics(names, only = null) {
+// memory and cost, of those in `names` (and in `only`, where given). `all`: every other name too, by
+// name (a script job's figures are its own; a spec job's others, lr, eta_s, ..., stay off the page).
+export function chartedMetrics(names, only = null, all = false) {
   const evals = names
     .filter((n) => n.startsWith("eval_"))
     .sort((a, b) => (a === "eval_loss" ? -1 : b === "eval_loss" ? 1 : a.localeCompare(b)));
   const ordered = [...(names.includes("loss") ? ["loss"] : []), ...evals, ...AFTER_EVALS.filter((n) => names.includes(n))];
+  if (all) ordered.push(...names.filter((n) => !ordered.includes(n)).sort());
   return only ? ordered.filter((n) => only(n)) : ordered;
 }
 const AXIS = { stroke: "#4b5563", grid: { stroke: "#e5e7eb", width: 1 }, ticks: { stroke: "#d1d5db", width: 1 } };

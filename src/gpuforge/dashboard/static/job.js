@@ -47,13 +47,14 @@ export async function render(root, { id }) {
   let logOffset = -1;
   let lastState = null;
   let report = null; // {chart} while drawn
+  let script = false; // a script job (kind: script): every figure it logs is charted
   onLeave(() => {
     for (const c of charts.values()) c.chart.destroy();
     report?.chart.destroy();
   });
 
   drawHead(first.data);
-  loadSpec();
+  await loadSpec(); // before the first charts: a script job's own figures are charted too
   poll(refresh);
 
   async function refresh() {
@@ -100,7 +101,7 @@ export async function render(root, { id }) {
     const answer = await api(`/api/v1/jobs/${id}/series?max_points=1000`);
     if (!answer.ok) return;
     const metrics = answer.data.metrics || {};
-    const names = chartedMetrics(Object.keys(metrics));
+    const names = chartedMetrics(Object.keys(metrics), null, script);
     const same = typeof records === "number" && answer.data.records === records && names.length === charts.size;
     if (same) return;
     records = answer.data.records;
@@ -156,6 +157,7 @@ export async function render(root, { id }) {
   async function loadSpec() {
     const answer = await api(`/api/v1/jobs/${id}/spec`);
     spec.textContent = answer.ok ? answer.data.yaml : detailText(answer);
+    script = answer.ok && answer.data.spec?.kind === "script";
   }
 
   async function loadSummary() {
