@@ -7,7 +7,9 @@ step: 9 a step with one micro-batch (data wait, forward, backward, sync, optimiz
 checkpoint, and the step's own block). Measured two ways, side by side in one run:
   markers   the time of `with phase("forward"): pass` against an empty loop body and against
             `with contextlib.nullcontext(): pass`, over --calls calls: nanoseconds a marker, and what 9 of
-            them are of the digits CNN's measured step;
+            them are of the digits CNN's measured step; and the engine's per-step profile calls with no
+            window (Profiling.asked(), which looks for a request file at most once a second, and the
+            step's `with profiling.step(n):`), on a main process with a run directory to look in;
   runs      the digits CNN of examples/digits-cnn.yaml (fp32, batch 64) trained --steps steps in this
             process: with no profile, and with train.profile recording 5 steps in the middle. From
             metrics.jsonl, the median step before the window (from step 6) and after it, in both runs (the
@@ -63,13 +65,29 @@ def _marker(n: int) -> None:
             pass
 
 
+def _per_step(n: int) -> None:
+    from gpuforge.train.profile import NO_PROFILE, Profiling
+
+    with tempfile.TemporaryDirectory() as run:
+        profiling = Profiling(NO_PROFILE, None, Path(run))
+        for step in range(n):
+            profiling.asked()
+            with profiling.step(step):
+                pass
+
+
 def markers(calls: int) -> dict[str, float]:
-    rounds = {name: [] for name in ("empty", "nullcontext", "phase")}
+    bodies = {"empty": _empty, "nullcontext": _null, "phase": _marker, "step": _per_step}
+    rounds = {name: [] for name in bodies}
     for _ in range(5):
-        for name, body in (("empty", _empty), ("nullcontext", _null), ("phase", _marker)):
+        for name, body in bodies.items():
             rounds[name].append(per_call_ns(body, calls))
     best = {name: min(times) for name, times in rounds.items()}
-    return {"phase_ns": best["phase"] - best["empty"], "nullcontext_ns": best["nullcontext"] - best["empty"]}
+    return {
+        "phase_ns": best["phase"] - best["empty"],
+        "nullcontext_ns": best["nullcontext"] - best["empty"],
+        "step_ns": best["step"] - best["empty"],
+    }
 
 
 def train_once(steps: int, profile: bool, where: Path) -> dict[str, float]:
@@ -120,14 +138,15 @@ def main() -> None:
               for name, rows in runs.items()}  # fmt: skip
     step_s = statistics.median(x["step_s"] for x in runs["off"])
     profiled = statistics.median(x["profiled_step_s"] for x in runs["on"])
-    share = cost["phase_ns"] * MARKERS_A_STEP * 1e-9 / step_s
+    share = (cost["phase_ns"] * MARKERS_A_STEP + cost["step_ns"]) * 1e-9 / step_s
     print(
         f"a phase marker, off: {cost['phase_ns']:.0f} ns "
         f"(a bare nullcontext block: {cost['nullcontext_ns']:.0f} ns)"
     )
+    print(f"the engine's profile calls a step, no window: {cost['step_ns']:.0f} ns")
     print(
         f"digits CNN step (fp32, batch 64): {step_s * 1000:.2f} ms; "
-        f"{MARKERS_A_STEP} markers are {share:.5%} of it"
+        f"{MARKERS_A_STEP} markers and the profile calls are {share:.5%} of it"
     )
     for where in ("before_s", "after_s"):
         off, on = median["off"][where], median["on"][where]

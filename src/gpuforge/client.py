@@ -116,6 +116,31 @@ class Client:
     def summary(self, job_id: int) -> dict:
         return self._call("GET", f"/api/v1/jobs/{job_id}/summary")
 
+    def ask_profile(self, job_id: int, steps: int) -> dict:
+        return self._call("POST", f"/api/v1/jobs/{job_id}/profile", json={"steps": steps})
+
+    def profile(self, job_id: int) -> dict:
+        return self._call("GET", f"/api/v1/jobs/{job_id}/profile")
+
+    def profile_trace(self, job_id: int, target: Path, rank: int = 0) -> None:
+        """Save a rank's trace (gzipped JSON) to `target`, whole or not at all."""
+        partial = target.with_name(target.name + ".partial")
+        try:
+            with self.http.stream(
+                "GET", f"/api/v1/jobs/{job_id}/profile/trace", params={"rank": rank}
+            ) as got:
+                if got.status_code >= 400:
+                    got.read()
+                    _raise_for(got)
+                with partial.open("wb") as f:
+                    for chunk in got.iter_bytes():
+                        f.write(chunk)
+        except httpx.HTTPError as err:
+            raise _unreachable(self.url, err) from err
+        except OSError as err:
+            raise GpuforgeError(f"--trace {target}: cannot be written ({err.strerror})") from None
+        partial.replace(target)
+
     def logs(self, job_id: int, tail: int) -> dict:
         return self._call("GET", f"/api/v1/jobs/{job_id}/logs", params={"tail": tail})
 

@@ -31,6 +31,7 @@ EVENTS = (
     "compressed",
     "restarted",
     "preempted",  # written by the server once the runner stopped: who preempted it
+    "profiled",  # a profile window's report was written (train/profile.py)
 )
 
 

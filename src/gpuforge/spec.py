@@ -79,9 +79,12 @@ class DataSpec(Section):
     max_records: int | None = Field(None, ge=1, description="read at most this many records (quick trials)")
 
 
+MAX_PROFILE_STEPS = 50  # a profile's steps at most: a trace of more is hundreds of MB and tells no more
+
+
 class ProfileSpec(Section):
     start_step: int = Field(10, ge=1, description="the first step recorded (after warm-up: 10 by default)")
-    steps: int = Field(5, ge=1, le=50, description="steps recorded, from start_step on")
+    steps: int = Field(5, ge=1, le=MAX_PROFILE_STEPS, description="steps recorded, from start_step on")
 
 
 class TrainSpec(Section):

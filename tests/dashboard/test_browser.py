@@ -4,8 +4,11 @@ found by the names docs/dashboard.md gives them. A failed test leaves failure.pn
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 import time
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -51,7 +54,8 @@ def pair(dashboard_server, tmp_path_factory) -> tuple[int, int]:
     """Two short runs, submitted when the module starts (they train while the first tests run): their ids."""
     where = tmp_path_factory.mktemp("pair")
     server = dashboard_server
-    return tuple(submit(server.url, server.key, _spec(where, lr=lr))["id"] for lr in LRS)
+    profile = {"start_step": 4, "steps": 2}  # both: the profile section on every job page the tests read
+    return tuple(submit(server.url, server.key, _spec(where, lr=lr, profile=profile))["id"] for lr in LRS)
 
 
 def _finished_pair(server, pair) -> tuple[int, int]:
@@ -104,6 +108,29 @@ def test_the_loss_chart_grows_while_a_job_trains(page, dashboard_server, pair, t
     wait_for(lambda: points(page) > first, 4 * POLL_S, what=f"more than {first} points, without a reload")
     # a person sees a line, not a number: the chart has something drawn in it
     expect(page.locator(".chart[data-metric=loss]").locator("canvas, svg").first).to_be_visible()
+
+
+def test_a_profiled_job_shows_its_mean_step_as_a_stacked_bar_and_saves_its_trace(
+    page, dashboard_server, pair
+):
+    server = dashboard_server
+    a, _ = _finished_pair(server, pair)
+    sign_in(page, server.url, server.key, path=f"/jobs/{a}")
+    expect(page.locator("#profile-title")).to_contain_text("over 2 steps from step 4")
+    rects = page.locator("#profile figure.stack rect")
+    parts = rects.evaluate_all("rs => rs.map(r => [r.getAttribute('data-part'), +r.getAttribute('width')])")
+    assert "forward" in dict(parts) and abs(sum(w for _, w in parts) - 1000) < 15, parts  # the whole step
+    expect(page.locator("#profile .legend li[data-part=forward]")).to_be_visible()
+    assert (
+        page.locator("#profile-advice li").count() >= 1
+        and page.locator("#profile-operators tbody tr").count()
+    )
+    with page.expect_download() as saving:
+        page.locator("#profile-trace").click()
+    download = saving.value
+    assert download.suggested_filename == f"job-{a}-trace.json.gz"
+    trace = json.loads(gzip.decompress(Path(download.path()).read_bytes()))
+    assert any(e.get("name") == "gpuforge.step" for e in trace["traceEvents"])  # what the run recorded
 
 
 def test_compare_overlays_two_runs_and_lists_only_the_keys_that_differ(page, dashboard_server, pair):

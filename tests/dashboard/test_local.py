@@ -16,7 +16,8 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("local-runs")
     for lr in (0.01, 0.03):
         spec = write_spec(tmp / f"lr-{lr}.yaml", {**image_spec(tmp, lr=lr, max_steps=8), "name": f"lr-{lr}"})
-        done = run_cli("train", str(spec), "--out", str(tmp / "runs" / f"lr-{lr}"))
+        profiled = ["--profile", "3:2"] if lr == 0.03 else []
+        done = run_cli("train", str(spec), "--out", str(tmp / "runs" / f"lr-{lr}"), *profiled)
         assert done.returncode == 0, done.stderr
     (tmp / "runs" / "not-a-run").mkdir()
     return tmp / "runs"
@@ -55,6 +56,26 @@ def test_a_runs_pages_data_and_a_comparison(runs):
     assert client.get("/api/v1/jobs/3").status_code == 404
     assert client.get("/api/v1/compare", params={"ids": "1,9"}).status_code == 404
     assert client.get("/").status_code == 200 and client.get("/jobs/1").status_code == 200
+
+
+def test_a_runs_profile_and_its_trace_but_nothing_linked_outside(runs, tmp_path):
+    import gzip
+    import json
+
+    client = TestClient(create_local_app(runs), base_url="http://127.0.0.1")
+    assert [s["step"] for s in client.get("/api/v1/jobs/2/profile").json()["steps"]] == [3, 4]
+    trace = client.get("/api/v1/jobs/2/profile/trace")
+    assert trace.headers["content-type"] == "application/gzip"
+    assert "traceEvents" in json.loads(gzip.decompress(trace.content))
+    assert client.get("/api/v1/jobs/1/profile").status_code == 404
+    assert client.get("/api/v1/jobs/2/profile/trace", params={"rank": 1}).status_code == 404
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "profile.json").write_text("{}")
+    (runs / "lr-0.01" / "profile").symlink_to(tmp_path / "profile")
+    try:
+        assert client.get("/api/v1/jobs/1/profile").status_code == 404  # not read through the link
+    finally:
+        (runs / "lr-0.01" / "profile").unlink()
 
 
 def test_its_api_wants_the_key_it_was_given_and_a_loopback_host(runs):

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from gpuforge.launch.throttle import ThrottledLink, can_throttle
+from gpuforge.profile_files import read_profile
 from gpuforge.runs import RunDir
 
 pytestmark = pytest.mark.slow
@@ -33,6 +34,7 @@ MASTER_PORT = 29512  # the link's namespaces are private: nothing else can hold 
 STEPS = 16
 TIMED_FROM = 4  # steps before are warm-up: first-call allocations, gloo's first connections
 JOB_TIMEOUT_S = 90
+PROFILED = (6, 3)  # train.profile's window: steps 6 to 8
 
 MODEL = """
 from torch import nn
@@ -62,7 +64,14 @@ def write_spec(tmp_path: Path, kind: str) -> Path:
             "options": {"width": WIDTH},
         },
         "data": {"train": "sklearn:digits", "eval_fraction": 0.1},
-        "train": {"max_steps": STEPS, "batch_size": 64, "lr": 1e-3, "precision": "fp32", "log_every": 1},
+        "train": {
+            "max_steps": STEPS,
+            "batch_size": 64,
+            "lr": 1e-3,
+            "precision": "fp32",
+            "log_every": 1,
+            "profile": {"start_step": PROFILED[0], "steps": PROFILED[1]},  # where the step's time goes
+        },  # fmt: skip
         "resources": {"devices": 2},
         "distributed": {
             "strategy": "ddp",
@@ -138,3 +147,15 @@ def test_powersgd_sends_20x_fewer_bytes_and_steps_faster_across_a_slow_link(tmp_
     link_s = none["bytes"] * 8 / (RATE_MBIT * 1e6)
     assert none["step_s"] >= 0.8 * link_s, (none, link_s)
     assert psgd["step_s"] < none["step_s"]
+
+    # the profile of the uncompressed run: the gradient all-reduce takes most of the step, at about the
+    # link's rate, and the advice is the lever the other run pulled; that run is advised nothing of it
+    profiles = {kind: read_profile(run.root) for kind, run in runs.items()}
+    comm = profiles["none"]["all_reduce"]
+    print(f"profile across {RATE_MBIT} Mbit/s: all-reduce {comm}, advice {profiles['none']['advice']}")
+    assert comm["share"] >= 0.4 and comm["bytes"] == PARAMS * 4
+    assert 0.3 * RATE_MBIT <= comm["bandwidth_bytes_per_s"] * 8 / 1e6 <= 1.2 * RATE_MBIT, comm
+    assert any("gradient_compression: powersgd" in line for line in profiles["none"]["advice"])
+    assert not any("powersgd" in line for line in profiles["powersgd"]["advice"])
+    assert profiles["powersgd"]["all_reduce"]["bytes"] * 20 <= comm["bytes"]
+    assert profiles["none"]["slowest_rank"]["ranks"] == 2

@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+from gpuforge.profile_files import read_profile
 from gpuforge.runtime import phases
 from tests.helpers.cli import run_cli
 from tests.helpers.runs import train_run
@@ -83,6 +84,28 @@ def test_evaluating_every_step_is_advised_against_and_the_cli_prints_the_breakdo
     assert "advice: evaluation" in shown.stdout and "train.eval_every" in shown.stdout
 
 
+# many parameters and little work for each: a wide MLP on 1 example a step, whose AdamW update over 4.3 M
+# parameters is most of the step (75 % here)
+WIDE = """
+from torch import nn
+
+def build(num_labels: int) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 2048), nn.Tanh(), nn.Linear(2048, 2048), nn.Tanh(),
+                         nn.Linear(2048, num_labels))
+"""
+
+
+def test_an_optimizer_bound_run_is_advised_lora(tmp_path):
+    (tmp_path / "wide.py").write_text(WIDE)
+    spec = image_spec(tmp_path, max_steps=8, batch_size=1, profile={"start_step": 4, "steps": 3})
+    spec["model"] = {"source": f"python:{tmp_path / 'wide.py'}:build", "task": "image-classification"}
+    train_run(tmp_path, spec, "run")
+    report = _profile(tmp_path / "run")
+    assert report["breakdown"]["optimizer"]["share"] >= 0.25, report["breakdown"]
+    line = next(line for line in report["advice"] if line.startswith("optimizer"))
+    assert "4.3 M trainable parameters: model.lora" in line, report["advice"]
+
+
 def test_bad_profile_requests_say_what_is_wrong(tmp_path):
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=2))
     bad = run_cli("train", str(spec), "--out", str(tmp_path / "r"), "--profile", "ten")
@@ -125,3 +148,12 @@ def test_each_ddp_rank_writes_its_trace_and_rank_0_measures_the_all_reduce(tmp_p
     comm = report["all_reduce"]  # gloo's own ranges: DDP's gradient buckets and the step's figures
     assert comm["bytes"] > 0 and comm["seconds"] > 0 and comm["bandwidth_bytes_per_s"] > 0
     assert report["breakdown"]["sync"]["seconds"] > 0 and report["context"]["processes"] == 2
+
+    slowest = read_profile(run)["slowest_rank"]  # rank 1's breakdown, where it was the slower
+    assert slowest["ranks"] == 2 and slowest["rank"] in (0, 1)
+    rank1 = json.loads((run / "profile" / "profile.rank1.json").read_text())
+    rank1["mean_step_s"] = report["mean_step_s"] * 3  # as a rank on a throttled device would be
+    (run / "profile" / "profile.rank1.json").write_text(json.dumps(rank1))
+    shown = run_cli("profile", str(run))
+    assert shown.returncode == 0 and "the slowest rank, 1: mean step" in shown.stdout, shown.stdout
+    assert read_profile(run)["slowest_rank"]["trace"] == "trace.rank1.json.gz"

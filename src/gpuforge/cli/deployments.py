@@ -21,7 +21,7 @@ import typer
 from rich.table import Table
 
 from gpuforge.cli.app import app, out_console
-from gpuforge.cli.server import AsJson, KeyFile, Url, _client, _print_json
+from gpuforge.cli.server import AsJson, KeyFile, Url, _print_json, client_for
 from gpuforge.errors import GpuforgeError
 
 ROLLOUT_WAIT_S = 600.0
@@ -73,7 +73,7 @@ def deploy(
     """Serve a finished job's model through the server (started, watched, restarted and scaled by it); on
     the name of a live deployment, make it that deployment's next version; with --into, add a LoRA job's
     adapter to a running deployment."""
-    client = _client(url, key_file)
+    client = client_for(url, key_file)
     if into is not None:
         if name is not None:
             raise GpuforgeError("deploy: --name or --into, not both")
@@ -138,7 +138,7 @@ def deployments(
 ) -> None:
     """List the live deployments (--all: the stopped and failed too): name, version, state, ready
     replicas, address. With NAME: that one's replicas, --versions or --events."""
-    client = _client(url, key_file)
+    client = client_for(url, key_file)
     if (versions or events) and name is None:
         raise GpuforgeError("deployments: --versions and --events need a deployment's NAME")
     if versions:
@@ -225,7 +225,7 @@ def rollback(
 ) -> None:
     """Serve a version the deployment served before, rolled out replica by replica (a rollout under way
     is stopped first: without --to, that is the whole rollback)."""
-    made = _client(url, key_file).rollback(name, to)
+    made = client_for(url, key_file).rollback(name, to)
     rolling = made.get("rolling_version")
     _say(
         made,
@@ -245,7 +245,7 @@ def undeploy(
 ) -> None:
     """Stop a deployment's replicas (each finishes what it holds), or with --adapter stop serving one
     adapter of it."""
-    client = _client(url, key_file)
+    client = client_for(url, key_file)
     if adapter is not None:
         d = client.remove_adapter(name, adapter)
         out_console.print(
@@ -266,7 +266,7 @@ def predict(
     as_json: AsJson = False,
 ) -> None:
     """Ask a deployment: one line per input, its label and score (--json: the server's answer)."""
-    answer = _client(url, key_file).predict(name, list(inputs), adapter)
+    answer = client_for(url, key_file).predict(name, list(inputs), adapter)
     if as_json:
         _print_json(answer)
         return

@@ -1,5 +1,6 @@
-"""`gpuforge profile RUN_DIR`: where a profiled run's step time goes (train.profile, or
-`gpuforge train SPEC --profile START:STEPS`), as a table with advice."""
+"""`gpuforge profile RUN_DIR | JOB`: where a profiled run's step time goes (train.profile, `gpuforge train
+SPEC --profile START:STEPS`, or `gpuforge profile JOB --steps N` for a running server job), as a table with
+advice, and the slowest rank's breakdown beside rank 0's."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpuforge.cli.app import app, out_console
+from gpuforge.cli.server import KeyFile, Url, client_for
 from gpuforge.errors import GpuforgeError
 
 ProfileSteps = Annotated[
@@ -32,30 +34,81 @@ def profile_overrides(text: str | None) -> list[str]:
 
 @app.command()
 def profile(
-    run_dir: Annotated[Path, typer.Argument(help="a run directory that was profiled")],
+    target: Annotated[str, typer.Argument(help="a profiled run directory, or a server job's id")],
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            "--steps", min=1, help="a running server job: profile its next N steps (at most 50)"
+        ),
+    ] = None,
+    trace: Annotated[
+        Path | None, typer.Option("--trace", help="a server job: save its trace (gzipped JSON) to this file")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print profile.json as it is")] = False,
+    url: Url = None,
+    key_file: KeyFile = None,
 ) -> None:
-    """Where a profiled run's step time goes: the mean step's parts, the top operators, advice."""
-    from gpuforge.train.profile import PROFILE_DIR, PROFILE_FILE
+    """Where a profiled run's step time goes: the mean step's parts, the top operators, advice. A job id
+    reads it from the server; with --steps, a running job profiles its next steps."""
+    from gpuforge.profile_files import PROFILE_DIR, shape_problem
+    from gpuforge.spec import MAX_PROFILE_STEPS  # here: pydantic, which the CLI's start does without
 
-    path = run_dir / PROFILE_DIR / PROFILE_FILE
-    if not path.is_file():
+    if steps is not None and steps > MAX_PROFILE_STEPS:
+        raise GpuforgeError(f"--steps {steps}: at most {MAX_PROFILE_STEPS} steps are profiled")
+    run_dir = Path(target)
+    if not target.isdigit() or run_dir.exists():
+        if steps is not None or trace is not None:
+            raise GpuforgeError(
+                f"--steps and --trace are for a server job's id, not a run directory ({target}); here, "
+                "train with --profile START:STEPS"
+            )
+        report = _local(run_dir)
+        trace_at = str(run_dir / PROFILE_DIR / str(report.get("trace") or ""))
+    else:
+        job_id, client = int(target), client_for(url, key_file)
+        if steps is not None:
+            client.ask_profile(job_id, steps)
+            out_console.print(
+                f"job {job_id}: its runner profiles the {steps} steps after the one under way (it looks for "
+                f"the request once a second); then: gpuforge profile {job_id}",
+                highlight=False, markup=False,
+            )  # fmt: skip
+            return
+        report = client.profile(job_id)
+        problem = shape_problem(report)
+        if problem:
+            raise GpuforgeError(f"job {job_id}: the server's profile is not one gpuforge wrote ({problem})")
+        if trace is not None:
+            client.profile_trace(job_id, trace)
+        trace_at = str(trace) if trace is not None else f"gpuforge profile {job_id} --trace FILE"
+    if as_json:
+        out_console.print_json(json.dumps(report))
+        return
+    _print_report(report, trace_at)
+
+
+def _local(run_dir: Path) -> dict:
+    from gpuforge.profile_files import PROFILE_DIR, PROFILE_FILE, ProfileError, read_profile
+
+    try:
+        report = read_profile(run_dir)
+    except ProfileError as err:
+        raise GpuforgeError(str(err)) from None
+    if report is None:
         raise GpuforgeError(
             f"{run_dir}: no {PROFILE_DIR}/{PROFILE_FILE}; train with --profile START:STEPS (or train.profile "
             "in the spec) to record one"
         )
-    try:
-        report = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise GpuforgeError(f"{path}: not a profile gpuforge wrote ({err})") from None
-    problem = _shape_problem(report)
-    if problem:
-        raise GpuforgeError(f"{path}: not a profile gpuforge wrote ({problem})")
-    parts = report["breakdown"]
-    if as_json:
-        out_console.print_json(json.dumps(report))
-        return
-    out_console.print(_breakdown_table(report, parts))
+    return report
+
+
+def _print_report(report: dict, trace_at: str) -> None:
+    out_console.print(_breakdown_table(report, report["breakdown"]))
+    slowest = report.get("slowest_rank")
+    if slowest and slowest.get("rank") != report.get("rank", 0):
+        out_console.print(_slowest_table(slowest))
+    elif slowest:
+        out_console.print(f"rank 0 is the slowest of {slowest.get('ranks')} processes", highlight=False)
     out_console.print(_operators_table(report.get("top_operators", [])[:10], report.get("device")))
     memory = report.get("memory") or {}
     if isinstance(memory.get("peak_bytes"), int | float):
@@ -75,41 +128,19 @@ def profile(
     notes = [report.get("trace_note"), "the run ended inside the window" if report.get("cut_short") else None]
     for note in filter(None, notes):
         out_console.print(f"note: {note}", highlight=False, markup=False)
-    trace = run_dir / PROFILE_DIR / str(report.get("trace") or "")
-    out_console.print(f"trace: {trace} (Perfetto, chrome://tracing)", highlight=False, markup=False)
+    out_console.print(f"trace: {trace_at} (Perfetto, chrome://tracing)", highlight=False, markup=False)
 
 
-def _shape_problem(report) -> str | None:
-    """What is wrong with the fields the table reads, or None."""
-    if not isinstance(report, dict):
-        return "not a JSON object"
-    if not isinstance(report.get("mean_step_s"), int | float):
-        return "mean_step_s is not a number"
-    parts = report.get("breakdown")
-    figures = ("seconds", "share")
-    if not isinstance(parts, dict) or not all(
-        isinstance(p, dict) and all(isinstance(p.get(k), int | float) for k in figures)
-        for p in parts.values()
-    ):
-        return "breakdown is not {part: {seconds, share}}"
-    if not isinstance(report.get("steps", []), list) or not isinstance(report.get("top_operators", []), list):
-        return "steps or top_operators is not a list"
-    if not all(isinstance(step, dict) and "step" in step for step in report.get("steps", [])):
-        return "a steps row lacks its step"
-    for row in report.get("top_operators", []):
-        if not isinstance(row, dict) or not all(
-            isinstance(row.get(k), int | float) for k in ("calls", "self_cpu_s", "self_device_s", "share")
-        ):
-            return "a top_operators row lacks its figures"
-    comm = report.get("all_reduce")
-    if comm is not None and not (
-        isinstance(comm, dict)
-        and all(isinstance(comm.get(k), int | float) for k in ("seconds", "share", "bytes"))
-    ):
-        return "all_reduce lacks its figures"
-    if not all(isinstance(line, str) for line in report.get("advice") or []):
-        return "advice is not a list of lines"
-    return None
+def _slowest_table(slowest: dict) -> Table:
+    title = f"the slowest rank, {slowest['rank']}: mean step {slowest['mean_step_s'] * 1000:.1f} ms"
+    table = Table(title=title)
+    for column in ("part", "ms", "share"):
+        table.add_column(column, justify="left" if column == "part" else "right")
+    for name, part in sorted(slowest["breakdown"].items(), key=lambda kv: kv[1]["share"], reverse=True):
+        if part["seconds"] > 0:
+            ms, share = f"{part['seconds'] * 1000:.2f}", f"{part['share']:.1%}"
+            table.add_row(escape(name.replace("_", " ")), ms, share)
+    return table
 
 
 def _breakdown_table(report: dict, parts: dict) -> Table:

@@ -49,7 +49,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 STOPPED = ("finished", "failed", "cancelled", "paused")
 
 
-def _client(url: str | None, key_file: Path | None):
+def client_for(url: str | None, key_file: Path | None):
     from gpuforge.client import Client
 
     return Client(url, read_secret_file(key_file, "--api-key-file", "the API key") if key_file else None)
@@ -126,7 +126,7 @@ def submit(
     overrides = list(set_ or [])
     job_spec = load_spec(spec, overrides)
     written = spec_as_written(spec, overrides)  # a missing file is named as the user wrote it
-    job = _client(url, key_file).submit(job_spec, priority, name, as_written=written)
+    job = client_for(url, key_file).submit(job_spec, priority, name, as_written=written)
     if as_json:
         _print_json({"id": job["id"]})
     else:
@@ -142,7 +142,7 @@ def jobs(
 ) -> None:
     """List jobs: id, name, project, state (and place in the queue), devices, step, loss, samples/s, cost,
     age; why a job waits: gpuforge job ID (its reason)."""
-    rows = _client(url, key_file).jobs(state)
+    rows = client_for(url, key_file).jobs(state)
     if as_json:
         _print_json(rows)
         return
@@ -182,7 +182,7 @@ def _age(seconds: float) -> str:
 @app.command()
 def job(job_id: int, url: Url = None, key_file: KeyFile = None, as_json: AsJson = False) -> None:
     """One job, as JSON (indented; --json: on one line)."""
-    found = _client(url, key_file).job(job_id)
+    found = client_for(url, key_file).job(job_id)
     if as_json:
         _print_json(found)
     else:
@@ -192,7 +192,7 @@ def job(job_id: int, url: Url = None, key_file: KeyFile = None, as_json: AsJson 
 @app.command()
 def cancel(job_id: int, url: Url = None, key_file: KeyFile = None) -> None:
     """Cancel a job (a running one checkpoints first)."""
-    j = _client(url, key_file).cancel(job_id)
+    j = client_for(url, key_file).cancel(job_id)
     out_console.print(f"job {j['id']}: {j['state']}", highlight=False)
 
 
@@ -204,7 +204,7 @@ def resume(
     key_file: KeyFile = None,
 ) -> None:
     """Queue a job paused by its cost budget again, with a higher budget."""
-    j = _client(url, key_file).resume(job_id, budget)
+    j = client_for(url, key_file).resume(job_id, budget)
     out_console.print(f"job {j['id']}: {j['state']} ({j['reason']})", highlight=False, markup=False)
 
 
@@ -217,7 +217,7 @@ def logs(
     key_file: KeyFile = None,
 ) -> None:
     """A job's log; with --follow, new log and metrics lines as they come, until the job stops."""
-    client = _client(url, key_file)
+    client = client_for(url, key_file)
     start = client.logs(job_id, tail)
     for line in start["lines"]:
         out_console.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -251,7 +251,7 @@ def wait(
     as_json: AsJson = False,
 ) -> None:
     """Wait until the jobs stop (finished, failed, cancelled, paused); exit 1 unless all finished."""
-    client = _client(url, key_file)
+    client = client_for(url, key_file)
     deadline = time.monotonic() + timeout
     while True:
         rows = [client.job(i) for i in job_ids]
@@ -283,7 +283,7 @@ def costs(
     and your project's, or everyone's with an admin key; dollars and device-hours by day, key or project."""
     if by not in ("day", "key", "project"):
         raise GpuforgeError(f"--by {by}: give day, key or project")
-    answer = _client(url, key_file).costs(by, since, project)
+    answer = client_for(url, key_file).costs(by, since, project)
     if as_json:
         _print_json(answer)
         return
@@ -366,7 +366,7 @@ def keys_create(
     stored as a digest only."""
     if admin and project is not None:
         raise GpuforgeError("--project: an admin key belongs to no project (it sees every project already)")
-    made = _client(url, key_file).create_key(name, admin, quotas, project)
+    made = client_for(url, key_file).create_key(name, admin, quotas, project)
     if as_json:
         _print_json(made)
     else:
@@ -395,7 +395,7 @@ def keys_set(
     if not changes:
         options = ", ".join(["--project", *(q.option for q in QUOTAS)])
         raise GpuforgeError(f"keys set {name}: nothing to change; give {options}")
-    changed = _client(url, key_file).set_key(name, changes)
+    changed = client_for(url, key_file).set_key(name, changes)
     if as_json:
         _print_json(changed)
         return
@@ -406,7 +406,7 @@ def keys_set(
 @keys_app.command("list")
 def keys_list(url: Url = None, key_file: KeyFile = None, as_json: AsJson = False) -> None:
     """The keys by name (never the keys themselves), with the quotas in force ("none": no limit)."""
-    rows = _client(url, key_file).keys()
+    rows = client_for(url, key_file).keys()
     if as_json:
         _print_json(rows)
         return
@@ -425,7 +425,7 @@ def keys_list(url: Url = None, key_file: KeyFile = None, as_json: AsJson = False
 @keys_app.command("revoke")
 def keys_revoke(name: str, url: Url = None, key_file: KeyFile = None) -> None:
     """Revoke a key: it opens nothing from now on; its jobs and deployments stay."""
-    revoked = _client(url, key_file).revoke_key(name)
+    revoked = client_for(url, key_file).revoke_key(name)
     out_console.print(f"key {revoked['name']}: revoked", highlight=False, markup=False)
 
 
@@ -471,7 +471,7 @@ def projects_create(
     """Make a project (no budget, no cap and share 1 unless given); keys join it with --project."""
     _check_share(share)
     given = {"budget_usd_month": budget_usd_month, "max_devices": max_devices, "share": share}
-    made = _client(url, key_file).create_project(name, {k: v for k, v in given.items() if v is not None})
+    made = client_for(url, key_file).create_project(name, {k: v for k, v in given.items() if v is not None})
     if as_json:
         _print_json(made)
     else:
@@ -481,7 +481,7 @@ def projects_create(
 @projects_app.command("list")
 def projects_list(url: Url = None, key_file: KeyFile = None, as_json: AsJson = False) -> None:
     """Projects (a member key: its own): spend this month, budget, devices held, jobs queued and running."""
-    rows = _client(url, key_file).projects()
+    rows = client_for(url, key_file).projects()
     if as_json:
         _print_json(rows)
         return
@@ -529,7 +529,7 @@ def projects_set(
             f"projects set {name}: nothing to change; give --budget-usd-month, --no-budget, --max-devices, "
             "--no-max-devices or --share"
         )
-    changed = _client(url, key_file).set_project(name, changes)
+    changed = client_for(url, key_file).set_project(name, changes)
     if as_json:
         _print_json(changed)
     else:

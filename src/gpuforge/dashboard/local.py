@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from gpuforge.access import presented_key
 from gpuforge.dashboard.compare import finals, parse_ids, spec_diff
 from gpuforge.dashboard.pages import add_pages
+from gpuforge.dashboard.profiles import profile_answer, trace_answer
 from gpuforge.run_files import events_page, last_record, log_tail, metrics_page, read_report, series
 from gpuforge.runs import RunDir
 from gpuforge.store.models import ENDED_JOB_STATES, JobState, state_lists
@@ -232,6 +233,14 @@ def create_local_app(root: Path, key: str | None = None) -> FastAPI:
         if report is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no compression report")
         return report
+
+    @app.get("/api/v1/jobs/{job_id}/profile")
+    def job_profile(job_id: JobId) -> dict[str, Any]:
+        return profile_answer(run_of(job_id), job_id)
+
+    @app.get("/api/v1/jobs/{job_id}/profile/trace")
+    def job_profile_trace(job_id: JobId, rank: Annotated[int, Query(ge=0, le=4096)] = 0) -> Response:
+        return trace_answer(run_of(job_id), job_id, rank)
 
     @app.get("/api/v1/compare")
     def compare(ids: Annotated[str, Query(max_length=200)]) -> dict[str, Any]:

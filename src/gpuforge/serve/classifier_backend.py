@@ -10,6 +10,8 @@ With --adapters-root, LoRA adapters come and go while the worker runs (no restar
            already; 403 a path outside the root; 409 a name taken, or a full model served; 422 another base
     DELETE /admin/adapters/topics                                      200 {"adapters": [...]}; 404 unknown;
            409 "default" (the served model's own)
+
+    POST   /admin/profile?seconds=5    where a served input's time went over those seconds (serve/profile.py)
 """
 
 from __future__ import annotations
@@ -20,19 +22,20 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Request, status
+from fastapi import FastAPI, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse, Response
 
 from gpuforge.errors import GpuforgeError, SpecError
 from gpuforge.policy import Policy
 from gpuforge.serve.adapters import OWN, AdapterConflict, Adapters, check_adapters
-from gpuforge.serve.batcher import Batcher, QueueFull
+from gpuforge.serve.batcher import Batcher, BatchStats, QueueFull
 from gpuforge.serve.endpoint import AdapterAdd, AdapterList, Info, LoadState, PredictRequest, freeze_garbage
 from gpuforge.serve.metrics import ServeMetrics
 from gpuforge.serve.options import ServeOptions
 from gpuforge.serve.predict import InputError, Predictor, load_predictor
+from gpuforge.serve.profile import MAX_SECONDS, ServeProfile
 
 MAX_INPUTS = 256  # per request (and never more than the queue holds)
 Item = tuple[str | None, Any]  # (adapter name or None, a checked input)
@@ -52,6 +55,7 @@ class ClassifierBackend:
         self.loading = LoadState(model_dir)
         self.predictor: Predictor | None = None
         self.batcher: Batcher | None = None  # set last: the model answers once it is
+        self.profile = ServeProfile()
 
     def install(self, app: FastAPI) -> None:
         # /predict is the worker's own route; these are sync, so they run in a thread: a model thread
@@ -61,6 +65,19 @@ class ClassifierBackend:
         app.add_api_route(
             "/admin/adapters/{name}", self.remove_adapter, methods=["DELETE"], response_model=AdapterList
         )
+        app.add_api_route("/admin/profile", self.record_profile, methods=["POST"])
+
+    async def record_profile(
+        self, seconds: Annotated[float, Query(gt=0, le=MAX_SECONDS, description="the window")] = 5.0
+    ) -> dict[str, Any]:
+        """Where a served input's time goes over the next `seconds` (serve/profile.py): queue, tokenize,
+        forward, scores, respond, for the mean input of the batches run meanwhile. 409 while a window is
+        open already."""
+        self.ready()
+        try:
+            return await self.profile.record(seconds)
+        except RuntimeError as err:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
 
     def add_adapter(self, body: AdapterAdd) -> Response:
         """Serve one more LoRA adapter on the served base, from a model/ directory under --adapters-root;
@@ -124,17 +141,24 @@ class ClassifierBackend:
         freeze_garbage()
         batcher = Batcher(
             functools.partial(self._run_batch, predictor), o.max_batch, o.max_wait_ms, o.max_queue,
-            self.metrics.batch_done,
+            self._batch_done,
         )  # fmt: skip
         await batcher.start()
         self.predictor, self.batcher = predictor, batcher
 
     def _run_batch(self, predictor: Predictor, items: list[Item]) -> list[dict[str, Any]]:
         before = predictor.tokens_read
+        predictor.last_split = None
         results = predictor.run_batch(items)
         self.metrics.inputs.inc(len(items))
         self.metrics.tokens.inc(predictor.tokens_read - before)  # counted by the tokenizer, not guessed
+        if predictor.last_split is not None:
+            self.profile.batch_split(*predictor.last_split)
         return results
+
+    def _batch_done(self, stats: BatchStats) -> None:
+        self.metrics.batch_done(stats)
+        self.profile.batch_done(stats.size, stats.queue_seconds, stats.run_seconds)
 
     async def stop(self) -> None:
         if self.batcher is not None:
@@ -170,7 +194,9 @@ class ClassifierBackend:
         self.metrics.latency.observe(time.perf_counter() - started)
         # the outputs are built by our own code in PredictResponse's shape: sent as they are, not validated
         # again (that cost ~10% of a request's CPU time under load)
+        encoding = time.perf_counter()
         answer = json.dumps({"model": self.predictor.name, "outputs": outputs}, separators=(",", ":"))
+        self.profile.responded(time.perf_counter() - encoding)
         return Response(answer, media_type="application/json")
 
     def _items(self, body: PredictRequest) -> list[Item]:

@@ -32,6 +32,7 @@ class GeneratorBackend:
     def install(self, app: FastAPI) -> None:
         app.add_middleware(CountedCompletions, metrics=self.metrics)  # inside the Gate: refusals not counted
         app.include_router(create_openai_router(lambda: self.engine))
+        app.add_api_route("/admin/profile", _not_profiled, methods=["POST"], status_code=501)
 
     async def load(self) -> None:
         await self.loading.run(self._load)
@@ -108,3 +109,11 @@ class CountedCompletions:
             self.metrics.inputs.inc()
         elif code in (429, 499):
             self.metrics.rejected.labels("queue full" if code == 429 else "client gone").inc()
+
+
+def _not_profiled() -> None:
+    """A causal LM's continuous batching is not profiled yet (a classifier's dynamic batches are)."""
+    raise HTTPException(
+        status.HTTP_501_NOT_IMPLEMENTED,
+        "POST /admin/profile: a causal LM's continuous batching is not profiled yet (a classifier's is)",
+    )

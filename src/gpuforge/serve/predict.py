@@ -12,6 +12,7 @@ each input as nested lists of numbers in the training shape (C x H x W, or H x W
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ class Predictor:
     quantize_report: dict[str, Any] | None = None  # the eval metric before and after --quantize
     eval_result: dict[str, Any] | None = None  # the eval metric as served (--eval-at-load)
     tokens_read: int = 0  # real tokens (padding not counted) of every text batch so far, for /metrics
+    last_split: tuple[float, float, float] | None = None  # the last batch's tokenize, forward, scores (s)
 
     @property
     def task(self) -> str:
@@ -107,14 +109,17 @@ class Predictor:
     def _forward(self, payloads: list[Any], names: list[str], labels: dict[str, list[str]]):
         if not payloads:
             return []
+        began = time.perf_counter()
         batch, truncated = self._collate(payloads)
+        collated = time.perf_counter()
         with torch.inference_mode(), autocast(self.precision, self.device):
             if self.adapters is None or set(names) == {OWN}:  # the active adapter alone: the plain path
                 logits = tasks.forward(built_from(self.module, self.manifest), self.task, batch)
             else:  # rows of one batch may each name another adapter: PEFT routes them
                 out = self.module(**batch, adapter_names=self.adapters.peft_names(names))
                 logits = out.logits if hasattr(out, "logits") else out
-        probs = torch.softmax(logits.float(), dim=-1).cpu()
+        probs = torch.softmax(logits.float(), dim=-1).cpu()  # .cpu() waits for the device: forward's end
+        forwarded = time.perf_counter()
         results = []
         for row, cut, name in zip(probs, truncated, names, strict=True):
             best = int(row.argmax())
@@ -123,6 +128,7 @@ class Predictor:
             if cut:
                 result["truncated"] = True
             results.append(result)
+        self.last_split = (collated - began, forwarded - collated, time.perf_counter() - forwarded)
         return results
 
     def _collate(self, items: list[Any]) -> tuple[dict[str, torch.Tensor], list[bool]]:

@@ -32,6 +32,7 @@ from gpuforge.server.routes import (
     jobs,
     keys,
     overview,
+    profiles,
     projects,
     uploads,
 )
@@ -81,7 +82,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
     app.state.settings, app.state.known_keys, app.state.revoked_keys = settings, {}, set()
     app.state.open_streams = {}  # key id -> live streams it holds (routes/jobs.py)
-    for routes in (jobs, keys, projects, uploads, deployments, deployment_versions, forward, overview):
+    for routes in (jobs, profiles, keys, projects, uploads, deployments, deployment_versions, forward,
+                   overview):  # fmt: skip
         app.include_router(routes.router)
     add_pages(app)
 

@@ -20,13 +20,14 @@ from typing import Any
 from gpuforge.distributed.ranks import Ranks
 from gpuforge.errors import SpecError, TrainingFailed
 from gpuforge.hardware.probe import device_name
+from gpuforge.profile_files import PROFILE_DIR
 from gpuforge.runs import ReaderRunDir, RunDir
 from gpuforge.runtime.phases import phase
 from gpuforge.spec import JobSpec
 from gpuforge.train.batch import check_memory_budget
 from gpuforge.train.checkpoint import read_meta
 from gpuforge.train.loop import LoopState, Trainer
-from gpuforge.train.profile import step_profiler
+from gpuforge.train.profile import Profiling, StepProfiler, step_profiler
 from gpuforge.train.progress import Reporter
 from gpuforge.train.resume import check_not_past, check_same_job, finished_already
 from gpuforge.train.setup import build_job
@@ -70,13 +71,12 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
         meter = trainer.start_meter()
         trainer.reporter.start(job.total_steps, state.start_step)
         steps = range(state.start_step + 1, job.total_steps + 1)
-        profiler = step_profiler(
-            spec.train.profile, run.root, job.device, ranks.rank, _profiled(trainer), steps
-        )
+        profiler = _profiling(trainer, run, steps)
         with _stopping(trainer.reporter), _closing(profiler):
             for step in steps:
-                with profiler.step(step):  # train.profile's steps only; nothing at the others
-                    result = trainer.step(state, step, stop)  # forward/backward (less at once on OOM), update
+                asked = profiler.asked()  # a request file: steps to profile from the next one
+                with profiler.step(step):  # a profile window's steps only; nothing at the others
+                    result = trainer.step(state, step, stop, asked)  # forward/backward (less on OOM), update
                     if result is None:
                         profiler.note_failed()
                         break  # failed: state.reason says why
@@ -88,11 +88,27 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                         tracker.metric(record)  # TensorBoard, MLflow: as the spec's tracking section asks
                     with phase("checkpoint"):
                         trainer.checkpoint_if_due(state)
+                if result.profile_steps:  # every process agreed on it in the step's all-reduce
+                    profiler.open(step + 1, result.profile_steps, job.total_steps)
                 if trainer.should_stop(state, result, stop):  # a signal, or the budget spent
                     break
         summary = finish(trainer, state, meter)  # the last checkpoint, the model, summary.json, the event
         tracker.finish(summary.as_dict(), run.model_dir)
     return summary.as_result(stop.signal_number)
+
+
+def _profiling(t: Trainer, run: RunDir | ReaderRunDir, steps: range) -> Profiling:
+    """train.profile's window, and the windows asked for while the run goes on (taken by rank 0 alone)."""
+    context, folder, main = _profiled(t), run.root / PROFILE_DIR, t.ranks.is_main
+    written = (lambda **figures: run.event("profiled", **figures)) if main else None
+
+    def window(first: int, count: int) -> StepProfiler:
+        return StepProfiler(first, count, folder, t.job.device, t.ranks.rank, context, written)
+
+    spec_window = step_profiler(
+        t.spec.train.profile, run.root, t.job.device, t.ranks.rank, context, steps, written
+    )
+    return Profiling(spec_window, window, run.root if main else None)
 
 
 def _profiled(t: Trainer) -> dict[str, Any]:

@@ -82,6 +82,7 @@ class StepResult:
     comm: dict[str, int]  # bytes handed to DDP's all-reduces, with compression and without
     stopping: bool  # a signal reached some process before the all-reduce
     over_budget: bool
+    profile_steps: int = 0  # a profile of the next steps was asked for (the main process took the request)
 
 
 @dataclass
@@ -166,9 +167,10 @@ class Trainer:
 
     # --- one step -------------------------------------------------------------------------------------
 
-    def step(self, state: LoopState, step: int, stop: StopFlag) -> StepResult | None:
+    def step(self, state: LoopState, step: int, stop: StopFlag, profile_asked: int = 0) -> StepResult | None:
         """One optimizer step: forward/backward over the step's global batch, then clip and update. None
-        when the step failed (state.reason says why): no update was made."""
+        when the step failed (state.reason says why): no update was made. `profile_asked`: steps a profile
+        request asks for, which the step's all-reduce shares with every process."""
         state.step = step
         began = time.perf_counter()
         lr = self.scheduler.get_last_lr()[0]
@@ -180,10 +182,12 @@ class Trainer:
         stopping, over_budget = stop.signal_name is not None, self.over_budget(state)
         if self.ranks.world > 1:  # one all-reduce: the step's figures, and decisions every rank shares
             with phase("sync"):
-                loss, samples, tokens, stops, overs = self.ranks.sum(
-                    [loss, samples, tokens, float(stopping), float(over_budget)], self.job.device
+                loss, samples, tokens, stops, overs, asked = self.ranks.sum(
+                    [loss, samples, tokens, float(stopping), float(over_budget), float(profile_asked)],
+                    self.job.device,
                 )
             samples, tokens, stopping, over_budget = int(samples), int(tokens), stops > 0, overs > 0
+            profile_asked = round(asked)
         state.loss = loss
         if not math.isfinite(loss):
             state.end("failed", f"loss is {loss} at step {step}")
@@ -199,7 +203,9 @@ class Trainer:
         comm = self.parallel.pop_comm()
         seconds = time.perf_counter() - began
         state.count(seconds, samples, tokens, comm.get("comm_bytes", 0))
-        return StepResult(lr, loss, samples, tokens, data_wait, seconds, comm, stopping, over_budget)
+        return StepResult(
+            lr, loss, samples, tokens, data_wait, seconds, comm, stopping, over_budget, profile_asked
+        )
 
     def _gradients(self, state: LoopState, step: int) -> tuple[float, int, int, float] | None:
         """forward_backward over this process's share of the step's batch. Out of memory in a process

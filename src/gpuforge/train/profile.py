@@ -4,9 +4,11 @@ records them, and the phases gpuforge marks (runtime/phases.py) split each step'
     <run>/profile/trace.json.gz    the trace (Chrome / Perfetto JSON, gzipped; each rank's own under DDP)
     <run>/profile/profile.json     the mean step's breakdown, the top operators, the memory peak, advice
 
-Off (no train.profile), nothing here is created: the engine holds NO_PROFILE, whose step() is one shared
-no-op context. On, at most the asked steps are recorded, and a trace past TRACE_LIMIT bytes is cut, with a
-note in profile.json. `gpuforge profile RUN_DIR` prints the breakdown (cli/).
+Off (no train.profile), no profiler is created: the engine's Profiling holds NO_PROFILE, whose step() is
+one shared no-op context. On, at most the asked steps are recorded, and a trace past TRACE_LIMIT bytes is
+cut, with a note in profile.json. A running job is asked for a window by a request file (a server's
+`gpuforge profile JOB --steps N`: profile_files.py), which the main process looks for at most once a
+second. `gpuforge profile RUN_DIR` prints the breakdown (cli/).
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ from typing import Any
 import torch
 
 from gpuforge.hardware.probe import peak_memory_bytes
+from gpuforge.profile_files import PROFILE_DIR, report_name, take_request, trace_name
 from gpuforge.runtime.phases import PHASES, PhaseClock, timing
 
 log = logging.getLogger("gpuforge.train")
 
-PROFILE_DIR = "profile"
-PROFILE_FILE = "profile.json"
+REQUEST_LOOK_S = 1.0  # the main process looks for a request file at most this often (a stat, not each step)
 TRACE_LIMIT = 200 * 2**20  # bytes of trace JSON kept; past it the trace is cut
 TOP_OPERATORS = 20
 OTHER = "other"  # the step's time outside every marked phase: host work between them, syncs
@@ -59,7 +61,7 @@ NO_PROFILE = _NoProfile()
 
 
 def step_profiler(
-    options, root: Path, device: torch.device, rank: int, context: dict[str, Any], steps: range
+    options, root: Path, device: torch.device, rank: int, context: dict[str, Any], steps: range, written=None
 ):
     """The spec's train.profile as a StepProfiler, or NO_PROFILE when it asks for none. `steps`: the steps
     this run will take (a window outside them is said at once, not left to an empty profile/)."""
@@ -72,16 +74,65 @@ def step_profiler(
             options.start_step, last, steps.start, steps.stop - 1,
         )  # fmt: skip
         return NO_PROFILE
-    return StepProfiler(options.start_step, options.steps, Path(root) / PROFILE_DIR, device, rank, context)
+    folder = Path(root) / PROFILE_DIR
+    return StepProfiler(options.start_step, options.steps, folder, device, rank, context, written)
+
+
+class Profiling:
+    """The run's profile windows: train.profile's, then each one asked for while the run goes on (a
+    request file, taken by the main process: `asked()`; every process opens the window the step's
+    all-reduce agreed on: `open()`). One window at a time: a request while one records is turned down."""
+
+    def __init__(self, window, make_window, requests_in: Path | None):
+        self.window = window  # a StepProfiler, or NO_PROFILE
+        self._make = make_window  # (first step, steps) -> StepProfiler
+        self._requests_in = requests_in  # the run directory, on the main process; None on the others
+        self._next_look = 0.0
+
+    def step(self, step: int):
+        return self.window.step(step)
+
+    def note_comm(self, comm: dict[str, int]) -> None:
+        self.window.note_comm(comm)
+
+    def note_failed(self) -> None:
+        self.window.note_failed()
+
+    def close(self) -> None:
+        self.window.close()
+
+    def asked(self) -> int:
+        """The steps a request asks to profile, 0 for none: on the main process, a look a second at most."""
+        if self._requests_in is None:
+            return 0
+        now = time.monotonic()
+        if now < self._next_look:
+            return 0
+        self._next_look = now + REQUEST_LOOK_S
+        return take_request(self._requests_in) or 0
+
+    def open(self, first: int, steps: int, last_step: int) -> None:
+        """A window of `steps` steps from `first` (cut at the run's last step), as a request asked."""
+        if getattr(self.window, "recording", False):
+            log.warning("a profile request for %d steps is turned down: steps %d to %d are being recorded",
+                        steps, self.window.first, self.window.last)  # fmt: skip
+            return
+        if first > last_step:
+            log.warning("a profile request for %d steps came at the last step: nothing is recorded", steps)
+            return
+        self.window = self._make(first, min(steps, last_step - first + 1))
 
 
 class StepProfiler:
     """Steps start_step .. start_step + steps - 1 under torch.profiler, each step's phases timed. The files
     are written after the last one, or at close() when the run ends inside the window (what was recorded)."""
 
-    def __init__(self, first: int, count: int, folder: Path, device: torch.device, rank: int, context):
+    def __init__(
+        self, first: int, count: int, folder: Path, device: torch.device, rank: int, context, written=None
+    ):
         self.first, self.last, self.folder = first, first + count - 1, folder
         self.device, self.rank, self.context = device, rank, dict(context)
+        self.written = written  # called with the report's figures once written (the main process's event)
         self.steps: list[dict[str, Any]] = []
         self.comm_bytes = 0
         self._profiler: torch.profiler.profile | None = None
@@ -109,6 +160,11 @@ class StepProfiler:
         self.steps.append({"step": step, "seconds": seconds, "phases": dict(clock.seconds)})
         if step == self.last:
             self._finish(cut_short=False)
+
+    @property
+    def recording(self) -> bool:
+        """Whether the window is under way or yet to come (not written, not closed)."""
+        return not self._done
 
     def note_comm(self, comm: dict[str, int]) -> None:
         """The all-reduce bytes of a recorded step (Parallel.pop_comm's figures)."""
@@ -145,21 +201,25 @@ class StepProfiler:
             log.warning("train.profile: no step was recorded whole; nothing is written")
             return
         try:
-            self._write(profiler, cut_short)
+            figures = self._write(profiler, cut_short)
         except Exception as err:  # noqa: BLE001 (the run matters more than its profile)
             log.warning("train.profile: the profile could not be written into %s: %s", self.folder, err)
+            return
+        if self.written is not None:
+            self.written(**figures)
 
-    def _write(self, profiler, cut_short: bool) -> None:
+    def _write(self, profiler, cut_short: bool) -> dict[str, Any]:
+        """Write the trace and the report; what the `profiled` event says of them."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        trace_name = "trace.json.gz" if self.rank == 0 else f"trace.rank{self.rank}.json.gz"
-        trace_note = _write_trace(profiler, self.folder / trace_name)
+        trace = trace_name(self.rank)
+        trace_note = _write_trace(profiler, self.folder / trace)
         averages, steps = profiler.key_averages(), len(self.steps)
         report = breakdown(self.steps, self.device)
         report.update(
             rank=self.rank,
             asked={"start_step": self.first, "steps": self.last - self.first + 1},
             cut_short=cut_short,
-            trace=trace_name,
+            trace=trace,
             trace_note=trace_note,
             top_operators=top_operators(averages, self.device, steps),
             memory=_memory(averages, self.device, steps),
@@ -167,11 +227,16 @@ class StepProfiler:
             context=self.context,
         )
         report["advice"] = advice(report)
-        name = PROFILE_FILE if self.rank == 0 else f"profile.rank{self.rank}.json"
+        name = report_name(self.rank)
         partial = self.folder / f"{name}.partial"
         partial.write_text(json.dumps(report, indent=2) + "\n")
         os.replace(partial, self.folder / name)
         log.info("profile of %d steps written to %s", steps, self.folder / name)
+        top, part = max(report["breakdown"].items(), key=lambda kv: kv[1]["share"])
+        return {
+            "start_step": self.steps[0]["step"], "steps": steps, "mean_step_s": report["mean_step_s"],
+            "top": f"{top} {part['share']:.0%}", "cut_short": cut_short, "path": f"{PROFILE_DIR}/{name}",
+        }  # fmt: skip
 
 
 def breakdown(steps: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:

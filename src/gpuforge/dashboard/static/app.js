@@ -49,6 +49,12 @@ export async function api(path, { method = "GET", body, key } = {}) {
   return { status: response.status, ok: response.ok, data, headers: response.headers };
 }
 
+// A file from the API (a profile's trace), fetched with the key as api() sends it: the fetch Response.
+export function fetchFile(path) {
+  const k = sessionStorage.getItem(KEY);
+  return fetch(path, { headers: k ? { Authorization: `Bearer ${k}` } : {}, credentials: "omit", cache: "no-store" });
+}
+
 // --- what the current page holds: its polls and charts, ended when the page is left ---
 let leaving = [];
 

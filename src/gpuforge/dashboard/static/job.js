@@ -6,6 +6,7 @@ import { api, jobEnded, onLeave, poll } from "/static/app.js";
 import { chartedMetrics, lineChart, reportChart } from "/static/charts.js";
 import { badge, detailText, el, notFound, setText } from "/static/dom.js";
 import * as f from "/static/format.js";
+import { profileSection } from "/static/profile.js";
 
 
 export async function render(root, { id }) {
@@ -25,11 +26,13 @@ export async function render(root, { id }) {
   const spec = el("pre", { id: "spec" });
   const title = el("h1", { id: "job-title" });
   const reportSlot = el("div"); // #report goes here once the job has one
+  const profileSlot = el("div"); // #profile goes here once the run has one
   root.replaceChildren(
     el("p", { class: "crumbs" }, el("a", { href: "/", text: "Jobs" }), ` / job ${id}`),
     title,
     head,
     el("section", {}, el("h2", { text: "Metrics" }), noCharts, chartsBox),
+    profileSlot,
     el(
       "div",
       { class: "two-col" },
@@ -68,7 +71,7 @@ export async function render(root, { id }) {
     drawHead(job);
     // read after the job: when it says ended, these hold everything its run wrote (the last refresh)
     const reads = [series(), events(), logs()];
-    if (job.state !== lastState) reads.push(loadSummary(), loadReport()); // written when a run stops
+    if (job.state !== lastState) reads.push(loadSummary(), loadReport(), loadProfile()); // written when a run stops
     lastState = job.state;
     await Promise.all(reads);
     return !jobEnded(job.state);
@@ -140,6 +143,7 @@ export async function render(root, { id }) {
         ),
       );
       if (e.kind === "compressed") loadReport(); // the report lands with this event
+      if (e.kind === "profiled") loadProfile(); // so does a profile asked for while it runs
     }
     if (follow) timeline.scrollTop = timeline.scrollHeight;
   }
@@ -170,6 +174,11 @@ export async function render(root, { id }) {
       );
       summary.replaceChildren(el("table", { class: "kv" }, el("tbody", {}, rows)));
     }
+  }
+
+  // --- the profile: a stacked bar of the mean step, advice, operators, the trace; none without one ---
+  async function loadProfile() {
+    profileSlot.replaceChildren(...[await profileSection(id)].filter(Boolean));
   }
 
   // --- the compression report: a table and size-against-metric points; no section without one ---

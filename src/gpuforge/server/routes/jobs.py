@@ -295,16 +295,16 @@ def wake_scheduler(request: Request) -> None:
         scheduler.wake()
 
 
-def _visible(s, key, job_id: int) -> Job:
+def visible_job(s, key, job_id: int) -> Job:
     job = s.get(Job, job_id)
     if job is None or not may_read(key, job):  # others' jobs do not exist for you (server/visibility.py)
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
     return job
 
 
-def _changeable(s, key, job_id: int) -> Job:
-    """The job, if `key` may change it: 404 as _visible, 403 for a teammate's job."""
-    job = _visible(s, key, job_id)
+def changeable_job(s, key, job_id: int) -> Job:
+    """The job, if `key` may change it: 404 as visible_job, 403 for a teammate's job."""
+    job = visible_job(s, key, job_id)
     check_change(key, job, f"job {job_id}", job.owner)
     return job
 
@@ -350,14 +350,14 @@ def with_places(request: Request, jobs: list[Job]) -> list[Job]:
 async def get_job(job_id: JobId, request: Request, key: Key) -> Job:
     """One job."""
     with session(request.app.state.engine) as s:
-        return with_places(request, [_visible(s, key, job_id)])[0]
+        return with_places(request, [visible_job(s, key, job_id)])[0]
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
 def cancel_job(job_id: JobId, request: Request, key: Key) -> Job:
     """Cancel a job (its owner or an admin: 403 for a teammate's); a job already ended answers 409."""
     with session(request.app.state.engine) as s:
-        job = _changeable(s, key, job_id)
+        job = changeable_job(s, key, job_id)
         # queued or paused: cancelled now; running: the loop sends SIGTERM, the runner checkpoints and stops
         if not states.cancel(s, job.id, f"cancelled by {key.name}"):
             s.refresh(job)  # the state that ended it, perhaps since it was read
@@ -370,7 +370,7 @@ def cancel_job(job_id: JobId, request: Request, key: Key) -> Job:
 def resume_job(job_id: JobId, body: JobResume, request: Request, key: Key) -> Job:
     """Queue a paused job again, from its last checkpoint, with a new cost budget (its owner or an admin)."""
     with session(request.app.state.engine) as s:
-        job = _changeable(s, key, job_id)
+        job = changeable_job(s, key, job_id)
         if job.state != JobState.PAUSED:
             raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}, not paused")
         spent = job.cost_usd or 0.0
@@ -400,7 +400,7 @@ def job_events(
 ) -> list[Event]:
     """The job's events, in order, a page at a time."""
     with session(request.app.state.engine) as s:
-        _visible(s, key, job_id)
+        visible_job(s, key, job_id)
         page = select(Event).where(Event.job_id == job_id, Event.seq > after)
         return list(s.scalars(page.order_by(Event.seq).limit(limit)))
 
@@ -415,7 +415,7 @@ def job_metrics(
 ) -> list[dict[str, Any]]:
     """The job's metrics records (DESIGN: metrics.jsonl), a page at a time, by step."""
     with session(request.app.state.engine) as s:
-        run_dir = Path(_visible(s, key, job_id).run_dir)
+        run_dir = Path(visible_job(s, key, job_id).run_dir)
     return metrics_page(run_dir / "metrics.jsonl", after_step, limit)
 
 
@@ -423,7 +423,7 @@ def job_metrics(
 def job_summary(job_id: JobId, request: Request, key: Key) -> dict[str, Any]:
     """The run's summary.json: written when the runner stops (finished, failed, cancelled, paused)."""
     with session(request.app.state.engine) as s:
-        run_dir = Path(_visible(s, key, job_id).run_dir)
+        run_dir = Path(visible_job(s, key, job_id).run_dir)
     summary = RunDir(run_dir).readable_summary()  # torn, or not a summary: as good as none
     if summary is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no summary yet")
@@ -439,7 +439,7 @@ def job_logs(
 ) -> LogTail:
     """The end of the job's process log (its runner's output, all restarts appended)."""
     with session(request.app.state.engine) as s:
-        run_dir = Path(_visible(s, key, job_id).run_dir)
+        run_dir = Path(visible_job(s, key, job_id).run_dir)
     lines, offset = log_tail(run_dir / "logs" / "process.log", tail)
     return LogTail(lines=lines, offset=offset)
 
@@ -448,7 +448,7 @@ def job_logs(
 def job_spec(job_id: JobId, request: Request, key: Key) -> JobSpecPublic:
     """The resolved spec the job runs (defaults filled in, paths absolute)."""
     with session(request.app.state.engine) as s:
-        text = _visible(s, key, job_id).spec_yaml
+        text = visible_job(s, key, job_id).spec_yaml
     return JobSpecPublic(yaml=text, spec=yaml.safe_load(text) or {})
 
 
@@ -463,7 +463,7 @@ def job_series(
     max of each bucket of steps), never sent whole. With an ETag: a page polling a run that has logged
     nothing new gets 304 and no body."""
     with session(request.app.state.engine) as s:
-        path = Path(_visible(s, key, job_id).run_dir) / "metrics.jsonl"
+        path = Path(visible_job(s, key, job_id).run_dir) / "metrics.jsonl"
     try:
         stat = path.stat()
         tag = f'W/"{stat.st_ino:x}-{stat.st_size:x}-{stat.st_mtime_ns:x}-{max_points}"'
@@ -484,7 +484,7 @@ def job_series(
 def job_report(job_id: JobId, request: Request, key: Key) -> dict[str, Any]:
     """The compression report of the run (compressed/report.json), where it has one."""
     with session(request.app.state.engine) as s:
-        run_dir = Path(_visible(s, key, job_id).run_dir)
+        run_dir = Path(visible_job(s, key, job_id).run_dir)
     report = read_report(run_dir)
     if report is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no compression report")
@@ -499,7 +499,7 @@ def _stream(request: Request, key: Key, job_id: int, **what) -> StreamingRespons
     its job, or as soon as its key is revoked."""
     engine, settings = request.app.state.engine, request.app.state.settings
     with session(engine) as s:
-        run_dir = Path(_visible(s, key, job_id).run_dir)
+        run_dir = Path(visible_job(s, key, job_id).run_dir)
     streams = request.app.state.open_streams
     if streams.get(key.id, 0) >= settings.max_streams_per_key:
         raise HTTPException(

@@ -1,0 +1,86 @@
+"""A job's profile: ask a running job to profile its next steps, read the report, fetch a rank's trace.
+
+The request is a file in the job's run directory (profile_files.py), which the runner's main process
+takes at its next step (a look a second at most): the server needs no channel to the runner, and a
+runner re-attached after a server restart takes it all the same.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuforge.dashboard.profiles import profile_answer, trace_answer
+from gpuforge.profile_files import REQUEST_FILE, ask
+from gpuforge.server.auth import Key
+from gpuforge.server.routes.jobs import JobId, changeable_job, visible_job
+from gpuforge.spec import MAX_PROFILE_STEPS
+from gpuforge.store.db import session
+from gpuforge.store.models import JobState
+
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+
+
+class ProfileAsk(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(
+        5, ge=1, le=MAX_PROFILE_STEPS, description="steps to record, from the runner's next one on"
+    )
+
+
+class ProfileAsked(BaseModel):
+    job_id: int
+    steps: int
+    note: str
+
+
+@router.post("/{job_id}/profile", response_model=ProfileAsked, status_code=status.HTTP_202_ACCEPTED)
+def ask_profile(job_id: JobId, body: ProfileAsk, request: Request, key: Key) -> ProfileAsked:
+    """Profile a running job's next `steps` steps (its owner or an admin). The report replaces the run's
+    earlier one; `GET .../profile` reads it once the `profiled` event came."""
+    with session(request.app.state.engine) as s:
+        job = changeable_job(s, key, job_id)
+        if (yaml.safe_load(job.spec_yaml) or {}).get("kind") == "script":
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                f"job {job_id} is a script job: it runs its own loop, which gpuforge does not profile",
+            )
+        if job.state != JobState.RUNNING:
+            raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}, not running")
+        run_dir = Path(job.run_dir)
+    try:
+        ask(run_dir, body.steps)
+    except OSError as err:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, f"job {job_id}: {REQUEST_FILE} not written ({err.strerror})"
+        ) from None
+    note = "the runner takes the request at its next step and profiles the steps after it"
+    return ProfileAsked(job_id=job_id, steps=body.steps, note=note)
+
+
+@router.get("/{job_id}/profile", response_model=dict[str, Any])
+def job_profile(job_id: JobId, request: Request, key: Key) -> dict[str, Any]:
+    """The run's profile: the mean step's breakdown, the top operators, memory, advice, and the slowest
+    rank's breakdown beside rank 0's."""
+    with session(request.app.state.engine) as s:
+        run_dir = Path(visible_job(s, key, job_id).run_dir)
+    return profile_answer(run_dir, job_id)
+
+
+@router.get("/{job_id}/profile/trace", response_class=FileResponse)
+def job_profile_trace(
+    job_id: JobId,
+    request: Request,
+    key: Key,
+    rank: Annotated[int, Query(ge=0, le=4096, description="the process whose trace (0: the main one)")] = 0,
+) -> FileResponse:
+    """A rank's trace (Chrome / Perfetto JSON, gzipped): open it in Perfetto or chrome://tracing."""
+    with session(request.app.state.engine) as s:
+        run_dir = Path(visible_job(s, key, job_id).run_dir)
+    return trace_answer(run_dir, job_id, rank)

@@ -1,0 +1,51 @@
+"""POST /admin/profile on a worker serving a real (tiny BERT) classifier: where a served input's time went
+over a window, split into queue, tokenize, forward, scores and respond."""
+
+import concurrent.futures
+import time
+
+import pytest
+
+from tests.serve.test_worker import _client
+from tests.serve.tiny_runs import train_topics
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory, tiny_bert_dir):
+    client = _client(
+        train_topics(tmp_path_factory.mktemp("profiled"), tiny_bert_dir), max_batch=8, max_wait_ms=20
+    )
+    yield client
+    client.__exit__(None, None, None)
+
+
+def _ask(client, i: int) -> float:
+    began = time.perf_counter()
+    assert client.post("/predict", json={"inputs": [f"the market fell {i}"]}).status_code == 200
+    return time.perf_counter() - began
+
+
+def test_a_window_splits_the_mean_inputs_latency_into_its_parts(endpoint):
+    with concurrent.futures.ThreadPoolExecutor(9) as pool:
+        window = pool.submit(endpoint.post, "/admin/profile", params={"seconds": 3})
+        time.sleep(0.3)  # the window is open
+        busy = endpoint.post("/admin/profile", params={"seconds": 1})
+        latencies = list(pool.map(lambda i: _ask(endpoint, i), range(48)))
+        answer = window.result()
+    assert busy.status_code == 409 and "open already" in busy.json()["detail"]
+    assert answer.status_code == 200, answer.text
+    report = answer.json()
+    assert report["inputs"] == report["requests"] == 48 and report["mean_batch"] > 1  # they shared batches
+    parts = report["breakdown"]
+    assert set(parts) == {"queue", "tokenize", "forward", "scores", "respond"}
+    assert all(parts[name]["seconds"] > 0 for name in ("tokenize", "forward", "scores", "respond"))
+    assert abs(sum(p["share"] for p in parts.values()) - 1) < 1e-9
+    # what the server saw of an input is inside what its client waited (the client's own HTTP on top)
+    assert report["mean_input_s"] < max(latencies), (report["mean_input_s"], max(latencies))
+
+
+def test_a_window_with_no_request_says_so_and_bad_windows_are_refused(endpoint):
+    quiet = endpoint.post("/admin/profile", params={"seconds": 0.2}).json()
+    assert quiet["inputs"] == 0 and quiet["breakdown"] is None and "no batch ran" in quiet["note"]
+    for seconds in (0, -1, 61, "soon"):
+        assert endpoint.post("/admin/profile", params={"seconds": seconds}).status_code == 422
