@@ -37,9 +37,7 @@ def profile(
     target: Annotated[str, typer.Argument(help="a profiled run directory, or a server job's id")],
     steps: Annotated[
         int | None,
-        typer.Option(
-            "--steps", min=1, help="a running server job: profile its next N steps (at most 50)"
-        ),
+        typer.Option("--steps", min=1, help="a running server job: profile its next N steps (at most 50)"),
     ] = None,
     trace: Annotated[
         Path | None, typer.Option("--trace", help="a server job: save its trace (gzipped JSON) to this file")
