@@ -135,11 +135,13 @@ class Client:
                 with partial.open("wb") as f:
                     for chunk in got.iter_bytes():
                         f.write(chunk)
+            partial.replace(target)
         except httpx.HTTPError as err:
             raise _unreachable(self.url, err) from err
         except OSError as err:
             raise GpuforgeError(f"--trace {target}: cannot be written ({err.strerror})") from None
-        partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)  # a failed fetch leaves nothing behind
 
     def logs(self, job_id: int, tail: int) -> dict:
         return self._call("GET", f"/api/v1/jobs/{job_id}/logs", params={"tail": tail})

@@ -12,7 +12,9 @@ and `gpuforge dashboard`; light on purpose: no torch.
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -45,23 +47,32 @@ def trace_path(run_dir: Path, rank: int = 0) -> Path:
 
 
 def read_profile(run_dir: Path) -> dict[str, Any] | None:
-    """Rank 0's report, with `slowest_rank` where the run had several processes: the rank whose mean step
-    was the longest (rank 0 itself, or another: {rank, mean_step_s, breakdown, trace}). None where the run
-    has no profile; ProfileError where a report is not one gpuforge wrote."""
+    """Rank 0's report, with `slowest_rank` where the run had several processes: {rank, busy_s,
+    mean_step_s, breakdown, trace, ranks}. Every rank's step lasts as long as the slowest's (they wait for
+    each other in the all-reduces), so the slowest is the one that waited least: the most busy time, a
+    step less its `sync` and gradient all-reduce. Only rank reports of rank 0's window count (a report
+    left by an earlier window is not this one's). None where the run has no profile; ProfileError where
+    a report is not one gpuforge wrote, or is a link."""
     folder = Path(run_dir) / PROFILE_DIR
     report = _read_report(folder / PROFILE_FILE)
     if report is None:
         return None
+    window = [s["step"] for s in report.get("steps", [])]
     ranks = [report]
     for path in sorted(folder.glob("profile.rank*.json")):
         match = _RANK_REPORT.fullmatch(path.name)
-        other = _read_report(path) if match else None
-        if other is not None and other.get("rank") == int(match.group(1)):
+        try:
+            other = _read_report(path) if match else None
+        except ProfileError:
+            continue  # another rank's damaged report: rank 0's stands alone
+        same = other is not None and [s["step"] for s in other.get("steps", [])] == window
+        if same and other.get("rank") == int(match.group(1)):
             ranks.append(other)
     if len(ranks) > 1:
-        slowest = max(ranks, key=lambda r: r["mean_step_s"])
+        slowest = max(ranks, key=busy_s)
         report["slowest_rank"] = {
             "rank": slowest.get("rank", 0),
+            "busy_s": busy_s(slowest),
             "mean_step_s": slowest["mean_step_s"],
             "breakdown": slowest["breakdown"],
             "trace": trace_name(int(slowest.get("rank", 0))),
@@ -70,18 +81,28 @@ def read_profile(run_dir: Path) -> dict[str, Any] | None:
     return report
 
 
+def busy_s(report: dict[str, Any]) -> float:
+    """A rank's mean step less its waits for the others: the step's figures shared (`sync`) and the
+    gradient all-reduces, which run until the slowest rank's part arrives."""
+    waited = report["breakdown"].get("sync", {}).get("seconds", 0.0)
+    waited += (report.get("all_reduce") or {}).get("seconds", 0.0)
+    return max(0.0, report["mean_step_s"] - waited)
+
+
 def _read_report(path: Path) -> dict[str, Any] | None:
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_REPORT_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # never read through a link out of the run
     except FileNotFoundError:
         return None
     except OSError as err:
-        raise ProfileError(f"{path}: cannot be read ({err.strerror})") from None
+        why = "a link, not a file gpuforge wrote" if err.errno == errno.ELOOP else err.strerror
+        raise ProfileError(f"{path}: cannot be read ({why})") from None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(MAX_REPORT_BYTES + 1)
     if len(raw) > MAX_REPORT_BYTES:
         raise ProfileError(f"{path}: over {MAX_REPORT_BYTES // 2**20} MiB, not a profile gpuforge wrote")
     try:
-        report = json.loads(raw)
+        report = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as err:
         raise ProfileError(f"{path}: not a profile gpuforge wrote ({err})") from None
     problem = shape_problem(report)
@@ -90,18 +111,17 @@ def _read_report(path: Path) -> dict[str, Any] | None:
     return report
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is no figure")  # NaN, Infinity: json.dumps writes them, our reports never
+
+
 def shape_problem(report: Any) -> str | None:
     """What is wrong with the fields a reader takes from a report, or None."""
     if not isinstance(report, dict):
         return "not a JSON object"
-    if not isinstance(report.get("mean_step_s"), int | float):
+    if not _figure(report.get("mean_step_s")):
         return "mean_step_s is not a number"
-    parts = report.get("breakdown")
-    figures = ("seconds", "share")
-    if not isinstance(parts, dict) or not all(
-        isinstance(p, dict) and all(isinstance(p.get(k), int | float) for k in figures)
-        for p in parts.values()
-    ):
+    if not _breakdown(report.get("breakdown")):
         return "breakdown is not {part: {seconds, share}}"
     if not isinstance(report.get("steps", []), list) or not isinstance(report.get("top_operators", []), list):
         return "steps or top_operators is not a list"
@@ -122,7 +142,32 @@ def shape_problem(report: Any) -> str | None:
         return "advice is not a list of lines"
     if not isinstance(report.get("rank", 0), int):
         return "rank is not a number"
+    memory = report.get("memory")
+    if memory is not None and not (
+        isinstance(memory, dict)
+        and (memory.get("peak_bytes") is None or _figure(memory.get("peak_bytes")))
+        and isinstance(memory.get("kept_by", []), list)
+        and all(isinstance(k, dict) and _figure(k.get("bytes", 0)) for k in memory.get("kept_by", []))
+    ):
+        return "memory is not {peak_bytes, kept_by: [{name, bytes}]}"
+    slowest = report.get("slowest_rank")
+    if slowest is not None and not (
+        isinstance(slowest, dict)
+        and _figure(slowest.get("mean_step_s"))
+        and _breakdown(slowest.get("breakdown"))
+    ):
+        return "slowest_rank lacks its figures"
     return None
+
+
+def _figure(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _breakdown(parts: Any) -> bool:
+    return isinstance(parts, dict) and all(
+        isinstance(p, dict) and _figure(p.get("seconds")) and _figure(p.get("share")) for p in parts.values()
+    )
 
 
 def ask(run_dir: Path, steps: int) -> None:
@@ -136,17 +181,28 @@ def ask(run_dir: Path, steps: int) -> None:
     os.replace(partial, target)
 
 
-def take_request(run_dir: Path) -> int | None:
-    """The steps a request asks for, once: the file is removed as it is read. None where there is none;
-    a request that is not ours (damaged, out of bounds) is removed and is None too."""
+def take_request(run_dir: Path, not_before: float = 0.0) -> int | None:
+    """The steps a request asks for, once: the file is moved aside before it is read, so a request
+    written meanwhile is the next one, not lost. None where there is none. A request that is not ours
+    (damaged, out of bounds), or one written before `not_before` (a Unix time: an earlier attempt's,
+    which its runner never took), is removed and is None too."""
     target = Path(run_dir) / REQUEST_FILE
+    taken = target.with_name(f"{REQUEST_FILE}.{os.getpid()}.taken")
     try:
-        raw = target.read_bytes()[:256]
-        target.unlink()
-    except OSError:  # none (or taken meanwhile)
+        os.replace(target, taken)
+    except OSError:  # none
         return None
     try:
+        written = taken.stat().st_mtime
+        raw = taken.read_bytes()[:256]
+        taken.unlink()
         steps = json.loads(raw).get("steps")
-    except (ValueError, UnicodeDecodeError, AttributeError):
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
         return None
-    return steps if isinstance(steps, int) and 1 <= steps <= MAX_PROFILE_STEPS else None
+    if written < not_before:
+        return None
+    return (
+        steps
+        if isinstance(steps, int) and not isinstance(steps, bool) and 1 <= steps <= MAX_PROFILE_STEPS
+        else None
+    )

@@ -15,9 +15,11 @@ def test_stream_bandwidth_counts_each_array_it_reads_and_writes():
 
 def test_matmul_peaks_name_each_precision_the_cpu_has_and_skip_what_it_emulates():
     peaks = measure.matmul_peaks(CPU, seconds=0.05)
-    assert peaks["fp32"] > 1e-3 and peaks["bf16"] > 1e-3  # TFLOP/s: a GFLOP/s at the very least
+    assert all(tflops > 1e-3 for tflops in peaks.values()) and "fp32" in peaks  # a GFLOP/s at the least
     assert "tf32" not in peaks  # a CUDA tensor-core mode
-    assert ("fp16" in peaks) == (not measure.too_slow(CPU, torch.float16))
+    # bf16 and fp16 where this CPU has them (bf16 runs at 1/91 of fp32 on a CPU without AVX-512 BF16)
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        assert (name in peaks) == (not measure.too_slow(CPU, dtype)), (name, peaks)
 
 
 def test_small_matmuls_reach_less_of_the_peak_than_large_ones():

@@ -37,15 +37,15 @@ def test_a_window_splits_the_mean_inputs_latency_into_its_parts(endpoint):
     report = answer.json()
     assert report["inputs"] == report["requests"] == 48 and report["mean_batch"] > 1  # they shared batches
     parts = report["breakdown"]
-    assert set(parts) == {"queue", "tokenize", "forward", "scores", "respond"}
+    assert set(parts) == {"queue", "tokenize", "forward", "scores", "respond", "other"}
     assert all(parts[name]["seconds"] > 0 for name in ("tokenize", "forward", "scores", "respond"))
     assert abs(sum(p["share"] for p in parts.values()) - 1) < 1e-9
     # what the server saw of an input is inside what its client waited (the client's own HTTP on top)
-    assert report["mean_input_s"] < max(latencies), (report["mean_input_s"], max(latencies))
+    assert report["mean_input_s"] < sum(latencies) / len(latencies), (report["mean_input_s"], latencies)
 
 
 def test_a_window_with_no_request_says_so_and_bad_windows_are_refused(endpoint):
     quiet = endpoint.post("/admin/profile", params={"seconds": 0.2}).json()
-    assert quiet["inputs"] == 0 and quiet["breakdown"] is None and "no batch ran" in quiet["note"]
+    assert quiet["inputs"] == 0 and quiet["breakdown"] is None and "no request was answered" in quiet["note"]
     for seconds in (0, -1, 61, "soon"):
         assert endpoint.post("/admin/profile", params={"seconds": seconds}).status_code == 422

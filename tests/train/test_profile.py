@@ -47,8 +47,11 @@ def test_a_profiled_step_is_split_into_phases_that_cover_it_with_its_trace_and_o
     assert report["context"]["trainable_params"] > 0 and report["context"]["lora"] is False
 
     with gzip.open(tmp_path / "run" / "profile" / "trace.json.gz", "rt") as f:
-        names = {event.get("name") for event in json.load(f)["traceEvents"]}
+        events = json.load(f)["traceEvents"]
+    names = {event.get("name") for event in events}
     assert {"gpuforge.step", "gpuforge.forward", "gpuforge.backward", "gpuforge.optimizer"} <= names
+    python = {e["name"] for e in events if e.get("cat") == "python_function"}  # Python stacks are in it
+    assert any(name.startswith("gpuforge/train/step.py(") for name in python), sorted(python)[:20]
 
 
 def test_no_profile_asked_for_creates_nothing_and_the_phase_markers_do_nothing(tmp_path):
@@ -135,10 +138,33 @@ def test_a_window_outside_the_run_is_said_and_a_profiled_run_resumes_with_anothe
     assert [s["step"] for s in _profile(run)["steps"]] == [6, 7]
 
 
+# the digits MLP, whose rank 1 is slower: as a rank on a slower device, each of its forwards takes 30 ms more
+SLOW_RANK_1 = """
+import os, time
+from torch import nn
+
+class Uneven(nn.Module):
+    def __init__(self, num_labels):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, num_labels))
+
+    def forward(self, x):
+        if self.training and os.environ.get("RANK") == "1":
+            time.sleep(0.03)
+        return self.net(x)
+
+def build(num_labels: int) -> nn.Module:
+    return Uneven(num_labels)
+"""
+
+
 def test_each_ddp_rank_writes_its_trace_and_rank_0_measures_the_all_reduce(tmp_path):
     from tests.helpers.ddp_specs import write_ddp_spec
 
-    spec = write_ddp_spec(tmp_path, "ddp", train={"max_steps": 8, "profile": {"start_step": 3, "steps": 3}})
+    (tmp_path / "uneven.py").write_text(SLOW_RANK_1)
+    model = {"source": "python:uneven.py:build"}
+    train = {"max_steps": 8, "profile": {"start_step": 3, "steps": 3}}
+    spec = write_ddp_spec(tmp_path, "ddp", train=train, model=model)
     run = tmp_path / "run"
     result = run_cli("train", str(spec), "--out", str(run))
     assert result.returncode == 0, result.stderr
@@ -149,11 +175,44 @@ def test_each_ddp_rank_writes_its_trace_and_rank_0_measures_the_all_reduce(tmp_p
     assert comm["bytes"] > 0 and comm["seconds"] > 0 and comm["bandwidth_bytes_per_s"] > 0
     assert report["breakdown"]["sync"]["seconds"] > 0 and report["context"]["processes"] == 2
 
-    slowest = read_profile(run)["slowest_rank"]  # rank 1's breakdown, where it was the slower
-    assert slowest["ranks"] == 2 and slowest["rank"] in (0, 1)
-    rank1 = json.loads((run / "profile" / "profile.rank1.json").read_text())
-    rank1["mean_step_s"] = report["mean_step_s"] * 3  # as a rank on a throttled device would be
-    (run / "profile" / "profile.rank1.json").write_text(json.dumps(rank1))
+    # both ranks' steps last as long (each waits for the other); rank 0 spends rank 1's sleep waiting
+    slowest = read_profile(run)["slowest_rank"]
+    assert (slowest["ranks"], slowest["rank"], slowest["trace"]) == (2, 1, "trace.rank1.json.gz"), slowest
+    assert slowest["busy_s"] >= 0.03 and slowest["breakdown"]["forward"]["seconds"] >= 0.03
     shown = run_cli("profile", str(run))
-    assert shown.returncode == 0 and "the slowest rank, 1: mean step" in shown.stdout, shown.stdout
-    assert read_profile(run)["slowest_rank"]["trace"] == "trace.rank1.json.gz"
+    assert shown.returncode == 0 and "the slowest rank, 1:" in shown.stdout, shown.stdout
+
+
+def test_an_asked_window_goes_before_train_profiles_and_a_request_waits_while_one_records(
+    tmp_path, monkeypatch
+):
+    """The engine's Profiling over real torch.profiler windows around a small matmul step."""
+    import torch
+
+    from gpuforge.profile_files import REQUEST_FILE, ask
+    from gpuforge.train import profile
+    from gpuforge.train.profile import Profiling, StepProfiler
+
+    monkeypatch.setattr(profile, "REQUEST_LOOK_S", 0.0)  # a look every step: the steps here take no time
+
+    events = []
+    folder, cpu = tmp_path / "profile", torch.device("cpu")
+
+    def window(first: int, count: int) -> StepProfiler:
+        return StepProfiler(first, count, folder, cpu, 0, {}, lambda **e: events.append(e))
+
+    profiling = Profiling(window(10, 2), window, tmp_path)  # train.profile: steps 10 and 11
+    ask(tmp_path, 3)
+    for step in range(1, 13):
+        asked = profiling.asked()
+        with profiling.step(step):
+            torch.ones(64, 64) @ torch.ones(64, 64)
+        if step == 3:
+            ask(tmp_path, 2)  # while steps 2 to 4 record: it waits, untaken
+            assert profiling.asked() == 0 and (tmp_path / REQUEST_FILE).exists()
+        if asked:
+            profiling.open(step + 1, asked, last_step=12)
+    # the first request's window, the second's once the first was written, then train.profile's
+    assert [(e["start_step"], e["steps"]) for e in events] == [(2, 3), (6, 2), (10, 2)]
+    assert not (tmp_path / REQUEST_FILE).exists()
+    assert [s["step"] for s in _profile(tmp_path)["steps"]] == [10, 11]

@@ -54,7 +54,8 @@ def profile(
     if steps is not None and steps > MAX_PROFILE_STEPS:
         raise GpuforgeError(f"--steps {steps}: at most {MAX_PROFILE_STEPS} steps are profiled")
     run_dir = Path(target)
-    if not target.isdigit() or run_dir.exists():
+    server_job = target.isdigit() and (steps is not None or trace is not None or not run_dir.is_dir())
+    if not server_job:  # a run directory (a folder named with digits: write ./7 to mean it with --steps)
         if steps is not None or trace is not None:
             raise GpuforgeError(
                 f"--steps and --trace are for a server job's id, not a run directory ({target}); here, "
@@ -104,7 +105,7 @@ def _print_report(report: dict, trace_at: str) -> None:
     out_console.print(_breakdown_table(report, report["breakdown"]))
     slowest = report.get("slowest_rank")
     if slowest and slowest.get("rank") != report.get("rank", 0):
-        out_console.print(_slowest_table(slowest))
+        out_console.print(_slowest_table(report, slowest))
     elif slowest:
         out_console.print(f"rank 0 is the slowest of {slowest.get('ranks')} processes", highlight=False)
     out_console.print(_operators_table(report.get("top_operators", [])[:10], report.get("device")))
@@ -129,15 +130,23 @@ def _print_report(report: dict, trace_at: str) -> None:
     out_console.print(f"trace: {trace_at} (Perfetto, chrome://tracing)", highlight=False, markup=False)
 
 
-def _slowest_table(slowest: dict) -> Table:
-    title = f"the slowest rank, {slowest['rank']}: mean step {slowest['mean_step_s'] * 1000:.1f} ms"
-    table = Table(title=title)
-    for column in ("part", "ms", "share"):
+def _slowest_table(report: dict, slowest: dict) -> Table:
+    """Rank 0's parts beside the slowest rank's."""
+    other = slowest["rank"]
+    table = Table(
+        title=f"the slowest rank, {other}: {slowest['mean_step_s'] * 1000:.1f} ms a step "
+        f"(rank 0: {report['mean_step_s'] * 1000:.1f})"
+    )
+    for column in ("part", "rank 0 ms", "share", f"rank {other} ms", "share "):
         table.add_column(column, justify="left" if column == "part" else "right")
-    for name, part in sorted(slowest["breakdown"].items(), key=lambda kv: kv[1]["share"], reverse=True):
-        if part["seconds"] > 0:
-            ms, share = f"{part['seconds'] * 1000:.2f}", f"{part['share']:.1%}"
-            table.add_row(escape(name.replace("_", " ")), ms, share)
+    mine, theirs = report["breakdown"], slowest["breakdown"]
+    for name in sorted(theirs, key=lambda n: theirs[n]["share"], reverse=True):
+        ours = mine.get(name, {"seconds": 0.0, "share": 0.0})
+        if theirs[name]["seconds"] <= 0 and ours["seconds"] <= 0:
+            continue
+        figures = [f"{p['seconds'] * 1000:.2f}" if i == 0 else f"{p['share']:.1%}"
+                   for p in (ours, theirs[name]) for i in (0, 1)]  # fmt: skip
+        table.add_row(escape(name.replace("_", " ")), *figures)
     return table
 
 

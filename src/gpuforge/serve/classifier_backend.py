@@ -71,7 +71,7 @@ class ClassifierBackend:
         self, seconds: Annotated[float, Query(gt=0, le=MAX_SECONDS, description="the window")] = 5.0
     ) -> dict[str, Any]:
         """Where a served input's time goes over the next `seconds` (serve/profile.py): queue, tokenize,
-        forward, scores, respond, for the mean input of the batches run meanwhile. 409 while a window is
+        forward, scores, respond and other, for the mean input answered meanwhile. 409 while a window is
         open already."""
         self.ready()
         try:
@@ -196,7 +196,8 @@ class ClassifierBackend:
         # again (that cost ~10% of a request's CPU time under load)
         encoding = time.perf_counter()
         answer = json.dumps({"model": self.predictor.name, "outputs": outputs}, separators=(",", ":"))
-        self.profile.responded(time.perf_counter() - encoding)
+        done = time.perf_counter()
+        self.profile.answered(len(items), done - encoding, done - started)
         return Response(answer, media_type="application/json")
 
     def _items(self, body: PredictRequest) -> list[Item]:

@@ -108,7 +108,8 @@ def _profiling(t: Trainer, run: RunDir | ReaderRunDir, steps: range) -> Profilin
     spec_window = step_profiler(
         t.spec.train.profile, run.root, t.job.device, t.ranks.rank, context, steps, written
     )
-    return Profiling(spec_window, window, run.root if main else None)
+    began = time.time() - (time.perf_counter() - t.started)  # this attempt's start, as a file's mtime reads
+    return Profiling(spec_window, window, run.root if main else None, not_before=began)
 
 
 def _profiled(t: Trainer) -> dict[str, Any]:

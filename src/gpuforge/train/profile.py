@@ -18,6 +18,7 @@ import gzip
 import json
 import logging
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -43,6 +44,7 @@ class _NoProfile:
     """What the engine holds when no profile is asked for."""
 
     _nothing = contextlib.nullcontext()
+    recording, finished = False, True
 
     def step(self, step: int):
         return self._nothing
@@ -81,15 +83,20 @@ def step_profiler(
 class Profiling:
     """The run's profile windows: train.profile's, then each one asked for while the run goes on (a
     request file, taken by the main process: `asked()`; every process opens the window the step's
-    all-reduce agreed on: `open()`). One window at a time: a request while one records is turned down."""
+    all-reduce agreed on: `open()`). One window at a time: a request is left waiting while one records,
+    and one asked for before train.profile's window starts runs first, that window after it."""
 
-    def __init__(self, window, make_window, requests_in: Path | None):
+    def __init__(self, window, make_window, requests_in: Path | None, not_before: float = 0.0):
         self.window = window  # a StepProfiler, or NO_PROFILE
+        self._waiting = None  # train.profile's window, put off while an asked one records
         self._make = make_window  # (first step, steps) -> StepProfiler
         self._requests_in = requests_in  # the run directory, on the main process; None on the others
+        self._not_before = not_before  # a request older than this attempt is an earlier one's: dropped
         self._next_look = 0.0
 
     def step(self, step: int):
+        if self._waiting is not None and self.window.finished:
+            self.window, self._waiting = self._waiting, None
         return self.window.step(step)
 
     def note_comm(self, comm: dict[str, int]) -> None:
@@ -102,24 +109,28 @@ class Profiling:
         self.window.close()
 
     def asked(self) -> int:
-        """The steps a request asks to profile, 0 for none: on the main process, a look a second at most."""
-        if self._requests_in is None:
+        """The steps a request asks to profile, 0 for none: on the main process, a look a second at most,
+        and none while a window records (the request waits for its end)."""
+        if self._requests_in is None or self.window.recording:
             return 0
         now = time.monotonic()
         if now < self._next_look:
             return 0
         self._next_look = now + REQUEST_LOOK_S
-        return take_request(self._requests_in) or 0
+        return take_request(self._requests_in, self._not_before) or 0
 
     def open(self, first: int, steps: int, last_step: int) -> None:
-        """A window of `steps` steps from `first` (cut at the run's last step), as a request asked."""
-        if getattr(self.window, "recording", False):
-            log.warning("a profile request for %d steps is turned down: steps %d to %d are being recorded",
-                        steps, self.window.first, self.window.last)  # fmt: skip
-            return
+        """A window of `steps` steps from `first` (cut at the run's last step), as a request asked; every
+        process calls it at the same step, with the same window in hand."""
         if first > last_step:
             log.warning("a profile request for %d steps came at the last step: nothing is recorded", steps)
             return
+        if self.window.recording:  # not taken while one records (asked()): another process's request
+            log.warning("a profile request for %d steps is turned down: steps %d to %d are being recorded",
+                        steps, self.window.first, self.window.last)  # fmt: skip
+            return
+        if not self.window.finished and self._waiting is None and self.window is not NO_PROFILE:
+            self._waiting = self.window  # train.profile's, not started yet: after this one
         self.window = self._make(first, min(steps, last_step - first + 1))
 
 
@@ -163,8 +174,13 @@ class StepProfiler:
 
     @property
     def recording(self) -> bool:
-        """Whether the window is under way or yet to come (not written, not closed)."""
-        return not self._done
+        """Whether the window has started and is not written yet."""
+        return self._profiler is not None and not self._done
+
+    @property
+    def finished(self) -> bool:
+        """Whether the window was written (or closed): it records nothing more."""
+        return self._done
 
     def note_comm(self, comm: dict[str, int]) -> None:
         """The all-reduce bytes of a recorded step (Parallel.pop_comm's figures)."""
@@ -186,7 +202,11 @@ class StepProfiler:
         if self.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._profiler = torch.profiler.profile(
-            activities=activities, record_shapes=True, profile_memory=True, with_stack=False
+            # Python stacks too: a window is 50 steps at most, and a trace past TRACE_LIMIT is cut
+            activities=activities,
+            record_shapes=True,
+            profile_memory=True,
+            with_stack=True,
         )
         self._profiler.__enter__()
         log.info("profiling steps %d to %d into %s", self.first, self.last, self.folder)
@@ -202,11 +222,10 @@ class StepProfiler:
             return
         try:
             figures = self._write(profiler, cut_short)
+            if self.written is not None:
+                self.written(**figures)
         except Exception as err:  # noqa: BLE001 (the run matters more than its profile)
             log.warning("train.profile: the profile could not be written into %s: %s", self.folder, err)
-            return
-        if self.written is not None:
-            self.written(**figures)
 
     def _write(self, profiler, cut_short: bool) -> dict[str, Any]:
         """Write the trace and the report; what the `profiled` event says of them."""
@@ -256,11 +275,14 @@ def breakdown(steps: list[dict[str, Any]], device: torch.device) -> dict[str, An
 def top_operators(averages, device: torch.device, steps: int, count: int = TOP_OPERATORS) -> list[dict]:
     """The operators with the most self time in a mean step (the device's on a GPU, else the CPU's), calls
     a step too. Only operators: gpuforge's phase ranges and other annotations (which span their whole
-    contents) are left out, and so are the kernels' own rows, whose time each operator's row holds."""
+    contents) are left out, and so are Python's frames and the kernels' own rows, whose time each
+    operator's row holds."""
     on_device = device.type == "cuda"
     rows = []
     for event in averages:
         if event.key.startswith(("gpuforge.", "ProfilerStep")) or getattr(event, "is_user_annotation", False):
+            continue
+        if _is_python_frame(event.key):
             continue
         if getattr(event, "device_type", torch.autograd.DeviceType.CPU) != torch.autograd.DeviceType.CPU:
             continue
@@ -275,13 +297,25 @@ def top_operators(averages, device: torch.device, steps: int, count: int = TOP_O
     return rows[:count]
 
 
+# with_stack's Python frames, as torch names them: "path.py(12): name", or "<built-in method x of y>"
+_PYTHON_FRAME = re.compile(r"^(<built-in |[^()]*\(\d+\): )")
+
+
+def _is_python_frame(key: str) -> bool:
+    return bool(_PYTHON_FRAME.match(key))
+
+
 def _memory(averages, device: torch.device, steps: int) -> dict[str, Any]:
     """The run's peak so far (the allocator's on a GPU, the process's resident memory on a CPU: the
     run's own figure, which a profile does not reset) and the operators whose allocations, net of what
     they freed, kept the most a mean step."""
     field = "self_device_memory_usage" if device.type == "cuda" else "self_cpu_memory_usage"
     kept = sorted(
-        ((event.key, int(getattr(event, field, 0) or 0) // steps) for event in averages),
+        (
+            (event.key, int(getattr(event, field, 0) or 0) // steps)
+            for event in averages
+            if not _is_python_frame(event.key)
+        ),  # fmt: skip
         key=lambda kv: kv[1],
         reverse=True,
     )
