@@ -241,18 +241,23 @@ def test_every_page_draws_without_a_script_error_or_a_stray_null(page, dashboard
     assert not errors, errors
 
 
-def test_a_script_job_that_reports_no_metric_shows_its_log_and_says_no_metrics_yet(
-    page, dashboard_server, tmp_path
-):
-    server = dashboard_server
-    (tmp_path / "quiet.py").write_text("print('working, without a metric')\n")
-    script = {"command": "python quiet.py", "files": ["quiet.py"]}
-    spec = write_spec(tmp_path / "quiet.yaml", {"name": "quiet-script", "kind": "script", "script": script})
+def _script_page(page, server, tmp_path, name: str, code: str) -> list[str]:
+    """Run `code` as a script job to its end and open its page: the page's errors, as they come."""
+    (tmp_path / f"{name}.py").write_text(code)
+    script = {"command": f"python {name}.py", "files": [f"{name}.py"]}
+    spec = write_spec(tmp_path / f"{name}.yaml", {"name": name, "kind": "script", "script": script})
     job_id = server.client().submit(load_spec(spec))["id"]
     wait_state(server.url, server.key, job_id)
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     sign_in(page, server.url, server.key, path=f"/jobs/{job_id}")
+    return errors
+
+
+def test_a_script_job_that_reports_no_metric_shows_its_log_and_says_no_metrics_yet(
+    page, dashboard_server, tmp_path
+):
+    errors = _script_page(page, dashboard_server, tmp_path, "quiet", "print('working, without a metric')\n")
     expect(page.get_by_text("no metrics yet")).to_be_visible()
     expect(page.locator("pre#log")).to_contain_text("working, without a metric")
     expect(page.locator("#timeline li[data-event=finished]")).to_have_count(1)
@@ -262,19 +267,10 @@ def test_a_script_job_that_reports_no_metric_shows_its_log_and_says_no_metrics_y
 
 
 def test_a_script_job_that_reports_through_track_draws_its_curves(page, dashboard_server, tmp_path):
-    server = dashboard_server
-    (tmp_path / "loop.py").write_text(
-        "from gpuforge import track\n"
-        "for step in range(12):\n"
-        "    track.log(step, loss=1.0 / (step + 1), accuracy=step / 12)\n"
+    loop = (
+        "from gpuforge import track\nfor i in range(12):\n    track.log(i, loss=1 / (i + 1), accuracy=i / 12)"
     )
-    script = {"command": "python loop.py", "files": ["loop.py"]}
-    spec = write_spec(tmp_path / "loop.yaml", {"name": "tracked-script", "kind": "script", "script": script})
-    job_id = server.client().submit(load_spec(spec))["id"]
-    wait_state(server.url, server.key, job_id)
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    sign_in(page, server.url, server.key, path=f"/jobs/{job_id}")
+    errors = _script_page(page, dashboard_server, tmp_path, "tracked", loop)
     wait_for(lambda: points(page) == 12, 15, what="a loss chart with the script's 12 points")
     assert points(page, "accuracy") == 12  # any figure the script logs gets its curve
     expect(page.locator(".chart[data-metric=loss]").locator("canvas, svg").first).to_be_visible()
