@@ -154,9 +154,9 @@ def test_the_server_takes_its_options_from_the_table(monkeypatch):
     assert (settings.port, settings.public_metrics, settings.host) == (9001, True, "0.0.0.0")
     assert settings.home == Path("~/.gpuforge").expanduser().absolute()
     with pytest.raises(ValidationError) as refused:  # the same line as ever, naming the option
-        Settings(port="x", executor="slurm")
+        Settings(port="x", executor="k8s")
     assert format_validation_error(refused.value) == (
-        "port: must be an integer, got 'x'; executor: must be 'local' or 'ray', got 'slurm'"
+        "port: must be an integer, got 'x'; executor: must be 'local', 'ray' or 'slurm', got 'k8s'"
     )
 
 

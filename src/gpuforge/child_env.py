@@ -22,6 +22,8 @@ PASSED = frozenset(
         "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
         # the gpuforge settings a runner or a replica reads (the server's own, like GPUFORGE_DB, stay)
         "GPUFORGE_CACHE_DIR", "GPUFORGE_CPU_SLOTS", "GPUFORGE_EXECUTOR", "GPUFORGE_RAY_ADDRESS",
+        "GPUFORGE_SLURM_PARTITION", "GPUFORGE_SLURM_ACCOUNT", "GPUFORGE_SLURM_QOS",
+        "SLURM_CONF",  # where Slurm's commands find the cluster (not the SLURM_JOB_* of a server in a job)
         "GPUFORGE_ATTEMPT", "GPUFORGE_RESTART", "GPUFORGE_USER_CODE", "GPUFORGE_CONFINE_ROOTS",
         "GPUFORGE_CONFINE_EXCLUDED",
         "GPUFORGE_PUBLIC_METRICS", "GPUFORGE_VERBOSE",

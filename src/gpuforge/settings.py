@@ -155,15 +155,26 @@ class ServerOptions(BaseSettings):
         "preempted it",
         read_by="`gpuforge server`",
     )
-    executor: Literal["local", "ray"] = setting(
+    executor: Literal["local", "ray", "slurm"] = setting(
         "local",
-        meaning="where jobs' processes run: on this machine, or on a Ray cluster",
+        meaning="where jobs' processes run: on this machine, on a Ray cluster, or as Slurm jobs (`gpuforge "
+        "train` only, for now)",
         read_by="`gpuforge server`, its job runners",
     )
     ray_address: str | None = setting(
         None,
         meaning="HOST:PORT of the Ray cluster's head, for executor ray",
         read_by="`gpuforge server`, its job runners",
+    )
+    slurm_partition: str | None = setting(
+        None, meaning="the Slurm partition jobs are submitted to (executor slurm; default: Slurm's)",
+        read_by="job runners",
+    )  # fmt: skip
+    slurm_account: str | None = setting(
+        None, meaning="the Slurm account jobs are charged to (executor slurm)", read_by="job runners"
+    )
+    slurm_qos: str | None = setting(
+        None, meaning="the Slurm QOS jobs are submitted with (executor slurm)", read_by="job runners"
     )
 
 
@@ -268,6 +279,13 @@ class Environment(ServerOptions):
         read_by="tests",
         kind="development",
     )
+    require_slurm: str | None = setting(
+        None,
+        meaning="1: the Slurm tests fail, rather than skip, where scripts/slurm.sh cannot start a cluster "
+        "(as under CI)",
+        read_by="tests",
+        kind="development",
+    )
     run_dir: str | None = setting(
         None,
         meaning="a script job's run directory, set by its runner (where gpuforge.track writes)",
@@ -283,6 +301,13 @@ class Environment(ServerOptions):
     )
     pg_port: int = setting(
         55432, meaning="its port (or the next free one)", read_by="scripts/postgres.sh", kind="development"
+    )
+    slurm_dir: str | None = setting(
+        None,
+        meaning="the directory of the tests' one-node Slurm cluster (its slurm.conf, state, logs)",
+        read_by="scripts/slurm.sh",
+        kind="development",
+        shown_default="$TMPDIR/gpuforge-slurm",
     )
 
 

@@ -43,8 +43,8 @@ def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: boo
     job = load_train_spec(spec_path, overrides, "train")
     check_spec(current(), job)  # a runner the server started holds to its job's policy, whatever the file
     out = out or _default_out(job.name)
-    # several processes, or a server whose jobs run on a Ray cluster: this process launches them and waits
-    if job.distributed.strategy != "none" or environment().executor == "ray":
+    # several processes, or jobs that run on a Ray cluster or as Slurm jobs: this process launches them
+    if job.distributed.strategy != "none" or environment().executor in ("ray", "slurm"):
         from gpuforge.launch.job import launch
 
         return job, out, RunResult.model_validate(launch(job, out))

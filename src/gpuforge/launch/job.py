@@ -1,5 +1,5 @@
-"""Run one job as several processes: on this machine through torchrun's elastic launcher, or on a Ray
-cluster as actors (`gpuforge server --executor ray`).
+"""Run one job as several processes: on this machine through torchrun's elastic launcher, on a Ray
+cluster as actors (`gpuforge server --executor ray`), or as a Slurm job (GPUFORGE_EXECUTOR=slurm).
 
     gpuforge train spec.yaml --out runs/x        # with distributed.strategy ddp|fsdp, resources.devices N
 
@@ -90,6 +90,8 @@ def launch(spec: JobSpec, out: str | Path) -> dict[str, Any]:
     told = current()
     if told.executor == "ray":
         return launch_ray(spec, out, told.ray_address or "")
+    if told.executor == "slurm":
+        return launch_slurm(spec, out)
     return launch_local(spec, out)
 
 
@@ -181,6 +183,48 @@ def launch_ray(spec: JobSpec, out: str | Path, address: str) -> dict[str, Any]:
             return Attempt()
         rank = result.failed_rank if result.failed_rank is not None else 0
         return _failed(rank, result.exit_codes[rank], "", result.node_ips[rank : rank + 1])
+
+    return supervise(spec, out, attempt)
+
+
+def launch_slurm(spec: JobSpec, out: str | Path) -> dict[str, Any]:
+    """The ranks as one Slurm job (launch/slurm.py): submitted by sbatch, its state followed, SIGTERM or
+    SIGINT here passed to its ranks; a job an earlier launcher of this run submitted is followed, not
+    submitted again. The run directory must be on a filesystem the nodes share."""
+    from gpuforge.launch import slurm
+
+    slurm.check_slurm()
+    told, run = current(), RunDir(out)
+    held = int(os.environ.get("OMP_NUM_THREADS") or usable_cores())
+    options = {
+        "partition": told.slurm_partition,
+        "account": told.slurm_account,
+        "qos": told.slurm_qos,
+        "cpus_per_task": str(max(1, held // spec.resources.devices)),
+    }
+
+    def attempt(number: int, argv: list[str], env: dict[str, str]) -> Attempt:
+        stop, stopped_by = threading.Event(), []
+
+        def handle(signum, frame):
+            stopped_by.append(signum)
+            stop.set()
+
+        with _handlers(handle):
+            job_id = slurm.running_job(run) if number == 0 else None
+            if job_id is None:
+                script = run.logs_dir / f"slurm-attempt{number}.sh"
+                script.write_text(slurm.batch_script(spec, run, argv, options))
+                job_id = slurm.submit(script, {**os.environ, **env})
+                (run.logs_dir / slurm.JOB_FILE).write_text(job_id)
+                log.info("submitted Slurm job %s (%s)", job_id, script)
+            else:
+                log.info("following Slurm job %s, which an earlier launcher of this run submitted", job_id)
+            fields = slurm.follow(run, job_id, stop)
+        if stopped_by:
+            return Attempt(signal=stopped_by[0])
+        failure, final = slurm.outcome_of(job_id, fields)
+        return Attempt(failure=failure, final=final)
 
     return supervise(spec, out, attempt)
 

@@ -199,6 +199,11 @@ def devices_of(settings: Settings) -> list:
 
 def check_executor(settings: Settings) -> None:
     """Before listening: a Ray cluster that does not answer is one clear line, not a hang at the first job."""
+    if settings.executor == "slurm":  # the partition's devices, the shared-filesystem probe: next step
+        raise GpuforgeError(
+            "--executor slurm: the server does not submit to Slurm yet; `GPUFORGE_EXECUTOR=slurm gpuforge "
+            "train SPEC --out DIR` runs one job as a Slurm job (docs/slurm.md)"
+        )
     if settings.executor != "ray":
         return
     if not settings.ray_address:

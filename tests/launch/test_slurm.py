@@ -1,0 +1,133 @@
+"""Jobs as Slurm jobs (GPUFORGE_EXECUTOR=slurm, launch/slurm.py) on a real single-node Slurm cluster that
+scripts/slurm.sh starts on this machine (munged, slurmctld, slurmd, as root): the ranks started by srun,
+a stop passed on by scancel, a requeued job resuming from its checkpoint, and a launcher killed outright
+that a new one replaces by following the same Slurm job. Skipped with the reason where the daemons
+cannot start, unless GPUFORGE_REQUIRE_SLURM=1 (CI) says they must."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import run_cli
+from tests.helpers.specs import image_spec, write_spec
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    """The environment a job runner needs to submit to the test cluster."""
+    conf = os.environ.get("SLURM_CONF", "")
+    if not conf or subprocess.run(["sinfo"], capture_output=True, timeout=30).returncode != 0:
+        started = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "slurm.sh")], capture_output=True, text=True, timeout=600
+        )
+        if started.returncode != 0:
+            reason = "no Slurm cluster could be started here: " + " ".join(started.stderr.splitlines()[-2:])
+            if os.environ.get("GPUFORGE_REQUIRE_SLURM") == "1":
+                pytest.fail(f"{reason}, and GPUFORGE_REQUIRE_SLURM=1 requires one", pytrace=False)
+            pytest.skip(reason)
+        conf = started.stdout.strip()
+    # a CPU a job: two jobs of the tests' two workers run at once on the 2-core node
+    return {"SLURM_CONF": conf, "GPUFORGE_EXECUTOR": "slurm", "OMP_NUM_THREADS": "1"}
+
+
+def _spec(tmp_path: Path, name: str, **train) -> Path:
+    spec = image_spec(tmp_path, **train)
+    spec["name"] = name
+    spec["model"]["options"] = {"sleep_s": 0.05}  # 20 steps a second: time to act while it trains
+    return write_spec(tmp_path / f"{name}.yaml", spec)
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _wait(condition, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.2)
+
+
+def _slurm(*args: str, env: dict[str, str]) -> str:
+    return subprocess.run(args, capture_output=True, text=True, env={**os.environ, **env}, timeout=30).stdout
+
+
+def _runner(spec: Path, run: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuforge", "train", str(spec), "--out", str(run)],
+        env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def test_a_two_process_ddp_job_runs_its_ranks_by_srun(tmp_path, slurm_env):
+    spec = _spec(tmp_path, "slurm-ddp", max_steps=6)
+    raw = spec.read_text() + "resources: {devices: 2}\ndistributed: {strategy: ddp}\n"
+    spec.write_text(raw)
+    run = tmp_path / "run"
+    done = run_cli("train", str(spec), "--out", str(run), env={**slurm_env, "OMP_NUM_THREADS": "2"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["processes"] == 2 and summary["steps"] == 6
+    script = (run / "logs" / "slurm-attempt0.sh").read_text()
+    assert "#SBATCH --ntasks=2" in script and "exec srun" in script
+    job_id = (run / "logs" / "slurm-job").read_text().strip()
+    log = (run / "logs" / f"slurm-{job_id}.log").read_text()
+    assert "[rank 0]" in log and "[rank 1]" in log  # two tasks, one a rank, in the Slurm job's output
+
+
+def test_a_requeued_job_resumes_from_its_checkpoint_and_a_stop_reaches_its_ranks(tmp_path, slurm_env):
+    spec, run = _spec(tmp_path, "slurm-requeue", max_steps=2000, checkpoint_every=5), tmp_path / "run"
+    runner = _runner(spec, run, slurm_env)
+    metrics, events = run / "metrics.jsonl", run / "events.jsonl"
+    try:
+        _wait(lambda: len(_lines(metrics)) >= 8, "its first steps")
+        job_id = (run / "logs" / "slurm-job").read_text().strip()
+        _slurm("scontrol", "requeue", job_id, env=slurm_env)  # as an admin, or a preemption, would
+        _wait(lambda: "PENDING" in _slurm("scontrol", "show", "job", job_id, env=slurm_env), "requeued")
+        _slurm("scontrol", "update", f"jobid={job_id}", "StartTime=now", env=slurm_env)  # no 2 min hold
+        starts = lambda: [e for e in _lines(events) if e["event"] == "started"]  # noqa: E731
+        _wait(lambda: len(starts()) == 2, "the requeued job's ranks started again")
+        resumed = starts()[1]["resumed_from"]
+        _wait(lambda: len(_lines(metrics)) >= resumed + 5, "steps past the resume")
+        runner.send_signal(signal.SIGTERM)  # a cancel: the ranks checkpoint and exit
+        out, _ = runner.communicate(timeout=120)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == 143, out[-3000:]
+    assert resumed >= 5  # from a checkpoint (every 5 steps, or the one the requeue's SIGTERM made)
+    steps = [m["step"] for m in _lines(metrics)]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) < 2000  # each step once
+    ended = _lines(events)[-1]
+    assert ended["event"] == "cancelled" and "SIGTERM" in ended["reason"], ended
+    assert json.loads((run / "summary.json").read_text())["status"] == "cancelled"
+    assert "RUNNING" not in _slurm("scontrol", "show", "job", job_id, env=slurm_env)
+
+
+def test_a_launcher_killed_outright_is_replaced_by_one_that_follows_the_same_slurm_job(tmp_path, slurm_env):
+    spec, run = _spec(tmp_path, "slurm-follow", max_steps=200), tmp_path / "run"
+    runner = _runner(spec, run, slurm_env)
+    try:
+        _wait(lambda: len(_lines(run / "metrics.jsonl")) >= 5, "its first steps")
+    finally:
+        runner.kill()  # SIGKILL: no word to Slurm; its job goes on
+        runner.wait()
+    job_id = (run / "logs" / "slurm-job").read_text().strip()
+    again = run_cli("train", str(spec), "--out", str(run), env=slurm_env, timeout=180)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"following Slurm job {job_id}" in again.stdout + again.stderr
+    assert (run / "logs" / "slurm-job").read_text().strip() == job_id  # no second job submitted
+    steps = [m["step"] for m in _lines(run / "metrics.jsonl")]
+    assert steps == list(range(1, 201))
+    assert [e["event"] for e in _lines(run / "events.jsonl")].count("started") == 1  # one run, followed
