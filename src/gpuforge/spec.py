@@ -85,6 +85,11 @@ MAX_PROFILE_STEPS = 50  # a profile's steps at most: a trace of more is hundreds
 class ProfileSpec(Section):
     start_step: int = Field(10, ge=1, description="the first step recorded (after warm-up: 10 by default)")
     steps: int = Field(5, ge=1, le=MAX_PROFILE_STEPS, description="steps recorded, from start_step on")
+    stacks: bool = Field(
+        False,
+        description="Python call stacks in the trace too: slower recorded steps, and the host work between "
+        "phases (`other`) grows with them",
+    )
 
 
 class TrainSpec(Section):

@@ -50,8 +50,7 @@ def test_a_profiled_step_is_split_into_phases_that_cover_it_with_its_trace_and_o
         events = json.load(f)["traceEvents"]
     names = {event.get("name") for event in events}
     assert {"gpuforge.step", "gpuforge.forward", "gpuforge.backward", "gpuforge.optimizer"} <= names
-    python = {e["name"] for e in events if e.get("cat") == "python_function"}  # Python stacks are in it
-    assert any(name.startswith("gpuforge/train/step.py(") for name in python), sorted(python)[:20]
+    assert not any(e.get("cat") == "python_function" for e in events)  # stacks are asked for, not default
 
 
 def test_no_profile_asked_for_creates_nothing_and_the_phase_markers_do_nothing(tmp_path):
@@ -74,12 +73,17 @@ def test_evaluating_every_step_is_advised_against_and_the_cli_prints_the_breakdo
     spec = image_spec(tmp_path, max_steps=6, eval_every=1, data={"eval_fraction": 0.6}, batch_size=8)
     run = tmp_path / "run"
     result = run_cli(
-        "train", str(write_spec(tmp_path / "job.yaml", spec)), "--out", str(run), "--profile", "2:3"
-    )
+        "train", str(write_spec(tmp_path / "job.yaml", spec)), "--out", str(run), "--profile", "2:3",
+        "--set", "train.profile.stacks=true",
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = _profile(run)
     assert report["breakdown"]["evaluation"]["share"] > 0.25
     assert any("train.eval_every" in line for line in report["advice"]), report["advice"]
+    with gzip.open(run / "profile" / "trace.json.gz", "rt") as f:  # Python stacks, asked for
+        python = {e["name"] for e in json.load(f)["traceEvents"] if e.get("cat") == "python_function"}
+    assert any(name.startswith("gpuforge/train/step.py(") for name in python), sorted(python)[:20]
+    assert not any(".py(" in row["name"] for row in report["top_operators"])  # frames are no operators
 
     shown = run_cli("profile", str(run))
     assert shown.returncode == 0, shown.stderr

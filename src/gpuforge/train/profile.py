@@ -77,7 +77,9 @@ def step_profiler(
         )  # fmt: skip
         return NO_PROFILE
     folder = Path(root) / PROFILE_DIR
-    return StepProfiler(options.start_step, options.steps, folder, device, rank, context, written)
+    return StepProfiler(
+        options.start_step, options.steps, folder, device, rank, context, written, options.stacks
+    )
 
 
 class Profiling:
@@ -139,11 +141,20 @@ class StepProfiler:
     are written after the last one, or at close() when the run ends inside the window (what was recorded)."""
 
     def __init__(
-        self, first: int, count: int, folder: Path, device: torch.device, rank: int, context, written=None
+        self,
+        first: int,
+        count: int,
+        folder: Path,
+        device: torch.device,
+        rank: int,
+        context,
+        written=None,
+        stacks: bool = False,
     ):
         self.first, self.last, self.folder = first, first + count - 1, folder
         self.device, self.rank, self.context = device, rank, dict(context)
         self.written = written  # called with the report's figures once written (the main process's event)
+        self.stacks = stacks  # Python call stacks in the trace (train.profile.stacks)
         self.steps: list[dict[str, Any]] = []
         self.comm_bytes = 0
         self._profiler: torch.profiler.profile | None = None
@@ -202,11 +213,10 @@ class StepProfiler:
         if self.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._profiler = torch.profiler.profile(
-            # Python stacks too: a window is 50 steps at most, and a trace past TRACE_LIMIT is cut
             activities=activities,
             record_shapes=True,
             profile_memory=True,
-            with_stack=True,
+            with_stack=self.stacks,
         )
         self._profiler.__enter__()
         log.info("profiling steps %d to %d into %s", self.first, self.last, self.folder)
@@ -330,7 +340,7 @@ def _all_reduce(events, report: dict[str, Any], comm_bytes: int, context: dict) 
     """The gradient all-reduces' time a mean step (gloo's or NCCL's own ranges, from the start of the work
     to its end, waiting for the slowest rank included; they overlap backward), their bytes and the
     bandwidth reached; None with one process. The step's figures, shared in the `sync` phase, are left
-    out: an all-reduce that overlaps a gpuforge.sync range is theirs. Under FSDP the gathers and scatters
+    out: an all-reduce that starts inside a gpuforge.sync range is theirs. Under FSDP the gathers and scatters
     are not counted (`counted` says so)."""
     if context.get("processes", 1) < 2:
         return None
@@ -340,7 +350,9 @@ def _all_reduce(events, report: dict[str, Any], comm_bytes: int, context: dict) 
         if not event.name.startswith(("gloo:all_reduce", "nccl:all_reduce")):
             continue
         span = event.time_range
-        if any(span.start < sync.end and sync.start < span.end for sync in syncs):
+        # the step's figures' own all-reduce starts inside `sync`; a gradient bucket's starts in backward
+        # and may run on into `sync` while a slower rank's part is awaited: it stays counted
+        if any(sync.start <= span.start < sync.end for sync in syncs):
             continue
         seconds += (span.end - span.start) / 1e6
     steps = max(1, len(report["steps"]))

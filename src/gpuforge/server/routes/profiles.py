@@ -73,7 +73,12 @@ def job_profile(job_id: JobId, request: Request, key: Key) -> dict[str, Any]:
     return profile_answer(run_dir, job_id)
 
 
-@router.get("/{job_id}/profile/trace", response_class=FileResponse)
+TRACE = {
+    200: {"content": {"application/gzip": {}}, "description": "the trace: Chrome / Perfetto JSON, gzipped"}
+}
+
+
+@router.get("/{job_id}/profile/trace", response_class=FileResponse, responses=TRACE)
 def job_profile_trace(
     job_id: JobId,
     request: Request,
