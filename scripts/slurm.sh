@@ -18,11 +18,16 @@ DIR=${GPUFORGE_SLURM_DIR:-${TMPDIR:-/tmp}/gpuforge-slurm}
 CONF=$DIR/slurm.conf
 SOCKET=$DIR/munge/munge.socket
 
-kill_from() {  # the daemons whose pid files are named
+kill_from() {  # the daemons whose pid files are named, waited for (their ports free again)
+  local pids=()
   for pidfile in "$@"; do
     if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+      pids+=("$(cat "$pidfile")")
       kill "$(cat "$pidfile")" 2>/dev/null || true
     fi
+  done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   done
 }
 
@@ -37,21 +42,22 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
+mkdir -p "$DIR"
+exec 9>"$DIR.lock"
+flock 9  # two test workers starting it at once: the second waits (installing too), then finds it up
+
 # --- the binaries ----------------------------------------------------------------------------------
 if ! command -v sbatch >/dev/null || ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
   command -v apt-get >/dev/null || { log "no Slurm found and no apt-get to install it"; exit 1; }
   log "installing slurm-wlm and munge (apt-get) ..."
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq --no-install-recommends slurm-wlm munge >&2 2>/dev/null \
-    || { apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends slurm-wlm munge >&2; }
+  APT=(apt-get -y -qq -o DPkg::Lock::Timeout=300)  # a fresh machine's own apt run may hold the lock
+  "${APT[@]}" install --no-install-recommends slurm-wlm munge >&2 2>/dev/null \
+    || { "${APT[@]}" update >&2 && "${APT[@]}" install --no-install-recommends slurm-wlm munge >&2; }
 fi
 
-mkdir -p "$DIR"
-exec 9>"$DIR.lock"
-flock 9  # two test workers starting it at once: the second waits, then finds it up
-
 export SLURM_CONF=$CONF
-up() { timeout 5 sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; }
+up() { timeout 5 sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated|completing)'; }
 if [ -f "$CONF" ] && up; then
   log "running already ($DIR)"
   echo "$CONF"
@@ -95,6 +101,7 @@ MpiDefault=none
 MessageTimeout=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=2048
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=1
 ReturnToService=2
@@ -110,7 +117,6 @@ EOF
 
 # --- the daemons ------------------------------------------------------------------------------------
 kill_from "$DIR/slurmd.pid" "$DIR/slurmctld.pid"  # an earlier start's, half up
-sleep 0.5
 slurmctld -f "$CONF"
 slurmd -f "$CONF"
 for _ in $(seq 1 60); do

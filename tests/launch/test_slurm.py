@@ -37,7 +37,7 @@ def slurm_env() -> dict[str, str]:
                 pytest.fail(f"{reason}, and GPUFORGE_REQUIRE_SLURM=1 requires one", pytrace=False)
             pytest.skip(reason)
         conf = started.stdout.strip()
-    # a CPU a job: two jobs of the tests' two workers run at once on the 2-core node
+    # a CPU (and 2 GiB, slurm.sh's DefMemPerCPU) a job: the tests' two workers' jobs run at once
     return {"SLURM_CONF": conf, "GPUFORGE_EXECUTOR": "slurm", "OMP_NUM_THREADS": "1"}
 
 
@@ -81,7 +81,7 @@ def test_a_two_process_ddp_job_runs_its_ranks_by_srun(tmp_path, slurm_env):
     assert summary["status"] == "finished" and summary["processes"] == 2 and summary["steps"] == 6
     script = (run / "logs" / "slurm-attempt0.sh").read_text()
     assert "#SBATCH --ntasks=2" in script and "exec srun" in script
-    job_id = (run / "logs" / "slurm-job").read_text().strip()
+    job_id = (run / "logs" / "slurm-job").read_text().split()[0]
     log = (run / "logs" / f"slurm-{job_id}.log").read_text()
     assert "[rank 0]" in log and "[rank 1]" in log  # two tasks, one a rank, in the Slurm job's output
 
@@ -92,7 +92,8 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_a_stop_reaches_its_ranks
     metrics, events = run / "metrics.jsonl", run / "events.jsonl"
     try:
         _wait(lambda: len(_lines(metrics)) >= 8, "its first steps")
-        job_id = (run / "logs" / "slurm-job").read_text().strip()
+        job_id = (run / "logs" / "slurm-job").read_text().split()[0]
+        at_requeue = len(_lines(metrics))
         _slurm("scontrol", "requeue", job_id, env=slurm_env)  # as an admin, or a preemption, would
         _wait(lambda: "PENDING" in _slurm("scontrol", "show", "job", job_id, env=slurm_env), "requeued")
         _slurm("scontrol", "update", f"jobid={job_id}", "StartTime=now", env=slurm_env)  # no 2 min hold
@@ -106,7 +107,7 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_a_stop_reaches_its_ranks
         if runner.poll() is None:
             runner.kill()
     assert runner.returncode == 143, out[-3000:]
-    assert resumed >= 5  # from a checkpoint (every 5 steps, or the one the requeue's SIGTERM made)
+    assert resumed >= at_requeue  # the checkpoint the requeue's SIGTERM made (not the last of every 5)
     steps = [m["step"] for m in _lines(metrics)]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < 2000  # each step once
     ended = _lines(events)[-1]
@@ -123,11 +124,34 @@ def test_a_launcher_killed_outright_is_replaced_by_one_that_follows_the_same_slu
     finally:
         runner.kill()  # SIGKILL: no word to Slurm; its job goes on
         runner.wait()
-    job_id = (run / "logs" / "slurm-job").read_text().strip()
+    job_id = (run / "logs" / "slurm-job").read_text().split()[0]
     again = run_cli("train", str(spec), "--out", str(run), env=slurm_env, timeout=180)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"following Slurm job {job_id}" in again.stdout + again.stderr
-    assert (run / "logs" / "slurm-job").read_text().strip() == job_id  # no second job submitted
+    assert (run / "logs" / "slurm-job").read_text().split()[0] == job_id  # no second job submitted
     steps = [m["step"] for m in _lines(run / "metrics.jsonl")]
     assert steps == list(range(1, 201))
     assert [e["event"] for e in _lines(run / "events.jsonl")].count("started") == 1  # one run, followed
+
+
+def test_a_stop_cancels_a_job_that_waits_in_the_queue_and_a_forgotten_job_is_no_answer(
+    tmp_path, slurm_env, monkeypatch
+):
+    import threading
+
+    from gpuforge.launch import slurm
+
+    script = tmp_path / "held.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH --output={tmp_path}/held-%j.log\nsleep 600\n")
+    env = {**os.environ, **slurm_env}
+    job_id = _slurm("sbatch", "--parsable", "--hold", str(script), env=slurm_env).strip()
+    monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])  # for the module's own calls, here
+    try:
+        stop = threading.Event()
+        stop.set()  # asked to stop while Slurm holds it: SIGTERM would reach nothing, so it is cancelled
+        fields = slurm.follow(job_id, stop)
+        assert fields["JobState"] == "CANCELLED", fields
+        assert slurm.outcome_of(job_id, fields)[0].startswith(f"Slurm job {job_id} ended CANCELLED")
+        assert slurm.job_state("999999") == {}  # Slurm knows no such job: an answer, not a failure
+    finally:
+        subprocess.run(["scancel", job_id], env=env, capture_output=True)

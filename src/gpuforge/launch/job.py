@@ -30,7 +30,7 @@ from gpuforge.child_env import passed
 from gpuforge.errors import GpuforgeError, TrainingFailed
 from gpuforge.runs import RunDir
 from gpuforge.runtime.host import usable_cores
-from gpuforge.settings import PREFIX, as_environment, current
+from gpuforge.settings import PREFIX, as_environment, current, env_name
 from gpuforge.spec import JobSpec
 
 log = logging.getLogger("gpuforge.launch")
@@ -62,6 +62,9 @@ class Attempt:
     failure: str | None = None  # how the attempt ended badly, when a rank did: "rank 1 was killed by SIGKILL"
     signal: int | None = None  # the launcher was told to stop by this signal
     final: bool = False  # the failure would happen again: no restart
+    launched_as: str | None = (
+        None  # the attempt id its ranks carry, where not this attempt's (Slurm's, followed)
+    )
 
 
 def check_devices(spec: JobSpec) -> str:
@@ -193,15 +196,16 @@ def launch_slurm(spec: JobSpec, out: str | Path) -> dict[str, Any]:
     submitted again. The run directory must be on a filesystem the nodes share."""
     from gpuforge.launch import slurm
 
-    slurm.check_slurm()
     told, run = current(), RunDir(out)
-    held = int(os.environ.get("OMP_NUM_THREADS") or usable_cores())
+    held = int(os.environ.get("OMP_NUM_THREADS") or usable_cores())  # the cores this job was given
     options = {
         "partition": told.slurm_partition,
         "account": told.slurm_account,
         "qos": told.slurm_qos,
         "cpus_per_task": str(max(1, held // spec.resources.devices)),
     }
+    slurm.check_slurm(options)
+    gpus = slurm.on_gpus(spec, told.slurm_partition)
 
     def attempt(number: int, argv: list[str], env: dict[str, str]) -> Attempt:
         stop, stopped_by = threading.Event(), []
@@ -211,20 +215,21 @@ def launch_slurm(spec: JobSpec, out: str | Path) -> dict[str, Any]:
             stop.set()
 
         with _handlers(handle):
-            job_id = slurm.running_job(run) if number == 0 else None
-            if job_id is None:
+            earlier = slurm.earlier_job(run) if number == 0 else None
+            if earlier is None:
                 script = run.logs_dir / f"slurm-attempt{number}.sh"
-                script.write_text(slurm.batch_script(spec, run, argv, options))
-                job_id = slurm.submit(script, {**os.environ, **env})
-                (run.logs_dir / slurm.JOB_FILE).write_text(job_id)
+                script.write_text(slurm.batch_script(spec, run, argv, options, gpus))
+                job_id, launched_as = slurm.submit(script, {**os.environ, **env}), None
+                slurm.record(run, job_id, env[env_name("attempt")])
                 log.info("submitted Slurm job %s (%s)", job_id, script)
             else:
+                job_id, launched_as, _ = earlier
                 log.info("following Slurm job %s, which an earlier launcher of this run submitted", job_id)
-            fields = slurm.follow(run, job_id, stop)
+            fields = slurm.follow(job_id, stop)
         if stopped_by:
-            return Attempt(signal=stopped_by[0])
+            return Attempt(signal=stopped_by[0], launched_as=launched_as)
         failure, final = slurm.outcome_of(job_id, fields)
-        return Attempt(failure=failure, final=final)
+        return Attempt(failure=failure, final=final, launched_as=launched_as)
 
     return supervise(spec, out, attempt)
 
@@ -250,7 +255,7 @@ def supervise(
         attempt_id = uuid.uuid4().hex
         outcome = attempt(number, argv, as_environment(restart=number, attempt=attempt_id))
         summary = run.read_summary()
-        fresh = summary is not None and summary.launch_attempt == attempt_id
+        fresh = summary is not None and summary.launch_attempt == (outcome.launched_as or attempt_id)
         if outcome.signal is not None:
             if not fresh:
                 name = signal.Signals(outcome.signal).name

@@ -1,32 +1,36 @@
 """A job as one Slurm job (GPUFORGE_EXECUTOR=slurm): the `gpuforge train` process submits a batch script
 with `sbatch`, follows the job with `scontrol`, and stays the job's launcher on this (login) machine.
 
-The batch script starts the ranks with `srun`, one task a device (`--gres=gpu:N`, or CPUs), each a
+The batch script starts the ranks with `srun`, one task a device (`--gpus-per-task=1`, or CPUs), each a
 `python -m gpuforge.train.rank` told its place by Slurm's variables (RANK from SLURM_PROCID, ...) with
 torch's rendezvous on the allocation's first node. The run directory must be on a filesystem the nodes
 share: the ranks write it where they run, and this process reads the summary rank 0 wrote.
 
-    SIGTERM or SIGINT here    `scancel --signal=TERM`: every rank checkpoints at its next step and exits
-    `scontrol requeue`        the job runs again, and its ranks resume from their checkpoint
+    SIGTERM or SIGINT here    a running job's ranks get SIGTERM (`scancel --signal=TERM`): they checkpoint
+                              at their next step and exit; a job not started yet is cancelled outright;
+                              one that has not ended after STOP_GRACE_S is cancelled outright too
+    `scontrol requeue`        Slurm's SIGTERM makes the ranks checkpoint; the job runs again and resumes
     a job Slurm ended         its state and exit code (TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, ...) are the
-                              failure's reason; a time limit or out of memory would come again: no restart
+                              failure's reason; a time limit, out of memory (Slurm's or a rank's, exit 4)
+                              or bad input (exit 2) would come again: no restart
     resources.max_time        Slurm's --time, TIME_MARGIN_MIN minutes more
 
-The Slurm job's id is kept in <run>/logs/slurm-job: a launcher started again for the same run (the server
-restarts one that died) follows that job while it lives, rather than submitting a second one.
+The Slurm job's id and the launch attempt's id are kept in <run>/logs/slurm-job: a launcher started again
+for the same run (the server restarts one that died) follows that job while Slurm knows it, rather than
+submitting a second one, and knows the summary its ranks write as that attempt's.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import shlex
 import shutil
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.runs import RunDir
@@ -35,38 +39,56 @@ from gpuforge.spec import JobSpec
 log = logging.getLogger("gpuforge.launch")
 
 POLL_S = 1.0
-MASTER_PORT = 29431  # torch's rendezvous on the allocation's first node
+STOP_GRACE_S = 60.0  # a stopped job's ranks checkpoint within this, or the job is cancelled outright
+UNANSWERED_S = 300.0  # Slurm's controller unreachable this long: the launcher gives up on the job
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-         "DEADLINE", "PREEMPTED", "SPECIAL_EXIT"}  # fmt: skip
+         "DEADLINE", "PREEMPTED"}  # fmt: skip
 WOULD_REPEAT = {"TIMEOUT", "OUT_OF_MEMORY", "DEADLINE", "BOOT_FAIL"}  # a restart would end the same way
+RANK_EXITS = {2: "a rank refused the job (bad input)", 4: "a rank ran out of memory"}  # rank.py's codes
 JOB_FILE = "slurm-job"
 TIME_MARGIN_MIN = 5  # Slurm's time limit past resources.max_time: the checkpoint at max_time comes first
+_OPTION = re.compile(r"[A-Za-z0-9_.,:=+-]+")  # a partition, account or QOS name: one word, no quotes
 
 
-def check_slurm() -> None:
-    """An error naming what is missing where Slurm's commands are not on PATH."""
+def check_slurm(options: dict[str, str | None]) -> None:
+    """An error naming what is missing where Slurm's commands are not on PATH, or what is wrong with a
+    partition, account or QOS name."""
     missing = [c for c in ("sbatch", "scontrol", "scancel") if shutil.which(c) is None]
     if missing:
         raise GpuforgeError(
             f"executor slurm: {', '.join(missing)} not found on PATH (run gpuforge on a Slurm login node)"
         )
+    for name in ("partition", "account", "qos"):
+        value = options.get(name)
+        if value and not _OPTION.fullmatch(value):
+            raise GpuforgeError(f"GPUFORGE_SLURM_{name.upper()}: {value!r} is not a Slurm {name} name")
 
 
-def batch_script(spec: JobSpec, run: RunDir, argv: list[str], options: dict[str, str | None]) -> str:
+def on_gpus(spec: JobSpec, partition: str | None) -> bool:
+    """Whether the ranks take a GPU each: device_type cuda, or auto on a partition with GPUs in its gres."""
+    kind = spec.resources.device_type
+    if kind != "auto":
+        return kind == "cuda"
+    args = ["sinfo", "-h", "-o", "%G"] + (["-p", partition] if partition else [])
+    shown = _slurm(args)
+    return shown is not None and "gpu" in shown
+
+
+def batch_script(
+    spec: JobSpec, run: RunDir, argv: list[str], options: dict[str, str | None], gpus: bool
+) -> str:
     """The batch script for one attempt: resources, output, then the ranks by srun."""
     r = spec.resources
-    on_gpu = r.device_type == "cuda"
+    output = str(run.logs_dir / "slurm-%j.log").replace("%", "%%").replace("%%j", "%j")
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=gpuforge-{_safe(spec.name)}",
-        f"#SBATCH --output={run.logs_dir / 'slurm-%j.log'}",
+        f"#SBATCH --output={shlex.quote(output)}",
         f"#SBATCH --ntasks={r.devices}",
         "#SBATCH --requeue",  # a preempted or requeued job runs again: its ranks resume from the checkpoint
     ]
-    if on_gpu:
-        lines.append("#SBATCH --gpus-per-task=1")
-    else:
-        lines.append(f"#SBATCH --cpus-per-task={options.get('cpus_per_task') or 1}")
+    cpus = int(options.get("cpus_per_task") or 1)
+    lines.append("#SBATCH --gpus-per-task=1" if gpus else f"#SBATCH --cpus-per-task={cpus}")
     if r.max_time_s is not None:  # gpuforge pauses the job at max_time; Slurm's limit is for a hung one
         lines.append(f"#SBATCH --time={math.ceil(r.max_time_s / 60) + TIME_MARGIN_MIN}")
     for flag in ("partition", "account", "qos"):
@@ -76,9 +98,13 @@ def batch_script(spec: JobSpec, run: RunDir, argv: list[str], options: dict[str,
     lines += [
         "set -euo pipefail",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"export MASTER_ADDR MASTER_PORT={MASTER_PORT} WORLD_SIZE=$SLURM_NTASKS",
+        # a port of this job's own: two jobs whose first node is the same machine must not meet
+        "export MASTER_ADDR MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000)) WORLD_SIZE=$SLURM_NTASKS",
+        # srun (22.05 on) does not take the job's CPUs a task by itself; the threads a rank uses follow them
+        "CPUS=${SLURM_CPUS_PER_TASK:-1}",
+        "export OMP_NUM_THREADS=$CPUS MKL_NUM_THREADS=$CPUS",
         # srun passes a signal on to every task; each rank's variables come from its task's own
-        "exec srun --kill-on-bad-exit=1 bash -c "
+        'exec srun --kill-on-bad-exit=1 --cpus-per-task="$CPUS" bash -c '
         + shlex.quote(f"RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID exec {rank}"),
     ]
     return "\n".join(lines) + "\n"
@@ -88,15 +114,32 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:64]
 
 
-def job_state(job_id: str) -> dict[str, str]:
-    """`scontrol show job`'s fields for `job_id` ({} once Slurm has forgotten it)."""
-    shown = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30
-    )
+def _slurm(args: list[str], env: dict[str, str] | None = None) -> str | None:
+    """A Slurm command's output; None where it failed or did not answer in time. Run in a session of its
+    own: a Ctrl-C meant for the launcher must not kill the command that passes the stop on."""
+    try:
+        done = subprocess.run(
+            args, capture_output=True, text=True, env=env, timeout=60, start_new_session=True
+        )
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def job_state(job_id: str) -> dict[str, str] | None:
+    """`scontrol show job`'s fields for `job_id`: {} once Slurm has forgotten it, None when Slurm did not
+    answer (try again)."""
+    try:
+        shown = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id],
+            capture_output=True, text=True, timeout=60, start_new_session=True,
+        )  # fmt: skip
+    except (subprocess.TimeoutExpired, OSError):
+        return None
     if shown.returncode != 0:
-        return {}
-    fields = {}
-    for token in shown.stdout.split():
+        return {} if "Invalid job id" in shown.stderr else None
+    fields: dict[str, str] = {}
+    for token in shown.stdout.split():  # the fields read come before any free text (Slurm's "_" for spaces)
         key, sep, value = token.partition("=")
         if sep:
             fields.setdefault(key, value)
@@ -104,32 +147,53 @@ def job_state(job_id: str) -> dict[str, str]:
 
 
 def submit(script: Path, env: dict[str, str]) -> str:
-    done = subprocess.run(
-        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env, timeout=60
-    )
+    try:
+        done = subprocess.run(
+            ["sbatch", "--parsable", str(script)],
+            capture_output=True, text=True, env=env, timeout=120, start_new_session=True,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise GpuforgeError("sbatch did not answer within 120 s (is slurmctld up?)") from None
     if done.returncode != 0:
         raise GpuforgeError(f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout.strip().split(";")[0]
 
 
-def cancel(job_id: str, signal_name: str = "TERM") -> None:
-    """Send every rank (each step's tasks) the signal: they checkpoint and exit."""
-    subprocess.run(["scancel", f"--signal={signal_name}", job_id], capture_output=True, timeout=30)
-
-
-def follow(run: RunDir, job_id: str, stop: threading.Event) -> dict[str, Any]:
-    """Wait for the job's end; on `stop`, ask its ranks to stop (once) and wait for them. Its last
-    fields, with `stopped`: whether we asked."""
-    asked = False
+def follow(job_id: str, stop: threading.Event) -> dict[str, str]:
+    """Wait for the job's end: its last fields ({} where Slurm forgot it meanwhile). On `stop`, its ranks
+    are told to stop: SIGTERM to a running job's steps, an outright cancel of one not running yet, or of
+    one whose ranks have not ended STOP_GRACE_S after their SIGTERM."""
+    stopping_since: float | None = None
+    unanswered_since: float | None = None
+    reason = None
     while True:
-        if stop.is_set() and not asked:
-            log.info("stopping Slurm job %s: its ranks checkpoint and exit", job_id)
-            cancel(job_id)
-            asked = True
         fields = job_state(job_id)
+        if fields is None:  # the controller did not answer: not an end, but not for ever either
+            unanswered_since = unanswered_since or time.monotonic()
+            if time.monotonic() - unanswered_since > UNANSWERED_S:
+                return {"JobState": "UNKNOWN", "Reason": f"Slurm unanswered for {UNANSWERED_S:.0f} s"}
+            time.sleep(POLL_S)
+            continue
+        unanswered_since = None
         state = fields.get("JobState", "")
-        if not fields or state in ENDED and not (state == "PREEMPTED" and fields.get("Requeue") == "1"):
-            return {**fields, "stopped": asked}
+        requeued = state == "PREEMPTED" and fields.get("Requeue") == "1"  # Slurm runs it again
+        if not fields or (state in ENDED and not requeued):
+            return fields
+        if fields.get("Reason") != reason:  # why it waits, or why it was held: in the log, once each
+            reason = fields.get("Reason")
+            if state != "RUNNING" and reason not in (None, "None"):
+                log.info("Slurm job %s is %s: %s", job_id, state, reason)
+        if stop.is_set():
+            now = time.monotonic()
+            if state != "RUNNING":
+                _slurm(["scancel", job_id])  # nothing runs to checkpoint: cancelled where it waits
+            elif stopping_since is None:
+                log.info("stopping Slurm job %s: its ranks checkpoint and exit", job_id)
+                _slurm(["scancel", "--signal=TERM", job_id])
+                stopping_since = now
+            elif now - stopping_since > STOP_GRACE_S:
+                log.warning("Slurm job %s did not stop %.0f s after SIGTERM: cancelled", job_id, STOP_GRACE_S)
+                _slurm(["scancel", job_id])
         time.sleep(POLL_S)
 
 
@@ -142,19 +206,25 @@ def outcome_of(job_id: str, fields: dict[str, str]) -> tuple[str | None, bool]:
         return None, False
     reason = fields.get("Reason", "None")
     detail = f", reason {reason}" if reason not in ("None", "") else ""
-    return f"Slurm job {job_id} ended {state} (exit code {fields.get('ExitCode', '?')}{detail})", (
-        state in WOULD_REPEAT
-    )
+    code = fields.get("ExitCode", "?")
+    rank_exit = int(code.split(":")[0]) if code.split(":")[0].isdigit() else None
+    if rank_exit in RANK_EXITS:
+        return f"{RANK_EXITS[rank_exit]} (Slurm job {job_id} ended {state})", True
+    return f"Slurm job {job_id} ended {state} (exit code {code}{detail})", state in WOULD_REPEAT
 
 
-def running_job(run: RunDir) -> str | None:
-    """The Slurm job an earlier launcher of this run submitted, while Slurm still runs (or queues) it."""
-    path = run.logs_dir / JOB_FILE
+def record(run: RunDir, job_id: str, attempt_id: str) -> None:
+    (run.logs_dir / JOB_FILE).write_text(f"{job_id} {attempt_id}\n")
+
+
+def earlier_job(run: RunDir) -> tuple[str, str, dict[str, str]] | None:
+    """The Slurm job an earlier launcher of this run submitted, with its launch attempt's id and its fields,
+    while Slurm knows it (running, queued, or ended lately); None where there is none to follow."""
     try:
-        job_id = path.read_text().strip()
-    except OSError:
+        job_id, attempt_id = (run.logs_dir / JOB_FILE).read_text().split()
+    except (OSError, ValueError):
         return None
     if not job_id.isdigit():
         return None
-    state = job_state(job_id).get("JobState", "")
-    return job_id if state and state not in ENDED else None
+    fields = job_state(job_id)
+    return (job_id, attempt_id, fields) if fields else None
