@@ -55,8 +55,9 @@ def _mib(text: str) -> float:
 def test_a_job_that_cannot_fit_is_refused_with_only_what_would_fit():
     spec = str(EXAMPLES / "minilm-topics.yaml")
     _, roomy = _plan(spec)
-    # 85% of its need: LoRA (no gradients or AdamW state for the base) fits, checkpointing (activations) not
-    budget_mib = int(roomy["memory"]["total"] * 0.85 / 2**20)
+    # 82% of its need: LoRA (no gradients or AdamW state for the base: ~76%) fits; checkpointing
+    # (activations) and a batch of 1 (~87%, by this machine's runtime overhead) do not
+    budget_mib = int(roomy["memory"]["total"] * 0.82 / 2**20)
     result, plan = _plan(spec, "--set", f"resources.max_memory={budget_mib}MiB")
     assert result.returncode == 2 and plan is not None and not plan["fits"]
     line = result.stderr.strip().splitlines()[-1]

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.runs import RunDir
+from gpuforge.settings import env_name
 from gpuforge.spec import JobSpec
 
 log = logging.getLogger("gpuforge.launch")
@@ -61,7 +62,7 @@ def check_slurm(options: dict[str, str | None]) -> None:
     for name in ("partition", "account", "qos"):
         value = options.get(name)
         if value and not _OPTION.fullmatch(value):
-            raise GpuforgeError(f"GPUFORGE_SLURM_{name.upper()}: {value!r} is not a Slurm {name} name")
+            raise GpuforgeError(f"{env_name('slurm_' + name)}: {value!r} is not a Slurm {name} name")
 
 
 def on_gpus(spec: JobSpec, partition: str | None) -> bool:
