@@ -71,7 +71,7 @@ chmod 700 "$DIR/munge"
 chmod 400 "$DIR/munge/munge.key"
 if ! { [ -f "$DIR/munge/munged.pid" ] && kill -0 "$(cat "$DIR/munge/munged.pid")" 2>/dev/null; }; then
   munged --force --key-file="$DIR/munge/munge.key" --socket="$SOCKET" --pid-file="$DIR/munge/munged.pid" \
-    --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/munged.seed"
+    --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/munged.seed" 9>&-
 fi
 
 # --- slurm.conf: this machine, one partition ------------------------------------------------------
@@ -117,8 +117,9 @@ EOF
 
 # --- the daemons ------------------------------------------------------------------------------------
 kill_from "$DIR/slurmd.pid" "$DIR/slurmctld.pid"  # an earlier start's, half up
-slurmctld -f "$CONF"
-slurmd -f "$CONF"
+# 9>&-: the daemons must not keep the lock's descriptor, or the next call waits for them for ever
+slurmctld -f "$CONF" 9>&-
+slurmd -f "$CONF" 9>&-
 for _ in $(seq 1 60); do
   if up; then
     log "started: node $HOST, $CPUS CPUs, partition debug ($DIR; logs in $DIR/log)"
