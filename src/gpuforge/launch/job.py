@@ -152,13 +152,7 @@ def launch_ray(spec: JobSpec, out: str | Path, address: str) -> dict[str, Any]:
     on_gpu = spec.resources.device_type == "cuda" or (spec.resources.device_type == "auto" and gpus > 0)
 
     def attempt(number: int, argv: list[str], env: dict[str, str]) -> Attempt:
-        stop, stopped_by = threading.Event(), []
-
-        def handle(signum, frame):
-            stopped_by.append(signum)
-            stop.set()
-
-        with _handlers(handle):
+        with _stop_on_signals() as (stop, stopped_by):
             result = run_ranks(
                 ["python", *argv[1:]],  # each node's own Python (the actor's), not this machine's path
                 spec.resources.devices,
@@ -208,13 +202,7 @@ def launch_slurm(spec: JobSpec, out: str | Path) -> dict[str, Any]:
     gpus = slurm.on_gpus(spec, told.slurm_partition)
 
     def attempt(number: int, argv: list[str], env: dict[str, str]) -> Attempt:
-        stop, stopped_by = threading.Event(), []
-
-        def handle(signum, frame):
-            stopped_by.append(signum)
-            stop.set()
-
-        with _handlers(handle):
+        with _stop_on_signals() as (stop, stopped_by):
             earlier = slurm.earlier_job(run) if number == 0 else None
             if earlier is None:
                 script = run.logs_dir / f"slurm-attempt{number}.sh"
@@ -310,6 +298,19 @@ def _failed(rank: int, code: int | None, message: str = "", where: list[str] = (
     useful = message and "<N/A>" not in message and "To enable traceback" not in message
     detail = f": {message.splitlines()[0][:300]}" if useful else ""
     return Attempt(failure=f"rank {rank}{on} {how}{detail}", final=code in NOT_RETRIED)
+
+
+@contextmanager
+def _stop_on_signals():
+    """(an Event that SIGTERM or SIGINT sets, the signals that came) while the ranks run elsewhere."""
+    stop, stopped_by = threading.Event(), []
+
+    def handle(signum, frame):
+        stopped_by.append(signum)
+        stop.set()
+
+    with _handlers(handle):
+        yield stop, stopped_by
 
 
 @contextmanager
