@@ -100,6 +100,15 @@ class Client:
     def job(self, job_id: int) -> dict:
         return self._call("GET", f"/api/v1/jobs/{job_id}")
 
+    def slurm_script(self, job_id: int) -> str:
+        """The batch script the job's last attempt submitted to Slurm."""
+        try:
+            response = self.http.get(f"/api/v1/jobs/{job_id}/slurm-script")
+        except httpx.HTTPError as err:
+            raise _unreachable(self.url, err) from err
+        _raise_for(response)
+        return response.text
+
     def cancel(self, job_id: int) -> dict:
         return self._call("POST", f"/api/v1/jobs/{job_id}/cancel")
 

@@ -9,6 +9,7 @@ is read again from the top.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -63,6 +64,23 @@ def metrics_page(path: Path, after_step: int, limit: int) -> list[dict[str, Any]
         if end == offset or not lines:  # the end of the file, or a line longer than a chunk: stop there
             return records
         offset = end
+
+
+def small_text(path: Path, limit: int) -> str | None:
+    """A small file the runner wrote, whole: None where there is none; OSError where it is a link (never
+    followed out of the run) or over `limit` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        why = "a link, not a file gpuforge wrote" if err.errno == errno.ELOOP else err.strerror
+        raise OSError(f"{path.name}: {why}") from None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise OSError(f"{path.name}: over {limit} bytes")
+    return raw.decode(errors="replace")
 
 
 def log_tail(path: Path, lines: int) -> tuple[list[str], int]:

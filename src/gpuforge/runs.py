@@ -180,6 +180,19 @@ class RunDir:
     def checkpoint_path(self, step: int) -> Path:
         return self.checkpoints_dir / f"step-{step:06d}"
 
+    def slurm_script_path(self, attempt: int) -> Path:
+        """The batch script a launch attempt submitted to Slurm (executor slurm)."""
+        return self.logs_dir / f"slurm-attempt{attempt}.sh"
+
+    def latest_slurm_script(self) -> Path | None:
+        """The last attempt's batch script, where the run was submitted to Slurm."""
+        numbered = []
+        for path in self.logs_dir.glob("slurm-attempt*.sh"):
+            number = path.name.removeprefix("slurm-attempt").removesuffix(".sh")
+            if number.isdigit():
+                numbered.append((int(number), path))
+        return max(numbered)[1] if numbered else None
+
     # checks and creation
     def check_usable(self) -> None:
         """Refuse a path that is a file, or a non-empty directory that is not a gpuforge run."""

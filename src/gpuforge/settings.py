@@ -157,8 +157,7 @@ class ServerOptions(BaseSettings):
     )
     executor: Literal["local", "ray", "slurm"] = setting(
         "local",
-        meaning="where jobs' processes run: on this machine, on a Ray cluster, or as Slurm jobs (`gpuforge "
-        "train` only, for now)",
+        meaning="where jobs' processes run: on this machine, on a Ray cluster, or as Slurm jobs",
         read_by="`gpuforge server`, its job runners",
     )
     ray_address: str | None = setting(
@@ -168,13 +167,17 @@ class ServerOptions(BaseSettings):
     )
     slurm_partition: str | None = setting(
         None, meaning="the Slurm partition jobs are submitted to (executor slurm; default: Slurm's)",
-        read_by="job runners",
+        read_by="`gpuforge server` (its devices), its job runners",
     )  # fmt: skip
     slurm_account: str | None = setting(
-        None, meaning="the Slurm account jobs are charged to (executor slurm)", read_by="job runners"
+        None,
+        meaning="the Slurm account jobs are charged to (executor slurm)",
+        read_by="`gpuforge server`, its job runners",
     )
     slurm_qos: str | None = setting(
-        None, meaning="the Slurm QOS jobs are submitted with (executor slurm)", read_by="job runners"
+        None,
+        meaning="the Slurm QOS jobs are submitted with (executor slurm)",
+        read_by="`gpuforge server`, its job runners",
     )
 
 

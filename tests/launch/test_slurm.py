@@ -17,26 +17,16 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import run_cli
+from tests.helpers.slurm import slurm_conf
 from tests.helpers.specs import image_spec, write_spec
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def slurm_env() -> dict[str, str]:
     """The environment a job runner needs to submit to the test cluster."""
-    conf = os.environ.get("SLURM_CONF", "")
-    if not conf or subprocess.run(["sinfo"], capture_output=True, timeout=30).returncode != 0:
-        started = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "slurm.sh")], capture_output=True, text=True, timeout=600
-        )
-        if started.returncode != 0:
-            reason = "no Slurm cluster could be started here: " + " ".join(started.stderr.splitlines()[-2:])
-            if os.environ.get("GPUFORGE_REQUIRE_SLURM") == "1":
-                pytest.fail(f"{reason}, and GPUFORGE_REQUIRE_SLURM=1 requires one", pytrace=False)
-            pytest.skip(reason)
-        conf = started.stdout.strip()
+    conf = slurm_conf()
     # a CPU (and 2 GiB, slurm.sh's DefMemPerCPU) a job: the tests' two workers' jobs run at once
     return {"SLURM_CONF": conf, "GPUFORGE_EXECUTOR": "slurm", "OMP_NUM_THREADS": "1"}
 

@@ -1,6 +1,7 @@
 """The scheduling loop with real job processes, driven through the API: run, queue, cancel, restart."""
 
 import json
+import logging
 import os
 import signal
 import time
@@ -369,3 +370,49 @@ def test_a_tick_fails_a_job_that_can_never_start_and_says_once_why_a_held_one_wa
         assert (failed.state, failed.reason) == ("failed", "asks for 4 cpu device(s); this server has 3")
         assert failed.finished_at is not None
     assert launched == []
+
+
+def test_a_clusters_devices_are_read_again_into_the_list_the_server_shares_and_a_failed_read_keeps_them(
+    tmp_path, monkeypatch, caplog
+):
+    from gpuforge.scheduler import loop
+    from gpuforge.scheduler.allocator import DeviceInfo
+    from gpuforge.store.db import connect, migrate
+
+    monkeypatch.setattr(loop, "DEVICES_REFRESH_S", 0.05)
+    caplog.set_level(logging.INFO, "gpuforge")
+    engine = connect(f"sqlite:///{tmp_path / 'store.db'}")
+    migrate(engine)
+    one = [DeviceInfo("cpu:0", "cpu", "a CPU core of Slurm node a", None, 1)]
+    two = [*one, DeviceInfo("cuda:0", "cuda", "a GPU of Slurm node b")]
+    answer: dict = {"read": two}
+
+    def source():
+        if isinstance(answer["read"], Exception):
+            raise answer["read"]
+        return answer["read"]
+
+    def until(condition, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, f"{what}: {devices}; {caplog.text}"
+            time.sleep(0.05)
+
+    devices = list(one)
+    scheduler = loop.Scheduler(engine, devices, devices_source=source)
+    scheduler.start()
+    try:
+        until(lambda: len(devices) == 2, "a node with a GPU joined")
+        # the list the routes and the keeper hold is the one updated, in a tick, not a copy
+        assert scheduler.devices is devices and [d.id for d in devices] == ["cpu:0", "cuda:0"]
+        answer["read"] = RuntimeError("sinfo down")
+        until(lambda: "devices not read again: sinfo down" in caplog.text, "a failed read")
+        time.sleep(0.6)  # a tick or more: the devices known stay
+        assert len(devices) == 2
+        answer["read"] = one
+        until(lambda: len(devices) == 1, "the node with the GPU left")
+    finally:
+        scheduler.stop()
+        engine.dispose()
+    assert "devices now: 1 cpu, 1 cuda (were 1 cpu)" in caplog.text
+    assert "devices now: 1 cpu (were 1 cpu, 1 cuda)" in caplog.text

@@ -75,14 +75,26 @@ def server(
     ] = None,
     executor: Annotated[
         str | None,
-        typer.Option(help="local (default) or ray: jobs' processes on a Ray cluster ($GPUFORGE_EXECUTOR)"),
+        typer.Option(
+            help="local (default), ray (jobs' processes on a Ray cluster) or slurm (each job a Slurm job) "
+            "($GPUFORGE_EXECUTOR)"
+        ),
     ] = None,
     ray_address: Annotated[
         str | None, typer.Option(help="HOST:PORT of the Ray cluster's head ($GPUFORGE_RAY_ADDRESS)")
     ] = None,
+    partition: Annotated[
+        str | None, typer.Option(help="Slurm partition, for --executor slurm ($GPUFORGE_SLURM_PARTITION)")
+    ] = None,
+    account: Annotated[
+        str | None, typer.Option(help="Slurm account, for --executor slurm ($GPUFORGE_SLURM_ACCOUNT)")
+    ] = None,
+    qos: Annotated[
+        str | None, typer.Option(help="Slurm QOS, for --executor slurm ($GPUFORGE_SLURM_QOS)")
+    ] = None,
 ) -> None:
     """Serve the HTTP API: jobs are queued in the store and run on this machine's devices (or a Ray
-    cluster's)."""
+    cluster's, or a Slurm partition's: docs/slurm.md)."""
     from pydantic import ValidationError
 
     from gpuforge.server.app import check_executor, check_store_and_bind, create_app
@@ -98,7 +110,8 @@ def server(
         )
     if db_file is not None:
         db = read_secret_file(db_file, "--db-file", "the store URL")
-    given = {"host": host, "port": port, "db": db, "executor": executor, "ray_address": ray_address}
+    given = {"host": host, "port": port, "db": db, "executor": executor, "ray_address": ray_address,
+             "slurm_partition": partition, "slurm_account": account, "slurm_qos": qos}  # fmt: skip
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as err:
@@ -180,8 +193,20 @@ def _age(seconds: float) -> str:
 
 
 @app.command()
-def job(job_id: int, url: Url = None, key_file: KeyFile = None, as_json: AsJson = False) -> None:
-    """One job, as JSON (indented; --json: on one line)."""
+def job(
+    job_id: int,
+    url: Url = None,
+    key_file: KeyFile = None,
+    as_json: AsJson = False,
+    slurm_script: Annotated[
+        bool, typer.Option("--slurm-script", help="the batch script its last attempt submitted to Slurm")
+    ] = False,
+) -> None:
+    """One job, as JSON (indented; --json: on one line); or the Slurm batch script it ran."""
+    if slurm_script:
+        script = client_for(url, key_file).slurm_script(job_id)
+        out_console.print(script, highlight=False, markup=False, end="")
+        return
     found = client_for(url, key_file).job(job_id)
     if as_json:
         _print_json(found)

@@ -205,7 +205,7 @@ def launch_slurm(spec: JobSpec, out: str | Path) -> dict[str, Any]:
         with _stop_on_signals() as (stop, stopped_by):
             earlier = slurm.earlier_job(run) if number == 0 else None
             if earlier is None:
-                script = run.logs_dir / f"slurm-attempt{number}.sh"
+                script = run.slurm_script_path(number)
                 script.write_text(slurm.batch_script(spec, run, argv, options, gpus))
                 job_id, launched_as = slurm.submit(script, {**os.environ, **env}), None
                 slurm.record(run, job_id, env[env_name("attempt")])
@@ -249,7 +249,10 @@ def supervise(
                 name = signal.Signals(outcome.signal).name
                 raise TrainingFailed(f"stopped by {name} before the ranks wrote a summary")
             return summary.as_result(outcome.signal)
-        if outcome.failure is None or fresh:
+        # ranks that checkpointed on a SIGTERM the launcher did not send (Slurm's time limit, a preemption
+        # without requeue, someone's scancel): the end is the scheduler's failure, not a cancel asked for
+        stopped_outside = fresh and summary.status == "cancelled" and outcome.failure is not None
+        if (outcome.failure is None or fresh) and not stopped_outside:
             if summary is None:
                 raise TrainingFailed(f"the ranks ended without a summary in {run.root}")
             if summary.status == "failed":

@@ -11,8 +11,9 @@ share: the ranks write it where they run, and this process reads the summary ran
                               one that has not ended after STOP_GRACE_S is cancelled outright too
     `scontrol requeue`        Slurm's SIGTERM makes the ranks checkpoint; the job runs again and resumes
     a job Slurm ended         its state and exit code (TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, ...) are the
-                              failure's reason; a time limit, out of memory (Slurm's or a rank's, exit 4)
-                              or bad input (exit 2) would come again: no restart
+                              failure's reason, even where the ranks checkpointed on Slurm's SIGTERM; a
+                              time limit, out of memory (Slurm's or a rank's, exit 4) or bad input
+                              (exit 2) would come again, and a scancel was meant: no restart
     resources.max_time        Slurm's --time, TIME_MARGIN_MIN minutes more
 
 The Slurm job's id and the launch attempt's id are kept in <run>/logs/slurm-job: a launcher started again
@@ -54,7 +55,7 @@ _OPTION = re.compile(r"[A-Za-z0-9_.,:=+-]+")  # a partition, account or QOS name
 def check_slurm(options: dict[str, str | None]) -> None:
     """An error naming what is missing where Slurm's commands are not on PATH, or what is wrong with a
     partition, account or QOS name."""
-    missing = [c for c in ("sbatch", "scontrol", "scancel") if shutil.which(c) is None]
+    missing = [c for c in ("sbatch", "scontrol", "scancel", "sinfo") if shutil.which(c) is None]
     if missing:
         raise GpuforgeError(
             f"executor slurm: {', '.join(missing)} not found on PATH (run gpuforge on a Slurm login node)"
@@ -71,7 +72,7 @@ def on_gpus(spec: JobSpec, partition: str | None) -> bool:
     if kind != "auto":
         return kind == "cuda"
     args = ["sinfo", "-h", "-o", "%G"] + (["-p", partition] if partition else [])
-    shown = _slurm(args)
+    shown = slurm_output(args)
     return shown is not None and "gpu" in shown
 
 
@@ -115,7 +116,7 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:64]
 
 
-def _slurm(args: list[str], env: dict[str, str] | None = None) -> str | None:
+def slurm_output(args: list[str], env: dict[str, str] | None = None) -> str | None:
     """A Slurm command's output; None where it failed or did not answer in time. Run in a session of its
     own: a Ctrl-C meant for the launcher must not kill the command that passes the stop on."""
     try:
@@ -156,7 +157,8 @@ def submit(script: Path, env: dict[str, str]) -> str:
     except subprocess.TimeoutExpired:
         raise GpuforgeError("sbatch did not answer within 120 s (is slurmctld up?)") from None
     if done.returncode != 0:
-        raise GpuforgeError(f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}")
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise GpuforgeError(f"sbatch refused the job: {'; '.join(line.strip() for line in said[-3:])}")
     return done.stdout.strip().split(";")[0]
 
 
@@ -187,14 +189,14 @@ def follow(job_id: str, stop: threading.Event) -> dict[str, str]:
         if stop.is_set():
             now = time.monotonic()
             if state != "RUNNING":
-                _slurm(["scancel", job_id])  # nothing runs to checkpoint: cancelled where it waits
+                slurm_output(["scancel", job_id])  # nothing runs to checkpoint: cancelled where it waits
             elif stopping_since is None:
                 log.info("stopping Slurm job %s: its ranks checkpoint and exit", job_id)
-                _slurm(["scancel", "--signal=TERM", job_id])
+                slurm_output(["scancel", "--signal=TERM", job_id])
                 stopping_since = now
             elif now - stopping_since > STOP_GRACE_S:
                 log.warning("Slurm job %s did not stop %.0f s after SIGTERM: cancelled", job_id, STOP_GRACE_S)
-                _slurm(["scancel", job_id])
+                slurm_output(["scancel", job_id])
         time.sleep(POLL_S)
 
 
@@ -211,7 +213,9 @@ def outcome_of(job_id: str, fields: dict[str, str]) -> tuple[str | None, bool]:
     rank_exit = int(code.split(":")[0]) if code.split(":")[0].isdigit() else None
     if rank_exit in RANK_EXITS:
         return f"{RANK_EXITS[rank_exit]} (Slurm job {job_id} ended {state})", True
-    return f"Slurm job {job_id} ended {state} (exit code {code}{detail})", state in WOULD_REPEAT
+    # CANCELLED here is someone's scancel (the launcher's own stop never gets this far): not for a restart
+    final = state in WOULD_REPEAT or state == "CANCELLED"
+    return f"Slurm job {job_id} ended {state} (exit code {code}{detail})", final
 
 
 def record(run: RunDir, job_id: str, attempt_id: str) -> None:

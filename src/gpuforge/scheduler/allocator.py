@@ -43,10 +43,10 @@ def inventory(cpu_slots: int | None = None) -> list[DeviceInfo]:
 
 
 def cluster_inventory(cluster: dict) -> list[DeviceInfo]:
-    """The devices of a Ray cluster (ray_ranks.cluster_devices()): each GPU, and each CPU as a slot of one
-    core (GPUFORGE_CPU_SLOTS, when set, caps them, taken from the nodes in turn), each with its node's labels
-    (``per_node``; without it, none). Ray places the ranks, on nodes that carry a job's placement labels;
-    these ids only count them."""
+    """The devices of a Ray cluster (ray_ranks.cluster_devices()) or a Slurm partition: each GPU, and each
+    CPU as a slot of one core (GPUFORGE_CPU_SLOTS, when set, caps them, taken from the nodes in turn), each
+    with its node's labels (``per_node``; without it, none). Ray (or Slurm) places the ranks, on nodes that
+    carry a job's placement labels; these ids only count them."""
     nodes = cluster.get("per_node") or [{"cpus": cluster["cpus"], "gpus": cluster["gpus"], "labels": {}}]
     configured = current().cpu_slots  # 0 is a cap too: no CPU jobs on the cluster
     turns = itertools.zip_longest(*(range(int(n["cpus"])) for n in nodes))
@@ -66,6 +66,8 @@ def cluster_inventory(cluster: dict) -> list[DeviceInfo]:
 
 
 def _node(node: dict) -> str:
+    if node.get("where"):  # a Slurm node's name (launch/slurm_partition.py)
+        return str(node["where"])
     where = f"{node.get('ip', '')} {str(node.get('node_id', ''))[:8]}".strip()
     return f"Ray node {where}" if where else "the Ray cluster"
 

@@ -65,7 +65,13 @@ from gpuforge.store.quotas import running_limits
 log = logging.getLogger("gpuforge.scheduler")
 TICK_S = 0.5
 USAGE_REFRESH_S = 10.0
+DEVICES_REFRESH_S = 60.0  # a cluster's devices (a Slurm partition's nodes) read again this often
 PREEMPTED_BY = re.compile(r"preempted by job \d+.*?\(priority -?\d+\)")  # the head of _preempt's reason
+
+
+def _counted(devices: list[DeviceInfo]) -> str:
+    kinds = Counter(d.kind for d in devices)
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "none"
 
 
 def _after_preemption(state: JobState, reason: str | None, why: str) -> str:
@@ -86,6 +92,7 @@ class Scheduler:
         half_life_s: float = HALF_LIFE_S,
         max_preemptions: int = 3,
         runs_dir: Path | None = None,
+        devices_source: Callable[[], list[DeviceInfo]] | None = None,
     ):
         self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
         self.runner_env = dict(runner_env or {})  # where jobs' processes run (Settings.runner_environment)
@@ -112,11 +119,15 @@ class Scheduler:
         self._last_tick: float | None = None
         self._stop, self._wake = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
+        # a cluster's devices, read again in a thread of their own (a slow sinfo must not hold a tick up)
+        self.devices_source, self._read_devices = devices_source, None
 
     # --- the thread ---
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="gpuforge-scheduler", daemon=True)
         self._thread.start()
+        if self.devices_source is not None:
+            threading.Thread(target=self._reread_devices, name="gpuforge-devices", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -138,9 +149,25 @@ class Scheduler:
             self._wake.wait(TICK_S)
             self._wake.clear()
 
+    def _reread_devices(self) -> None:
+        while not self._stop.wait(DEVICES_REFRESH_S):
+            try:
+                self._read_devices = self.devices_source()
+            except Exception as err:  # Slurm unanswered: the devices known stay, the next read retries
+                log.warning("devices not read again: %s", err)
+
+    def _take_devices(self) -> None:
+        """The devices read last, in place of those known (one list: the keeper and the routes share it)."""
+        read, self._read_devices = self._read_devices, None
+        if read is None or read == self.devices:
+            return
+        log.info("devices now: %s (were %s)", _counted(read), _counted(self.devices))
+        self.devices[:] = read
+
     # --- one pass ---
     def tick(self) -> None:
         began = time.perf_counter()
+        self._take_devices()
         with session(self.engine) as s:
             running = list(s.scalars(select(Job).where(Job.state == JobState.RUNNING)))
             self._count_busy(s, running)

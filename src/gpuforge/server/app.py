@@ -8,6 +8,7 @@ first start makes the admin key (written to $GPUFORGE_HOME/admin.key, mode 0600,
 
 from __future__ import annotations
 
+import json
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -38,6 +39,7 @@ from gpuforge.server.routes import (
 )
 from gpuforge.server.schemas import Health
 from gpuforge.server.settings import Settings, job_policy
+from gpuforge.settings import env_name
 from gpuforge.store.db import connect, migrate, session
 from gpuforge.store.keys import ensure_admin_key, has_admin_key
 from gpuforge.store.models import QUEUE_JOB_STATES, Device, Job, JobState
@@ -69,6 +71,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             half_life_s=settings.fair_share_half_life_s,
             max_preemptions=settings.max_preemptions,
             runs_dir=settings.runs_dir,
+            # a Slurm partition's nodes come and go (drained, down, added): read again while serving
+            devices_source=(lambda: devices_of(settings)) if settings.executor == "slurm" else None,
         )
         if settings.schedule:
             app.state.scheduler.start()
@@ -182,14 +186,18 @@ def open_store(settings: Settings):
 
 
 def devices_of(settings: Settings) -> list:
-    """What the scheduler hands out: this machine's devices, or a Ray cluster's (GPUs, and CPUs as slots).
-    With Ray, the scheduler tells job runners where the cluster is (Settings.runner_environment)."""
+    """What the scheduler hands out: this machine's devices, or a Ray cluster's or a Slurm partition's (GPUs,
+    and CPUs as slots). The scheduler tells job runners where they submit (Settings.runner_environment)."""
     try:
         labels = parse_labels(settings.device_labels)
     except ValueError as err:
         raise GpuforgeError(str(err)) from None
     if settings.executor == "local":
         return with_labels(inventory(), labels)
+    if settings.executor == "slurm":
+        from gpuforge.launch.slurm_partition import partition_nodes
+
+        return with_labels(cluster_inventory({"per_node": partition_nodes(settings.slurm_partition)}), labels)
     from gpuforge.launch.ray_ranks import cluster_devices
     from gpuforge.launch.ray_ranks import connect as connect_ray
 
@@ -198,12 +206,13 @@ def devices_of(settings: Settings) -> list:
 
 
 def check_executor(settings: Settings) -> None:
-    """Before listening: a Ray cluster that does not answer is one clear line, not a hang at the first job."""
-    if settings.executor == "slurm":  # the partition's devices, the shared-filesystem probe: next step
-        raise GpuforgeError(
-            "--executor slurm: the server does not submit to Slurm yet; `GPUFORGE_EXECUTOR=slurm gpuforge "
-            "train SPEC --out DIR` runs one job as a Slurm job (docs/slurm.md)"
-        )
+    """Before listening: a Ray cluster that does not answer is one clear line, not a hang at the first job;
+    so is a Slurm partition without a node up, or whose nodes do not see the run directory (a probe job)."""
+    if settings.executor != "slurm" and (chosen := settings.slurm_options()):
+        names = ", ".join(env_name(name) for name in chosen)
+        raise GpuforgeError(f"{names}: for --executor slurm (this server's is {settings.executor})")
+    if settings.executor == "slurm":
+        return _check_slurm(settings)
     if settings.executor != "ray":
         return
     if not settings.ray_address:
@@ -211,6 +220,31 @@ def check_executor(settings: Settings) -> None:
     from gpuforge.launch.ray_ranks import connect as connect_ray
 
     connect_ray(settings.ray_address)
+
+
+def _check_slurm(settings: Settings) -> None:
+    """The partition has nodes up, and a probe job on one of them wrote into the run directory. A probe
+    that passed is remembered in the home for the same directory and Slurm options: a restart does not
+    wait again for a free node of a busy partition."""
+    from gpuforge.launch.slurm import check_slurm
+    from gpuforge.launch.slurm_partition import partition_nodes, probe_shared
+
+    options = {k.removeprefix("slurm_"): v for k, v in settings.slurm_options().items()}
+    check_slurm(options)  # commands on PATH, names that are names, before any is run
+    nodes = partition_nodes(settings.slurm_partition)
+    asked = {"runs_dir": str(settings.runs_dir.resolve()), **options}
+    passed = settings.home / "slurm-probe.json"
+    try:
+        earlier = json.loads(passed.read_text())
+    except (OSError, ValueError):
+        earlier = {}
+    if isinstance(earlier, dict) and earlier.get("asked") == asked:
+        seen_from = earlier.get("node")
+        log.info("Slurm: %d node(s); the run directory was seen from %s (%s)", len(nodes), seen_from, passed)
+        return
+    node = probe_shared(settings.runs_dir, options)
+    passed.write_text(json.dumps({"asked": asked, "node": node}))
+    log.info("Slurm: %d node(s); a probe job on %s wrote into %s", len(nodes), node, settings.runs_dir)
 
 
 def check_store_and_bind(settings: Settings) -> None:

@@ -23,7 +23,19 @@ class Settings(ServerOptions):
     @property
     def runner_environment(self) -> dict[str, str]:
         """What a job's runner is told of where its processes run (launch/job.py reads it back)."""
-        return as_environment(executor=self.executor, ray_address=self.ray_address)
+        return as_environment(
+            executor=self.executor,
+            ray_address=self.ray_address,
+            slurm_partition=self.slurm_partition,
+            slurm_account=self.slurm_account,
+            slurm_qos=self.slurm_qos,
+        )
+
+    def slurm_options(self) -> dict[str, str]:
+        """The Slurm partition, account and QOS given ({"slurm_partition": ...}), for the checks at start."""
+        given = {"slurm_partition": self.slurm_partition, "slurm_account": self.slurm_account,
+                 "slurm_qos": self.slurm_qos}  # fmt: skip
+        return {name: value for name, value in given.items() if value}
 
     @property
     def db_url(self) -> str:

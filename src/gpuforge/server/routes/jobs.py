@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import yaml
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
@@ -21,7 +21,7 @@ from starlette.background import BackgroundTask
 from gpuforge.admission import check_script, check_spec
 from gpuforge.data.columns import check_columns
 from gpuforge.errors import GpuforgeError, ModelError, SpecError
-from gpuforge.run_files import log_tail, metrics_page, read_report, series
+from gpuforge.run_files import log_tail, metrics_page, read_report, series, small_text
 from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
 from gpuforge.server.follow import REVOKED, follow
@@ -48,6 +48,7 @@ from gpuforge.store.quotas import INT32, check_job
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 JobId = Annotated[int, PathParam(ge=1, le=INT32, description="the job's id")]
 MAX_SPEC_BYTES = 256 * 2**10  # a spec is a page of YAML; its data travel as uploads
+MAX_SLURM_SCRIPT = 64 * 2**10  # a batch script is a few lines
 GZIP_MIN_BYTES = 8 * 2**10  # a chart's series past this is sent gzipped (numbers compress ~2.5x)
 
 
@@ -442,6 +443,25 @@ def job_logs(
         run_dir = Path(visible_job(s, key, job_id).run_dir)
     lines, offset = log_tail(run_dir / "logs" / "process.log", tail)
     return LogTail(lines=lines, offset=offset)
+
+
+@router.get(
+    "/{job_id}/slurm-script",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {}}}, 404: {"description": "not submitted to Slurm"}},
+)
+def job_slurm_script(job_id: JobId, request: Request, key: Key) -> PlainTextResponse:
+    """The batch script the job's last launch attempt submitted to Slurm (a server with --executor slurm)."""
+    with session(request.app.state.engine) as s:
+        run = RunDir(visible_job(s, key, job_id).run_dir)
+    path = run.latest_slurm_script()
+    try:
+        text = small_text(path, MAX_SLURM_SCRIPT) if path is not None else None
+    except OSError as err:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"job {job_id}: {err}") from None
+    if text is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has not been submitted to Slurm")
+    return PlainTextResponse(text)
 
 
 @router.get("/{job_id}/spec", response_model=JobSpecPublic)

@@ -1,0 +1,160 @@
+"""`gpuforge server --executor slurm` on the tests' real one-node Slurm cluster (scripts/slurm.sh): the
+devices are the partition's, a probe job shows the node sees the run directory before the server listens,
+a job becomes one Slurm job whose metrics stream and whose batch script is shown, a server killed outright
+finds its jobs still followed when it starts again, a cancel reaches the ranks as SIGTERM (a checkpoint),
+and a job over its Slurm time limit fails with Slurm's own reason."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+import pytest
+import yaml
+
+from gpuforge.runs import RunDir
+from gpuforge.server.local import LocalServer
+from tests.helpers.cli import run_cli
+from tests.helpers.jobs import wait_for_job
+from tests.helpers.paths import TEST_MODELS
+from tests.helpers.slurm import slurm, slurm_conf
+from tests.helpers.specs import image_spec, write_spec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def conf() -> str:
+    return slurm_conf()
+
+
+def _server(tmp_path, conf: str) -> LocalServer:
+    env = {"SLURM_CONF": conf, "GPUFORGE_EXECUTOR": "slurm", "GPUFORGE_DATA_ROOTS": str(TEST_MODELS.parent)}
+    return LocalServer(tmp_path / "home", log=tmp_path / "server.log", **env)
+
+
+def _client(server: LocalServer) -> httpx.Client:
+    http = httpx.Client(base_url=server.url, timeout=10)
+    http.headers["Authorization"] = f"Bearer {server.key}"
+    return http
+
+
+def _submit(http: httpx.Client, tmp_path, **train) -> int:
+    spec = image_spec(tmp_path, options={"sleep_s": 0.05}, **train)  # 20 steps a second at most
+    answer = http.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)})
+    assert answer.status_code == 201, answer.text
+    return answer.json()["id"]
+
+
+def _slurm_job(run_dir: str) -> str:
+    """The Slurm job id the runner recorded (launch/slurm.py's slurm-job file)."""
+    path = RunDir(run_dir).logs_dir / "slurm-job"
+    deadline = time.monotonic() + 60
+    while not path.is_file():
+        assert time.monotonic() < deadline, f"no Slurm job recorded in {path}"
+        time.sleep(0.2)
+    return path.read_text().split()[0]
+
+
+def test_a_job_runs_as_a_slurm_job_its_metrics_stream_and_its_batch_script_is_shown(tmp_path, conf):
+    server = _server(tmp_path, conf).start()
+    http = _client(server)
+    try:
+        job_id = _submit(http, tmp_path, max_steps=30)
+        running = wait_for_job(http, job_id, lambda j: j["state"] != "queued" and (j["step"] or 0) >= 3, 180)
+        assert running["state"] == "running"
+        seen_live = [m["step"] for m in http.get(f"/api/v1/jobs/{job_id}/metrics").json()]
+        done = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 180)
+        assert done["state"] == "finished", done
+        steps = [m["step"] for m in http.get(f"/api/v1/jobs/{job_id}/metrics").json()]
+        env = {"GPUFORGE_URL": server.url, "GPUFORGE_API_KEY": server.key}
+        shown = run_cli("job", str(job_id), "--slurm-script", env=env)
+        too_many = run_cli("submit", str(_big_spec(tmp_path)), env=env)
+        missing = http.get(f"/api/v1/jobs/{job_id + 1000}/slurm-script")
+    finally:
+        server.stop()
+    assert 3 <= len(seen_live) < 30 and steps == list(range(1, 31))  # read while it ran, then all of them
+    assert shown.returncode == 0, shown.stderr
+    script = shown.stdout
+    assert script.startswith("#!/bin/bash") and "#SBATCH --ntasks=1" in script and "exec srun" in script
+    assert "#SBATCH --requeue" in script and "gpuforge.train.rank" in script
+    assert missing.status_code == 404
+    log = (tmp_path / "server.log").read_text()
+    assert "a probe job on " in log and "wrote into" in log  # the node saw the run directory
+    # the partition's 2 CPUs (scripts/slurm.sh's node) are the server's 2 slots: 3 are refused with that
+    assert too_many.returncode == 2 and "this server has 2 (cpu:0, cpu:1" in too_many.stderr
+
+
+def _big_spec(tmp_path):
+    spec = {**image_spec(tmp_path), "resources": {"devices": 3}, "distributed": {"strategy": "ddp"}}
+    return write_spec(tmp_path / "big.yaml", spec)
+
+
+def test_a_server_killed_outright_finds_its_slurm_job_still_followed_and_a_cancel_checkpoints_it(
+    tmp_path, conf
+):
+    server = _server(tmp_path, conf).start()
+    http = _client(server)
+    try:
+        job_id = _submit(http, tmp_path, max_steps=2000, checkpoint_every=1000)
+        running = wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= 10, 180)
+        slurm_job = _slurm_job(running["run_dir"])
+        server.kill()  # SIGKILL: the runner, in a session of its own, goes on following the Slurm job
+        time.sleep(1.0)
+        server.start()
+        later = wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= running["step"] + 10, 120)
+        assert later["state"] == "running" and later["restarts"] == 0  # re-attached, not restarted
+        assert http.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+        ended = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 120)
+        events = http.get(f"/api/v1/jobs/{job_id}/events").json()
+    finally:
+        server.stop()
+    assert ended["state"] == "cancelled", ended
+    run = RunDir(ended["run_dir"])
+    saved = run.latest_checkpoint()
+    assert saved is not None and saved[0] >= later["step"]  # the ranks checkpointed on Slurm's SIGTERM
+    assert sorted(p.name for p in run.logs_dir.glob("slurm-attempt*.sh")) == ["slurm-attempt0.sh"]
+    assert [e["kind"] for e in events].count("started") == 1
+    assert "RUNNING" not in slurm("scontrol", "show", "job", slurm_job, conf=conf)
+
+
+def test_a_job_over_its_slurm_time_limit_fails_with_slurms_reason(tmp_path, conf):
+    server = _server(tmp_path, conf).start()
+    http = _client(server)
+    try:
+        job_id = _submit(http, tmp_path, max_steps=20000)
+        running = wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= 3, 180)
+        slurm_job = _slurm_job(running["run_dir"])
+        # as an admin would: Slurm's limit (1 minute, its least) ends the job where gpuforge's did not
+        slurm("scontrol", "update", f"jobid={slurm_job}", "TimeLimit=1", conf=conf)
+        ended = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 240)
+    finally:
+        server.stop()
+    assert ended["state"] == "failed", ended
+    assert f"Slurm job {slurm_job} ended TIMEOUT" in ended["reason"], ended["reason"]
+    assert ended["restarts"] == 0  # a restart would only meet the same limit
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--executor", "slurm", "--partition", "nosuch"],
+            "Slurm has no partition nosuch (partitions: debug)",
+        ),
+        (["--executor", "slurm", "--partition", "a b"], "GPUFORGE_SLURM_PARTITION: 'a b' is not a Slurm"),
+        (["--partition", "debug"], "GPUFORGE_SLURM_PARTITION: for --executor slurm (this server's is local)"),
+    ],
+)
+def test_a_server_refuses_to_start_on_slurm_settings_it_cannot_use(tmp_path, conf, args, message):
+    env = {"GPUFORGE_HOME": str(tmp_path / "home"), "SLURM_CONF": conf}
+    done = run_cli("server", *args, "--port", "0", env=env, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_without_slurm_commands_the_server_says_which_are_missing(tmp_path):
+    env = {"GPUFORGE_HOME": str(tmp_path / "home"), "PATH": os.path.dirname(os.__file__)}
+    done = run_cli("server", "--executor", "slurm", "--port", "0", env=env, timeout=60)
+    assert done.returncode == 2 and "sbatch, scontrol, scancel, sinfo not found on PATH" in done.stderr
