@@ -4,6 +4,7 @@ it, and nothing at all when no profile is asked for."""
 
 import gzip
 import json
+import random
 from pathlib import Path
 
 from gpuforge.profile_files import read_profile
@@ -111,6 +112,48 @@ def test_an_optimizer_bound_run_is_advised_lora(tmp_path):
     assert report["breakdown"]["optimizer"]["share"] >= 0.25, report["breakdown"]
     line = next(line for line in report["advice"] if line.startswith("optimizer"))
     assert "4.3 M trainable parameters: model.lora" in line, report["advice"]
+
+
+HEADS = """
+from torch import nn
+
+
+class DocumentHead(nn.Module):  # a document by its first 16 tokens: the rest is carried for nothing
+    def __init__(self, vocab_size, num_labels):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(vocab_size, 8), nn.Linear(8, num_labels)
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.head(self.embed(input_ids[:, :16]).mean(1))
+
+
+def build(vocab_size, num_labels):
+    return DocumentHead(vocab_size, num_labels)
+"""
+
+
+def test_a_run_waiting_on_its_batches_shows_data_wait_on_top_and_is_advised_a_shorter_max_length(tmp_path):
+    """Long documents (about 18 kB each) padded into batches of 64 at data.max_length 16384, for a model
+    that reads their first 16 tokens: building the batches is most of the step."""
+    (tmp_path / "heads.py").write_text(HEADS)
+    rng = random.Random(0)
+    words = (["alpha", "beta", "gamma", "delta"], ["omega", "sigma", "kappa", "theta"])
+    with (tmp_path / "long.jsonl").open("w") as f:
+        for i in range(256):
+            text = " ".join(rng.choice(words[i % 2]) for _ in range(3000))
+            f.write(json.dumps({"text": text, "label": i % 2}) + "\n")
+    spec = {
+        "model": {"source": f"python:{tmp_path / 'heads.py'}:build", "task": "sequence-classification"},
+        "data": {"train": str(tmp_path / "long.jsonl"), "tokenizer": "bytes", "max_length": 16384},
+        "train": {"max_steps": 12, "batch_size": 64, "lr": 1e-2, "precision": "fp32", "log_every": 1,
+                  "profile": {"start_step": 4, "steps": 4}},
+    }  # fmt: skip
+    train_run(tmp_path, spec, "run")
+    parts = _profile(tmp_path / "run")["breakdown"]
+    assert max(parts, key=lambda part: parts[part]["share"]) == "data_wait", parts
+    assert parts["data_wait"]["share"] >= 0.30, parts
+    advice = _profile(tmp_path / "run")["advice"]
+    assert any(line.startswith("data wait") and "data.max_length" in line for line in advice), advice
 
 
 def test_bad_profile_requests_say_what_is_wrong(tmp_path):

@@ -19,21 +19,28 @@ from gpuforge.spec import DataSpec
 
 
 class TextClassification:
-    def __init__(self, ids: list[list[int]], labels: np.ndarray, pad_id: int):
-        self.ids, self.labels, self.pad_id = ids, torch.as_tensor(labels, dtype=torch.long), pad_id
+    def __init__(self, ids: list[list[int]] | list[np.ndarray], labels: np.ndarray, pad_id: int):
+        # each example's ids as an int32 array: a batch is then built by copies of memory, where Python
+        # lists of ints were converted one int at a time (long documents: most of a step, measured)
+        self.ids = [np.asarray(seq, dtype=np.int32) for seq in ids]
+        self.labels, self.pad_id = torch.as_tensor(labels, dtype=torch.long), pad_id
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def collate(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        longest = max(len(self.ids[i]) for i in indices)
-        input_ids = torch.full((len(indices), longest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(indices), longest), dtype=torch.long)
-        for row, i in enumerate(indices):
-            seq = self.ids[i]
-            input_ids[row, : len(seq)] = torch.as_tensor(seq)
+        seqs = [self.ids[i] for i in indices]
+        longest = max(len(seq) for seq in seqs)
+        input_ids = np.full((len(seqs), longest), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(seqs), longest), dtype=np.int64)
+        for row, seq in enumerate(seqs):
+            input_ids[row, : len(seq)] = seq
             mask[row, : len(seq)] = 1
-        return {"input_ids": input_ids, "attention_mask": mask, "labels": self.labels[indices]}
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(mask),
+            "labels": self.labels[indices],
+        }
 
     def subset(self, indices: np.ndarray) -> TextClassification:
         return TextClassification([self.ids[i] for i in indices], self.labels.numpy()[indices], self.pad_id)
