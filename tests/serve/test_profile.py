@@ -1,5 +1,7 @@
 """POST /admin/profile on a worker serving a real (tiny BERT) classifier: where a served input's time went
-over a window, split into queue, tokenize, forward, scores and respond."""
+over a window, split into queue, tokenize, forward, scores and respond; and on one serving a real (tiny
+GPT) causal LM: a request's time in the continuous batches, split into queue, tokenize, prefill, joins,
+decode, sample and detokenize."""
 
 import concurrent.futures
 import time
@@ -7,7 +9,7 @@ import time
 import pytest
 
 from tests.serve.test_worker import _client
-from tests.serve.tiny_runs import train_topics
+from tests.serve.tiny_runs import train_gpt, train_topics
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +51,43 @@ def test_a_window_with_no_request_says_so_and_bad_windows_are_refused(endpoint):
     assert quiet["inputs"] == 0 and quiet["breakdown"] is None and "no request was answered" in quiet["note"]
     for seconds in (0, -1, 61, "soon"):
         assert endpoint.post("/admin/profile", params={"seconds": seconds}).status_code == 422
+
+
+@pytest.fixture(scope="module")
+def lm_endpoint(tmp_path_factory):
+    client = _client(train_gpt(tmp_path_factory.mktemp("profiled-gpt"), "gpt-profiled"), max_batch=8)
+    yield client
+    client.__exit__(None, None, None)
+
+
+def _complete(client, i: int) -> tuple[float, int]:
+    """(the client's wait, the tokens generated) for one completion."""
+    began = time.perf_counter()
+    body = {"prompt": f"def f{i}(x):", "max_tokens": 12, "temperature": 0}
+    answer = client.post("/v1/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    return time.perf_counter() - began, answer.json()["usage"]["completion_tokens"]
+
+
+def test_a_causal_lms_window_splits_the_mean_requests_time_in_its_continuous_batches(lm_endpoint):
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        window = pool.submit(lm_endpoint.post, "/admin/profile", params={"seconds": 4})
+        time.sleep(0.3)
+        busy = lm_endpoint.post("/admin/profile", params={"seconds": 1})
+        latencies, tokens = zip(*pool.map(lambda i: _complete(lm_endpoint, i), range(20)), strict=True)
+        answer = window.result()
+    assert busy.status_code == 409
+    assert answer.status_code == 200, answer.text
+    report = answer.json()
+    assert report["requests"] == 20 and report["tokens"] == sum(tokens)
+    # requests shared the running batch
+    assert report["decode_steps"] >= max(tokens) - 1 and report["mean_batch"] > 1
+    parts = report["breakdown"]
+    assert set(parts) == {"queue", "tokenize", "prefill", "joins", "decode", "sample", "detokenize", "other"}
+    measured = ("tokenize", "prefill", "decode", "sample", "detokenize")
+    assert all(parts[name]["seconds"] > 0 for name in measured)
+    assert parts["joins"]["seconds"] > 0  # newcomers' prefills held the running ones up
+    assert abs(sum(p["share"] for p in parts.values()) - 1) < 1e-9
+    assert report["mean_request_s"] < sum(latencies) / len(latencies)
+    quiet = lm_endpoint.post("/admin/profile", params={"seconds": 0.2}).json()
+    assert quiet["requests"] == 0 and quiet["breakdown"] is None and "no request" in quiet["note"]

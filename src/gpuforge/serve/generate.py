@@ -40,6 +40,7 @@ import torch
 from gpuforge.runtime.kv_cache import cache_argument, cache_layers, returned_cache, with_layers
 from gpuforge.runtime.precision import Precision, autocast
 from gpuforge.serve.batcher import QueueFull
+from gpuforge.serve.profile import GenerateProfile
 
 log = logging.getLogger("gpuforge.serve")
 DETOKENIZE_CONTEXT = 5  # prompt tokens decoded with the first generated ones (leading spaces, merges)
@@ -114,6 +115,7 @@ class _Sequence:
     prefix_offset: int = 0  # incremental detokenizing (as text-generation-inference does it)
     read_offset: int = 0
     started: float = field(default_factory=time.perf_counter)
+    spent: dict[str, float] | None = None  # submitted while a profile window records: its time, by part
 
 
 class Generation:
@@ -210,6 +212,9 @@ class GenerationEngine:
         self.backend = "torch"  # what runs the model: torch, or onnxruntime (an ONNX export)
         self.steps = 0  # decode steps run
         self.tokens = 0  # tokens generated
+        self.profile = GenerateProfile()  # POST /admin/profile's windows (serve/profile.py)
+        self._last_step = (0.0, 0.0, 0.0)  # the last decode step's forward, sampling and host seconds
+        self._answered: list[_Sequence] = []  # profiled sequences ended in this pass (model thread)
 
     # -- the caller's side (event loop) --------------------------------------------------------------
 
@@ -228,7 +233,9 @@ class GenerationEngine:
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Generation:
         """Queue one request (from inside a running event loop); QueueFull past max_queue waiting."""
         params = params or SamplingParams()
+        began = time.perf_counter()
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        tokenize_s = time.perf_counter() - began
         if not ids:
             raise ValueError("the prompt is empty")
         vocab = getattr(self.module.config, "vocab_size", None)
@@ -259,7 +266,10 @@ class GenerationEngine:
             generator,
             prefix_offset=start,
             read_offset=len(ids),
+            started=began,
         )
+        if self.profile.recording():
+            seq.spent = {"tokenize": tokenize_s}
         with self._cond:
             self._waiting.append(seq)
             self._cond.notify()
@@ -329,16 +339,45 @@ class GenerationEngine:
             try:
                 with torch.inference_mode(), autocast(self.precision, self.device):
                     if admitted:
-                        self._prefill(admitted)
+                        self._timed_prefill(admitted)
                     self._leave([s.cancelled for s in self._active])
                     if self._active:
-                        self._decode_step()
+                        self._timed_decode_step()
+                self._report_answered()
             except Exception as err:  # every request in the batch hears why; the engine goes on
                 log.exception("generation step failed")
                 for seq in {id(s): s for s in [*self._active, *admitted]}.values():
                     _send(seq, err)
-                self._active, self._cache = [], None
+                self._active, self._cache, self._answered = [], None, []
                 self._mask = self._positions = self._next = None
+
+    # a profile window's accounts: a few clock reads a pass, and per sequence only for the profiled ones
+    def _timed_prefill(self, admitted: list[_Sequence]) -> None:
+        began, running = time.perf_counter(), list(self._active)  # _prefill extends the list itself
+        self._prefill(admitted)
+        took = time.perf_counter() - began
+        for seq in admitted:
+            if seq.spent is not None:
+                seq.spent["queue"] = began - seq.started - seq.spent["tokenize"]
+                seq.spent["prefill"] = took
+        for seq in running:  # the running batch waited for the newcomers' prefill
+            if seq.spent is not None:
+                seq.spent["joins"] = seq.spent.get("joins", 0.0) + took
+
+    def _timed_decode_step(self) -> None:
+        stepping = self._active
+        self._decode_step()
+        self.profile.step(len(stepping))
+        forward_s, sample_s, host_s = self._last_step
+        for seq in stepping:
+            if seq.spent is not None:
+                for name, seconds in (("decode", forward_s), ("sample", sample_s), ("detokenize", host_s)):
+                    seq.spent[name] = seq.spent.get(name, 0.0) + seconds
+
+    def _report_answered(self) -> None:
+        for seq in self._answered:
+            self.profile.answered(seq.spent, time.perf_counter() - seq.started, seq.generated)
+        self._answered = []
 
     def _forward(self, ids, mask, positions, cache):
         kwargs = {self._cache_arg: cache} if cache is not None else {}
@@ -391,15 +430,19 @@ class GenerationEngine:
 
     def _decode_step(self) -> None:
         batch = len(self._active)
+        began = time.perf_counter()
         self._mask = torch.cat([self._mask, self._mask.new_ones((batch, 1))], dim=1)
         out = self._forward(self._next[:, None], self._mask, self._positions[:, None], self._cache)
         self._cache = returned_cache(out)
         self._positions = self._positions + 1
-        tokens = self._sample(out.logits[:, -1, :], self._active)
+        forwarded = time.perf_counter()
+        tokens = self._sample(out.logits[:, -1, :], self._active)  # the host sync: a GPU's forward ends here
+        sampled = time.perf_counter()
         self.steps += 1
         finished = [self._advance(seq, token) for seq, token in zip(self._active, tokens, strict=True)]
         self._next = torch.tensor(tokens, device=self.device)
         self._leave(finished)
+        self._last_step = (forwarded - began, sampled - forwarded, time.perf_counter() - sampled)
 
     def _leave(self, gone: list[bool]) -> None:
         """Drop the sequences marked gone from the batch, and the padding columns nobody needs."""
@@ -450,6 +493,8 @@ class GenerationEngine:
             self._seconds_per_request = 0.8 * self._seconds_per_request + 0.2 * (
                 time.perf_counter() - seq.started
             )
+            if seq.spent is not None:
+                self._answered.append(seq)  # reported once this pass's times are added
             out = (*seq.ids[seq.prompt_len :], *([token] if eos else []))
             _send(seq, GenerationEvent(seq.text[seq.emitted :], reason, seq.prompt_len, seq.generated, out))
             return True

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Request, Response, status
+from fastapi import FastAPI, HTTPException, Query, Request, Response, status
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.serve.endpoint import Info, LoadState, PredictRequest, freeze_garbage
@@ -16,6 +17,7 @@ from gpuforge.serve.generate import GenerationEngine, load_engine
 from gpuforge.serve.metrics import ServeMetrics
 from gpuforge.serve.openai_api import create_openai_router
 from gpuforge.serve.options import ServeOptions
+from gpuforge.serve.profile import MAX_SECONDS
 
 COMPLETION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
@@ -32,7 +34,19 @@ class GeneratorBackend:
     def install(self, app: FastAPI) -> None:
         app.add_middleware(CountedCompletions, metrics=self.metrics)  # inside the Gate: refusals not counted
         app.include_router(create_openai_router(lambda: self.engine))
-        app.add_api_route("/admin/profile", _not_profiled, methods=["POST"], status_code=501)
+        app.add_api_route("/admin/profile", self.record_profile, methods=["POST"])
+
+    async def record_profile(
+        self, seconds: Annotated[float, Query(gt=0, le=MAX_SECONDS, description="the window")] = 5.0
+    ) -> dict[str, Any]:
+        """Where a generated request's time goes over the next `seconds` (serve/profile.py): queue,
+        tokenize, prefill, joins, decode, sample, detokenize and other, for the mean request submitted and
+        answered meanwhile. 409 while a window is open already."""
+        self.ready()
+        try:
+            return await self.engine.profile.record(seconds)
+        except RuntimeError as err:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
 
     async def load(self) -> None:
         await self.loading.run(self._load)
@@ -109,11 +123,3 @@ class CountedCompletions:
             self.metrics.inputs.inc()
         elif code in (429, 499):
             self.metrics.rejected.labels("queue full" if code == 429 else "client gone").inc()
-
-
-def _not_profiled() -> None:
-    """A causal LM's continuous batching is not profiled yet (a classifier's dynamic batches are)."""
-    raise HTTPException(
-        status.HTTP_501_NOT_IMPLEMENTED,
-        "POST /admin/profile: a causal LM's continuous batching is not profiled yet (a classifier's is)",
-    )
