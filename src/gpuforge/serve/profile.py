@@ -5,8 +5,8 @@ to token ids, or images stacked, and the copy to the device), forward (the model
 host) and scores (softmax and labels); each input's wait for its batch is its queue time; each request's
 answer encoded as JSON is its respond time, which every input of the request waits out. Each request's
 own latency, from its handler's start to its answer, is measured too: what the parts leave of it is
-`other` (the request read and checked, the hand-over to the model thread and back). The report is the mean input's latency
-split into those parts, in seconds and as shares, beside the batches' figures.
+`other` (the request read and checked, the hand-over to the model thread and back). The report is the
+mean input's latency split into those parts, in seconds and as shares, beside the batches' figures.
 
 Outside a window a batch costs the Predictor's four clock reads and a request two; nothing is recorded.
 
