@@ -76,7 +76,7 @@ fi
 
 # --- slurm.conf: this machine, one partition ------------------------------------------------------
 HOST=$(hostname -s)
-CPUS=$(nproc)
+CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc honours both: the node is every core
 MEMORY_MB=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
 cat > "$CONF" <<EOF
 ClusterName=gpuforge-test

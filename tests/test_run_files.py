@@ -4,7 +4,7 @@ replaced file read afresh), the last record, events as the server stores them.""
 import json
 import os
 
-from gpuforge.run_files import downsample, events_page, last_record, series
+from gpuforge.run_files import downsample, events_page, last_record, series, small_text
 
 
 def _write(path, records):
@@ -54,3 +54,23 @@ def test_the_last_record_and_events(tmp_path):
         {"seq": 1, "ts": 2.5, "kind": "finished", "data": {"step": 3}},
     ]
     assert [e["seq"] for e in events_page(events, 0, 10)] == [1]
+
+
+def test_a_small_file_is_read_whole_and_never_through_a_link_a_fifo_or_past_its_limit(tmp_path):
+    import pytest
+
+    logs = tmp_path / "run" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "script.sh").write_text("#!/bin/bash\n")
+    assert small_text(logs / "script.sh", 100) == "#!/bin/bash\n"
+    assert small_text(logs / "missing.sh", 100) is None
+    (tmp_path / "secret").write_text("not the run's")
+    (logs / "linked.sh").symlink_to(tmp_path / "secret")
+    os.mkfifo(logs / "pipe.sh")  # opened blocking, it would hang the server's thread for ever
+    (logs / "big.sh").write_text("x" * 101)
+    for name, why in (("linked.sh", "a link"), ("pipe.sh", "not a plain file"), ("big.sh", "over 100 bytes")):
+        with pytest.raises(OSError, match=why):
+            small_text(logs / name, 100)
+    (tmp_path / "other").symlink_to(logs)  # a run whose logs/ is a link into another run's
+    with pytest.raises(OSError, match="a link, not a folder"):
+        small_text(tmp_path / "other" / "script.sh", 100)

@@ -13,6 +13,7 @@ import errno
 import json
 import math
 import os
+import stat
 import threading
 from array import array
 from collections import OrderedDict
@@ -67,16 +68,21 @@ def metrics_page(path: Path, after_step: int, limit: int) -> list[dict[str, Any]
 
 
 def small_text(path: Path, limit: int) -> str | None:
-    """A small file the runner wrote, whole: None where there is none; OSError where it is a link (never
-    followed out of the run) or over `limit` bytes."""
+    """A small file the runner wrote, whole: None where there is none; OSError where it or its folder is a
+    link (never followed out of the run), it is not a plain file (a FIFO would hang the reader), or it is
+    over `limit` bytes."""
+    if path.parent.is_symlink():
+        raise OSError(f"{path.parent.name}/: a link, not a folder gpuforge made")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     except OSError as err:
         why = "a link, not a file gpuforge wrote" if err.errno == errno.ELOOP else err.strerror
         raise OSError(f"{path.name}: {why}") from None
     with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(f"{path.name}: not a plain file")
         raw = f.read(limit + 1)
     if len(raw) > limit:
         raise OSError(f"{path.name}: over {limit} bytes")

@@ -185,13 +185,15 @@ class RunDir:
         return self.logs_dir / f"slurm-attempt{attempt}.sh"
 
     def latest_slurm_script(self) -> Path | None:
-        """The last attempt's batch script, where the run was submitted to Slurm."""
-        numbered = []
+        """The batch script written last, where the run was submitted to Slurm (a restarted runner numbers
+        its attempts from 0 again: the newest, not the highest number)."""
+        written = []
         for path in self.logs_dir.glob("slurm-attempt*.sh"):
-            number = path.name.removeprefix("slurm-attempt").removesuffix(".sh")
-            if number.isdigit():
-                numbered.append((int(number), path))
-        return max(numbered)[1] if numbered else None
+            try:
+                written.append((path.lstat().st_mtime_ns, path.name, path))
+            except OSError:
+                continue
+        return max(written)[2] if written else None
 
     # checks and creation
     def check_usable(self) -> None:

@@ -71,9 +71,9 @@ def test_a_two_process_ddp_job_runs_its_ranks_by_srun(tmp_path, slurm_env):
     assert summary["status"] == "finished" and summary["processes"] == 2 and summary["steps"] == 6
     script = (run / "logs" / "slurm-attempt0.sh").read_text()
     assert "#SBATCH --ntasks=2" in script and "exec srun" in script
-    job_id = (run / "logs" / "slurm-job").read_text().split()[0]
-    log = (run / "logs" / f"slurm-{job_id}.log").read_text()
-    assert "[rank 0]" in log and "[rank 1]" in log  # two tasks, one a rank, in the Slurm job's output
+    assert not (run / "logs" / "slurm-job").exists()  # its end was seen: nothing left to follow
+    (log,) = (run / "logs").glob("slurm-[0-9]*.log")
+    assert "[rank 0]" in log.read_text() and "[rank 1]" in log.read_text()  # a task a rank, in its output
 
 
 def test_a_requeued_job_resumes_from_its_checkpoint_and_a_stop_reaches_its_ranks(tmp_path, slurm_env):
@@ -105,6 +105,18 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_a_stop_reaches_its_ranks
     assert json.loads((run / "summary.json").read_text())["status"] == "cancelled"
     assert "RUNNING" not in _slurm("scontrol", "show", "job", job_id, env=slurm_env)
 
+    # the same command again (a resume): a new Slurm job, from the checkpoint; the ended one is not followed
+    runner = _runner(spec, run, slurm_env)
+    try:
+        _wait(lambda: len(starts()) == 3, "the resumed run's ranks started")
+        again = (run / "logs" / "slurm-job").read_text().split()[0]
+        runner.send_signal(signal.SIGTERM)
+        runner.communicate(timeout=120)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert again != job_id and starts()[2]["resumed_from"] >= len(steps)
+
 
 def test_a_launcher_killed_outright_is_replaced_by_one_that_follows_the_same_slurm_job(tmp_path, slurm_env):
     spec, run = _spec(tmp_path, "slurm-follow", max_steps=200), tmp_path / "run"
@@ -118,7 +130,9 @@ def test_a_launcher_killed_outright_is_replaced_by_one_that_follows_the_same_slu
     again = run_cli("train", str(spec), "--out", str(run), env=slurm_env, timeout=180)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"following Slurm job {job_id}" in again.stdout + again.stderr
-    assert (run / "logs" / "slurm-job").read_text().split()[0] == job_id  # no second job submitted
+    scripts = [p.name for p in (run / "logs").glob("slurm-attempt*.sh")]
+    assert scripts == ["slurm-attempt0.sh"]  # no second job submitted
+    assert not (run / "logs" / "slurm-job").exists()  # its end seen: a later run of the command submits anew
     steps = [m["step"] for m in _lines(run / "metrics.jsonl")]
     assert steps == list(range(1, 201))
     assert [e["event"] for e in _lines(run / "events.jsonl")].count("started") == 1  # one run, followed

@@ -29,9 +29,19 @@ def conf() -> str:
     return slurm_conf()
 
 
-def _server(tmp_path, conf: str) -> LocalServer:
+START_S = 200  # a server's start waits for its probe job, which waits for a CPU other tests' jobs may hold
+
+
+@pytest.fixture
+def server(tmp_path, conf):
+    """A server on the cluster (not started); the Slurm jobs its runners still follow at the end are
+    cancelled, so that a failed test leaves no job holding the node's CPUs."""
     env = {"SLURM_CONF": conf, "GPUFORGE_EXECUTOR": "slurm", "GPUFORGE_DATA_ROOTS": str(TEST_MODELS.parent)}
-    return LocalServer(tmp_path / "home", log=tmp_path / "server.log", **env)
+    server = LocalServer(tmp_path / "home", log=tmp_path / "server.log", **env)
+    yield server
+    server.stop()
+    for followed in (tmp_path / "home" / "runs").glob("*/logs/slurm-job"):
+        slurm("scancel", followed.read_text().split()[0], conf=conf)
 
 
 def _client(server: LocalServer) -> httpx.Client:
@@ -57,8 +67,8 @@ def _slurm_job(run_dir: str) -> str:
     return path.read_text().split()[0]
 
 
-def test_a_job_runs_as_a_slurm_job_its_metrics_stream_and_its_batch_script_is_shown(tmp_path, conf):
-    server = _server(tmp_path, conf).start()
+def test_a_job_runs_as_a_slurm_job_its_metrics_stream_and_its_batch_script_is_shown(tmp_path, server):
+    server.start(START_S)
     http = _client(server)
     try:
         job_id = _submit(http, tmp_path, max_steps=30)
@@ -82,19 +92,22 @@ def test_a_job_runs_as_a_slurm_job_its_metrics_stream_and_its_batch_script_is_sh
     assert missing.status_code == 404
     log = (tmp_path / "server.log").read_text()
     assert "a probe job on " in log and "wrote into" in log  # the node saw the run directory
-    # the partition's 2 CPUs (scripts/slurm.sh's node) are the server's 2 slots: 3 are refused with that
-    assert too_many.returncode == 2 and "this server has 2 (cpu:0, cpu:1" in too_many.stderr
+    # the partition's CPUs (scripts/slurm.sh's node: every core) are the server's slots; one more is refused
+    assert too_many.returncode == 2 and f"this server has {CORES} (cpu:0, cpu:1" in too_many.stderr
+
+
+CORES = len(os.sched_getaffinity(0))
 
 
 def _big_spec(tmp_path):
-    spec = {**image_spec(tmp_path), "resources": {"devices": 3}, "distributed": {"strategy": "ddp"}}
+    spec = {**image_spec(tmp_path), "resources": {"devices": CORES + 1}, "distributed": {"strategy": "ddp"}}
     return write_spec(tmp_path / "big.yaml", spec)
 
 
 def test_a_server_killed_outright_finds_its_slurm_job_still_followed_and_a_cancel_checkpoints_it(
-    tmp_path, conf
+    tmp_path, conf, server
 ):
-    server = _server(tmp_path, conf).start()
+    server.start(START_S)
     http = _client(server)
     try:
         job_id = _submit(http, tmp_path, max_steps=2000, checkpoint_every=1000)
@@ -102,7 +115,7 @@ def test_a_server_killed_outright_finds_its_slurm_job_still_followed_and_a_cance
         slurm_job = _slurm_job(running["run_dir"])
         server.kill()  # SIGKILL: the runner, in a session of its own, goes on following the Slurm job
         time.sleep(1.0)
-        server.start()
+        server.start(START_S)
         later = wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= running["step"] + 10, 120)
         assert later["state"] == "running" and later["restarts"] == 0  # re-attached, not restarted
         assert http.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
@@ -119,8 +132,8 @@ def test_a_server_killed_outright_finds_its_slurm_job_still_followed_and_a_cance
     assert "RUNNING" not in slurm("scontrol", "show", "job", slurm_job, conf=conf)
 
 
-def test_a_job_over_its_slurm_time_limit_fails_with_slurms_reason(tmp_path, conf):
-    server = _server(tmp_path, conf).start()
+def test_a_job_over_its_slurm_time_limit_fails_with_slurms_reason(tmp_path, conf, server):
+    server.start(START_S)
     http = _client(server)
     try:
         job_id = _submit(http, tmp_path, max_steps=20000)
@@ -129,11 +142,14 @@ def test_a_job_over_its_slurm_time_limit_fails_with_slurms_reason(tmp_path, conf
         # as an admin would: Slurm's limit (1 minute, its least) ends the job where gpuforge's did not
         slurm("scontrol", "update", f"jobid={slurm_job}", "TimeLimit=1", conf=conf)
         ended = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 240)
+        kinds = [e["kind"] for e in http.get(f"/api/v1/jobs/{job_id}/events").json()]
     finally:
         server.stop()
     assert ended["state"] == "failed", ended
     assert f"Slurm job {slurm_job} ended TIMEOUT" in ended["reason"], ended["reason"]
     assert ended["restarts"] == 0  # a restart would only meet the same limit
+    # the ranks checkpointed on Slurm's SIGTERM and said `cancelled`; Slurm's end is the job's all the same
+    assert kinds[-2:] == ["cancelled", "failed"] and RunDir(ended["run_dir"]).latest_checkpoint() is not None
 
 
 @pytest.mark.parametrize(

@@ -207,13 +207,15 @@ def launch_slurm(spec: JobSpec, out: str | Path) -> dict[str, Any]:
             if earlier is None:
                 script = run.slurm_script_path(number)
                 script.write_text(slurm.batch_script(spec, run, argv, options, gpus))
-                job_id, launched_as = slurm.submit(script, {**os.environ, **env}), None
+                sent = slurm.job_environment({**os.environ, **env})
+                job_id, launched_as = slurm.submit(script, sent), None
                 slurm.record(run, job_id, env[env_name("attempt")])
                 log.info("submitted Slurm job %s (%s)", job_id, script)
             else:
                 job_id, launched_as, _ = earlier
                 log.info("following Slurm job %s, which an earlier launcher of this run submitted", job_id)
             fields = slurm.follow(job_id, stop)
+            slurm.forget(run)  # its end is seen: a later launcher of this run (a resume) submits anew
         if stopped_by:
             return Attempt(signal=stopped_by[0], launched_as=launched_as)
         failure, final = slurm.outcome_of(job_id, fields)

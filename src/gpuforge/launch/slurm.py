@@ -43,6 +43,7 @@ log = logging.getLogger("gpuforge.launch")
 POLL_S = 1.0
 STOP_GRACE_S = 60.0  # a stopped job's ranks checkpoint within this, or the job is cancelled outright
 UNANSWERED_S = 300.0  # Slurm's controller unreachable this long: the launcher gives up on the job
+PREEMPTED_S = 60.0  # a PREEMPTED job not queued again within this was cancelled by its preemption
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
          "DEADLINE", "PREEMPTED"}  # fmt: skip
 WOULD_REPEAT = {"TIMEOUT", "OUT_OF_MEMORY", "DEADLINE", "BOOT_FAIL"}  # a restart would end the same way
@@ -156,6 +157,8 @@ def submit(script: Path, env: dict[str, str]) -> str:
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         raise GpuforgeError("sbatch did not answer within 120 s (is slurmctld up?)") from None
+    except OSError as err:
+        raise GpuforgeError(f"sbatch could not be run: {err.strerror}") from None
     if done.returncode != 0:
         said = (done.stderr.strip() or done.stdout.strip()).splitlines()
         raise GpuforgeError(f"sbatch refused the job: {'; '.join(line.strip() for line in said[-3:])}")
@@ -168,6 +171,7 @@ def follow(job_id: str, stop: threading.Event) -> dict[str, str]:
     one whose ranks have not ended STOP_GRACE_S after their SIGTERM."""
     stopping_since: float | None = None
     unanswered_since: float | None = None
+    preempted_since: float | None = None
     reason = None
     while True:
         fields = job_state(job_id)
@@ -179,7 +183,13 @@ def follow(job_id: str, stop: threading.Event) -> dict[str, str]:
             continue
         unanswered_since = None
         state = fields.get("JobState", "")
-        requeued = state == "PREEMPTED" and fields.get("Requeue") == "1"  # Slurm runs it again
+        # --requeue is always asked, but a partition's PreemptMode may cancel rather than requeue: a job
+        # still PREEMPTED a while later is not coming back
+        if state == "PREEMPTED" and fields.get("Requeue") == "1":
+            preempted_since = preempted_since or time.monotonic()
+            requeued = time.monotonic() - preempted_since < PREEMPTED_S
+        else:
+            preempted_since, requeued = None, False
         if not fields or (state in ENDED and not requeued):
             return fields
         if fields.get("Reason") != reason:  # why it waits, or why it was held: in the log, once each
@@ -220,6 +230,18 @@ def outcome_of(job_id: str, fields: dict[str, str]) -> tuple[str | None, bool]:
 
 def record(run: RunDir, job_id: str, attempt_id: str) -> None:
     (run.logs_dir / JOB_FILE).write_text(f"{job_id} {attempt_id}\n")
+
+
+def forget(run: RunDir) -> None:
+    """The recorded job's end was seen: only a launcher killed before it should follow that job again."""
+    (run.logs_dir / JOB_FILE).unlink(missing_ok=True)
+
+
+def job_environment(env: dict[str, str]) -> dict[str, str]:
+    """What sbatch passes on to the job: the launcher's environment, less the GPUs it was given on this
+    (login) machine, which are not the node's (Slurm sets CUDA_VISIBLE_DEVICES there from the gres)."""
+    return {k: v for k, v in env.items() if k not in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                                                        "ROCR_VISIBLE_DEVICES")}  # fmt: skip
 
 
 def earlier_job(run: RunDir) -> tuple[str, str, dict[str, str]] | None:

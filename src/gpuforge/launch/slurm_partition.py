@@ -3,12 +3,13 @@ partition's nodes (their CPUs and the GPUs of their gres, from `sinfo`), and a p
 nodes see the server's run directory (the ranks write their run where they run; the server reads it).
 
 Slurm places the ranks itself: the devices the server counts are an upper bound for admission and fair
-share, as with Ray, not an assignment of particular GPUs.
+share, as with Ray, not an assignment of particular GPUs. They are the partition's nodes whatever their
+state: a job for a node drained or down a while waits in Slurm's queue (its reason in the job's log),
+rather than being refused by a server that counted the partition smaller for that while.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import shlex
@@ -16,13 +17,12 @@ import shutil
 import time
 from pathlib import Path
 
+from gpuforge.child_env import child_environment
 from gpuforge.errors import GpuforgeError
 from gpuforge.launch.slurm import ENDED, job_state, slurm_output, submit
 
 PROBE_S = 120.0  # the probe job runs within this, or the server does not start
 _GPUS = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")  # gpu:4, gpu:a100:4, gpu:a100:4(S:0-1)
-# nodes that take no new job: down, drained or draining, failed, in maintenance, unknown
-_UNUSABLE = {"down", "drain", "drng", "fail", "failg", "maint", "inval", "futr", "unk", "npc"}
 
 
 def default_partition() -> str | None:
@@ -34,13 +34,19 @@ def default_partition() -> str | None:
     return None
 
 
-def partition_nodes(partition: str | None) -> list[dict]:
-    """The partition's nodes that take jobs now: [{"cpus", "gpus", "labels", "where"}], one a node. An
-    error naming the partition where Slurm does not answer, does not know it, or has no node up in it."""
+def partition_name(partition: str | None) -> str:
+    """The partition jobs go to: the one named, or Slurm's default."""
     name = partition or default_partition()
     if name is None:
         raise GpuforgeError("executor slurm: sinfo did not answer, or Slurm has no default partition")
-    shown = slurm_output(["sinfo", "-h", "-N", "-p", name, "-o", "%N|%c|%G|%t"])
+    return name
+
+
+def partition_nodes(partition: str | None) -> list[dict]:
+    """The partition's nodes: [{"cpus", "gpus", "labels", "where"}], one a node. An error naming the
+    partition where Slurm does not answer or does not know it."""
+    name = partition_name(partition)
+    shown = slurm_output(["sinfo", "-h", "-N", "-p", name, "-o", "%N|%c|%G"])
     if shown is None:
         raise GpuforgeError(f"executor slurm: sinfo did not answer for partition {name} (is slurmctld up?)")
     if not shown.strip():
@@ -49,30 +55,30 @@ def partition_nodes(partition: str | None) -> list[dict]:
         raise GpuforgeError(f"executor slurm: Slurm has no partition {name} (partitions: {listed})")
     nodes: dict[str, dict] = {}
     for line in shown.splitlines():
-        node, cpus, gres, state = (line.split("|") + ["", "", "", ""])[:4]
-        if not node or node in nodes or not cpus.isdigit() or not _usable(state):
-            continue
-        gpus = sum(int(n) for n in _GPUS.findall(gres))
-        nodes[node] = {"cpus": int(cpus), "gpus": gpus, "labels": {}, "where": f"Slurm node {node}"}
+        node, cpus, gres = (line.split("|") + ["", "", ""])[:3]
+        if node and node not in nodes and cpus.isdigit():
+            gpus = gres_gpus(gres)
+            nodes[node] = {"cpus": int(cpus), "gpus": gpus, "labels": {}, "where": f"Slurm node {node}"}
     if not nodes:
-        raise GpuforgeError(f"executor slurm: partition {name} has no node that takes jobs now (sinfo)")
+        raise GpuforgeError(f"executor slurm: sinfo shows no node in partition {name}")
     return list(nodes.values())
 
 
-def _usable(state: str) -> bool:
-    """A node state of sinfo's %t: idle, mix, alloc... ; a trailing * is a node that does not respond."""
-    if state.endswith("*"):
-        return False
-    return state.rstrip("~#!%$@^-+").lower() not in _UNUSABLE
+def gres_gpus(gres: str) -> int:
+    """The GPUs of a node's gres as sinfo prints it ("(null)", "gpu:4", "gpu:a100:4(S:0-1),mps:100")."""
+    return sum(int(n) for n in _GPUS.findall(gres))
 
 
 def probe_shared(folder: Path, options: dict[str, str | None], timeout_s: float = PROBE_S) -> str:
     """Run a tiny Slurm job that writes a token into `folder` (made if missing), and read it back here:
     the node it ran on, or an error in one line saying why the run directories would not be shared."""
-    folder.mkdir(parents=True, exist_ok=True)
     probe = folder / f".slurm-probe-{secrets.token_hex(6)}"
-    probe.mkdir(mode=0o700)
-    token, seen = secrets.token_hex(16), probe / "seen"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.mkdir(mode=0o700)
+    except OSError as err:
+        raise GpuforgeError(f"executor slurm: {probe} cannot be made: {err.strerror}") from None
+    token, seen, queued = secrets.token_hex(16), probe / "seen", None
     try:
         lines = ["#!/bin/bash", "#SBATCH --job-name=gpuforge-probe", "#SBATCH --ntasks=1", "#SBATCH --time=2",
                  f"#SBATCH --output={shlex.quote(str(probe / 'probe-%j.log'))}"]  # fmt: skip
@@ -81,8 +87,10 @@ def probe_shared(folder: Path, options: dict[str, str | None], timeout_s: float 
         lines.append(f'echo {token} "$(hostname)" > {shlex.quote(str(seen))}')
         script = probe / "probe.sh"
         script.write_text("\n".join(lines) + "\n")
-        job_id = submit(script, dict(os.environ))
+        # the allow-listed environment, as a runner's: the server's secrets do not go into Slurm's state
+        job_id = queued = submit(script, child_environment())
         fields = _wait_for(job_id, timeout_s)
+        queued = None  # it ended
         node = fields.get("NodeList") or fields.get("BatchHost") or "a node"
         written = seen.read_text().split() if seen.is_file() else []
         if written[:1] == [token]:
@@ -92,7 +100,11 @@ def probe_shared(folder: Path, options: dict[str, str | None], timeout_s: float 
             f"executor slurm: probe job {job_id} ran on {node} ({state}) but its file is not in {folder}: "
             "the run directory must be on a filesystem the Slurm nodes share (GPUFORGE_HOME)"
         )
+    except OSError as err:
+        raise GpuforgeError(f"executor slurm: the probe job's files in {probe}: {err.strerror}") from None
     finally:
+        if queued is not None:  # interrupted, or failed while it waited: not left in the queue
+            slurm_output(["scancel", queued])
         shutil.rmtree(probe, ignore_errors=True)
 
 

@@ -121,6 +121,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         # a cluster's devices, read again in a thread of their own (a slow sinfo must not hold a tick up)
         self.devices_source, self._read_devices = devices_source, None
+        self._devices_lock = threading.Lock()  # the read handed from its thread to the tick's
 
     # --- the thread ---
     def start(self) -> None:
@@ -152,13 +153,16 @@ class Scheduler:
     def _reread_devices(self) -> None:
         while not self._stop.wait(DEVICES_REFRESH_S):
             try:
-                self._read_devices = self.devices_source()
+                read = self.devices_source()
+                with self._devices_lock:
+                    self._read_devices = read
             except Exception as err:  # Slurm unanswered: the devices known stay, the next read retries
                 log.warning("devices not read again: %s", err)
 
     def _take_devices(self) -> None:
         """The devices read last, in place of those known (one list: the keeper and the routes share it)."""
-        read, self._read_devices = self._read_devices, None
+        with self._devices_lock:
+            read, self._read_devices = self._read_devices, None
         if read is None or read == self.devices:
             return
         log.info("devices now: %s (were %s)", _counted(read), _counted(self.devices))

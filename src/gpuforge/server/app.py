@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -227,12 +228,18 @@ def _check_slurm(settings: Settings) -> None:
     that passed is remembered in the home for the same directory and Slurm options: a restart does not
     wait again for a free node of a busy partition."""
     from gpuforge.launch.slurm import check_slurm
-    from gpuforge.launch.slurm_partition import partition_nodes, probe_shared
+    from gpuforge.launch.slurm_partition import partition_name, partition_nodes, probe_shared
 
     options = {k.removeprefix("slurm_"): v for k, v in settings.slurm_options().items()}
     check_slurm(options)  # commands on PATH, names that are names, before any is run
     nodes = partition_nodes(settings.slurm_partition)
-    asked = {"runs_dir": str(settings.runs_dir.resolve()), **options}
+    # what the probe showed holds for this directory, on these nodes (the default partition may change)
+    asked = {
+        "runs_dir": str(settings.runs_dir.resolve()),
+        **options,
+        "partition": partition_name(settings.slurm_partition),
+        "cluster": os.environ.get("SLURM_CONF"),
+    }
     passed = settings.home / "slurm-probe.json"
     try:
         earlier = json.loads(passed.read_text())
@@ -243,7 +250,10 @@ def _check_slurm(settings: Settings) -> None:
         log.info("Slurm: %d node(s); the run directory was seen from %s (%s)", len(nodes), seen_from, passed)
         return
     node = probe_shared(settings.runs_dir, options)
-    passed.write_text(json.dumps({"asked": asked, "node": node}))
+    try:
+        passed.write_text(json.dumps({"asked": asked, "node": node}))
+    except OSError as err:  # not remembered: the next start probes again
+        log.warning("%s not written: %s", passed, err.strerror)
     log.info("Slurm: %d node(s); a probe job on %s wrote into %s", len(nodes), node, settings.runs_dir)
 
 
