@@ -12,7 +12,6 @@ and `gpuforge dashboard`; light on purpose: no torch.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuforge.errors import GpuforgeError
+from gpuforge.runs import read_run_file
 from gpuforge.spec import MAX_PROFILE_STEPS
 
 PROFILE_DIR = "profile"
@@ -91,16 +91,11 @@ def busy_s(report: dict[str, Any]) -> float:
 
 def _read_report(path: Path) -> dict[str, Any] | None:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # never read through a link out of the run
-    except FileNotFoundError:
-        return None
+        raw = read_run_file(path, MAX_REPORT_BYTES)
     except OSError as err:
-        why = "a link, not a file gpuforge wrote" if err.errno == errno.ELOOP else err.strerror
-        raise ProfileError(f"{path}: cannot be read ({why})") from None
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read(MAX_REPORT_BYTES + 1)
-    if len(raw) > MAX_REPORT_BYTES:
-        raise ProfileError(f"{path}: over {MAX_REPORT_BYTES // 2**20} MiB, not a profile gpuforge wrote")
+        raise ProfileError(f"{path}: cannot be read ({err})") from None
+    if raw is None:
+        return None
     try:
         report = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as err:

@@ -9,18 +9,16 @@ is read again from the top.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
-import stat
 import threading
 from array import array
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from gpuforge.runs import RunDir
+from gpuforge.runs import RunDir, read_run_file
 
 READ_CHUNK = 1 << 20  # a reader takes at most this much a call: a huge log never stalls the server
 
@@ -68,25 +66,13 @@ def metrics_page(path: Path, after_step: int, limit: int) -> list[dict[str, Any]
 
 
 def small_text(path: Path, limit: int) -> str | None:
-    """A small file the runner wrote, whole: None where there is none; OSError where it or its folder is a
-    link (never followed out of the run), it is not a plain file (a FIFO would hang the reader), or it is
-    over `limit` bytes."""
-    if path.parent.is_symlink():
-        raise OSError(f"{path.parent.name}/: a link, not a folder gpuforge made")
+    """A small file the runner wrote, whole, as text (runs.read_run_file: never through a link, a FIFO, or
+    past `limit` bytes; OSError naming the file and why)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
+        raw = read_run_file(path, limit)
     except OSError as err:
-        why = "a link, not a file gpuforge wrote" if err.errno == errno.ELOOP else err.strerror
-        raise OSError(f"{path.name}: {why}") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(f"{path.name}: not a plain file")
-        raw = f.read(limit + 1)
-    if len(raw) > limit:
-        raise OSError(f"{path.name}: over {limit} bytes")
-    return raw.decode(errors="replace")
+        raise OSError(f"{path.name}: {err}") from None
+    return raw.decode(errors="replace") if raw is not None else None
 
 
 def log_tail(path: Path, lines: int) -> tuple[list[str], int]:

@@ -8,9 +8,11 @@ summary.json is typed: RunSummary, written by write_summary and read back by rea
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -285,6 +287,28 @@ class RunDir:
         with path.open("a") as f:
             f.write(json.dumps(_clean(record)) + "\n")
             f.flush()
+
+
+def read_run_file(path: Path, limit: int) -> bytes | None:
+    """A file a runner wrote, whole, for a reader that serves it (the server, the dashboard): None where
+    there is none; OSError saying why where it or its folder is a link (never followed out of the run),
+    it is not a plain file (opening a FIFO would hang the reader), or it is over `limit` bytes."""
+    if path.parent.is_symlink():
+        raise OSError(f"{path.parent.name}/ is a link, not a folder gpuforge made")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        why = "a link, not a file gpuforge wrote" if err.errno == errno.ELOOP else err.strerror
+        raise OSError(why) from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError("not a plain file")
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise OSError(f"over {limit} bytes")
+    return raw
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -116,6 +116,8 @@ class _Sequence:
     read_offset: int = 0
     started: float = field(default_factory=time.perf_counter)
     spent: dict[str, float] | None = None  # submitted while a profile window records: its time, by part
+    window: Any = None  # that window (serve/profile.py): the request counts in it alone
+    ended: float = 0.0  # when its last event was sent
 
 
 class Generation:
@@ -268,8 +270,9 @@ class GenerationEngine:
             read_offset=len(ids),
             started=began,
         )
-        if self.profile.recording():
-            seq.spent = {"tokenize": tokenize_s}
+        window = self.profile.open_window()
+        if window is not None:
+            seq.spent, seq.window = {"tokenize": tokenize_s}, window
         with self._cond:
             self._waiting.append(seq)
             self._cond.notify()
@@ -351,8 +354,11 @@ class GenerationEngine:
                 self._active, self._cache, self._answered = [], None, []
                 self._mask = self._positions = self._next = None
 
-    # a profile window's accounts: a few clock reads a pass, and per sequence only for the profiled ones
+    # a profile window's accounts: three clock reads a step, and a look at each sequence for a profiled one;
+    # only with one in the step, the accounts (and, on a GPU, a synchronise: its forward is its own)
     def _timed_prefill(self, admitted: list[_Sequence]) -> None:
+        if not _profiled(admitted) and not _profiled(self._active):
+            return self._prefill(admitted)
         began, running = time.perf_counter(), list(self._active)  # _prefill extends the list itself
         self._prefill(admitted)
         took = time.perf_counter() - began
@@ -366,17 +372,21 @@ class GenerationEngine:
 
     def _timed_decode_step(self) -> None:
         stepping = self._active
-        self._decode_step()
+        self._decode_step(synchronize=_profiled(stepping) and self.device.type == "cuda")
         self.profile.step(len(stepping))
+        if not _profiled(stepping):
+            return
         forward_s, sample_s, host_s = self._last_step
         for seq in stepping:
             if seq.spent is not None:
-                for name, seconds in (("decode", forward_s), ("sample", sample_s), ("detokenize", host_s)):
+                for name, seconds in (("decode", forward_s), ("sample", sample_s), ("host", host_s)):
                     seq.spent[name] = seq.spent.get(name, 0.0) + seconds
 
     def _report_answered(self) -> None:
+        if not self._answered:
+            return
         for seq in self._answered:
-            self.profile.answered(seq.spent, time.perf_counter() - seq.started, seq.generated)
+            self.profile.answered(seq.window, seq.spent, seq.ended - seq.started, seq.generated)
         self._answered = []
 
     def _forward(self, ids, mask, positions, cache):
@@ -428,13 +438,15 @@ class GenerationEngine:
             self._next = torch.cat([self._next, next_ids])
         self._active.extend(joining)
 
-    def _decode_step(self) -> None:
+    def _decode_step(self, synchronize: bool = False) -> None:
         batch = len(self._active)
         began = time.perf_counter()
         self._mask = torch.cat([self._mask, self._mask.new_ones((batch, 1))], dim=1)
         out = self._forward(self._next[:, None], self._mask, self._positions[:, None], self._cache)
         self._cache = returned_cache(out)
         self._positions = self._positions + 1
+        if synchronize:
+            torch.cuda.synchronize(self.device)  # a profiled step: the forward's time, not its launch's
         forwarded = time.perf_counter()
         tokens = self._sample(out.logits[:, -1, :], self._active)  # the host sync: a GPU's forward ends here
         sampled = time.perf_counter()
@@ -494,6 +506,7 @@ class GenerationEngine:
                 time.perf_counter() - seq.started
             )
             if seq.spent is not None:
+                seq.ended = time.perf_counter()
                 self._answered.append(seq)  # reported once this pass's times are added
             out = (*seq.ids[seq.prompt_len :], *([token] if eos else []))
             _send(seq, GenerationEvent(seq.text[seq.emitted :], reason, seq.prompt_len, seq.generated, out))
@@ -550,6 +563,10 @@ def load_engine(
     engine.warm_up()
     log.info("generating with %s on %s, precision %s", model_dir, torch_device, chosen.name)
     return engine
+
+
+def _profiled(seqs: list[_Sequence]) -> bool:
+    return any(seq.spent is not None for seq in seqs)
 
 
 def _send(seq: _Sequence, item: GenerationEvent | BaseException) -> None:

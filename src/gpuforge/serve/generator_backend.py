@@ -40,7 +40,7 @@ class GeneratorBackend:
         self, seconds: Annotated[float, Query(gt=0, le=MAX_SECONDS, description="the window")] = 5.0
     ) -> dict[str, Any]:
         """Where a generated request's time goes over the next `seconds` (serve/profile.py): queue,
-        tokenize, prefill, joins, decode, sample, detokenize and other, for the mean request submitted and
+        tokenize, prefill, joins, decode, sample, host and other, for the mean request submitted and
         answered meanwhile. 409 while a window is open already."""
         self.ready()
         try:

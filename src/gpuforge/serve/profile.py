@@ -11,11 +11,13 @@ mean input's latency split into those parts, in seconds and as shares, beside th
 Outside a window a batch costs the Predictor's four clock reads and a request two; nothing is recorded.
 
 A causal LM (GenerateProfile, fed by serve/generate.py's engine): each request submitted and answered in
-the window is split into tokenize (its prompt encoded), queue (until its prefill starts), prefill (the
-prefill it was part of: the prompts' forward and their first tokens), joins (the prefills of requests that
-joined the running batch while it was in it: continuous batching's cost to those already running), decode
-(the model's forward in each step it was in), sample (the tokens chosen) and detokenize (their text and
-the events sent: host work); its time from submit to its last event, less those, is `other`.
+the window is split into tokenize (its prompt encoded, with any wait for the tokenizer's lock), queue
+(until its prefill starts), prefill (the prefill it was part of: the prompts' forward and their first
+tokens), joins (the prefills of requests that joined the running batch while it was in it: continuous
+batching's cost to those already running), decode (the model's forward in each step it was in), sample
+(the tokens chosen) and host (the step's host work after: the new tokens' text and the events sent, the
+batch's bookkeeping, and trimming the cache where a sequence left); its time from submit to its last
+event sent, less those, is `other`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 MAX_SECONDS = 60.0
 PARTS = ("queue", "tokenize", "forward", "scores", "respond", "other")
-GENERATE_PARTS = ("queue", "tokenize", "prefill", "joins", "decode", "sample", "detokenize", "other")
+GENERATE_PARTS = ("queue", "tokenize", "prefill", "joins", "decode", "sample", "host", "other")
 
 
 @dataclass
@@ -67,8 +69,11 @@ class _Windows:
         return self.report(window, seconds)
 
     def recording(self) -> bool:
+        return self.open_window() is not None
+
+    def open_window(self) -> _Window | None:
         window = self._window
-        return window is not None and window.open()
+        return window if window is not None and window.open() else None
 
     def report(self, window: _Window, seconds: float) -> dict[str, Any]:
         raise NotImplementedError
@@ -82,15 +87,15 @@ class GenerateProfile(_Windows):
         if window is not None and window.open():
             window.steps.append(batch)
 
-    def answered(self, spent: dict[str, float], latency_s: float, tokens: int) -> None:
-        """A request submitted in the window has had its last event: its parts, and its whole time."""
-        window = self._window
-        if window is not None and window.open():
+    def answered(self, window: _Window, spent: dict[str, float], latency_s: float, tokens: int) -> None:
+        """A request submitted in `window` has had its last event: its parts, and its whole time. It
+        counts where that window is still the one open (not in a later window)."""
+        if window is self._window and window.open():
             window.answers.append({"spent": spent, "latency_s": latency_s, "tokens": tokens})
 
     def report(self, window: _Window, seconds: float) -> dict[str, Any]:
         """The mean request's time split into GENERATE_PARTS, beside the decode steps' figures."""
-        done, steps = window.answers, window.steps
+        done, steps = list(window.answers), list(window.steps)  # one reading: a late append changes nothing
         out: dict[str, Any] = {
             "seconds": seconds,
             "requests": len(done),
