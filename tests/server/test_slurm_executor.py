@@ -152,6 +152,29 @@ def test_a_job_over_its_slurm_time_limit_fails_with_slurms_reason(tmp_path, conf
     assert kinds[-2:] == ["cancelled", "failed"] and RunDir(ended["run_dir"]).latest_checkpoint() is not None
 
 
+def test_a_preempted_slurm_job_resumes_from_its_checkpoint_as_a_new_slurm_job(tmp_path, server):
+    server.env["GPUFORGE_CPU_SLOTS"] = "1"  # one slot: a job of higher priority must stop the running one
+    server.start(START_S)
+    http = _client(server)
+    try:
+        low = _submit(http, tmp_path, max_steps=80, checkpoint_every=5)
+        wait_for_job(http, low, lambda j: (j["step"] or 0) >= 10, 180)
+        spec = image_spec(tmp_path, max_steps=6)
+        high = http.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec), "priority": 10}).json()["id"]
+        wait_for_job(http, low, lambda j: j["state"] == "preempted", 120)  # SIGTERM, by scancel, checkpointed
+        ended = [wait_for_job(http, i, lambda j: j["state"] not in ("queued", "running", "preempted"), 240)
+                 for i in (high, low)]  # fmt: skip
+        events = http.get(f"/api/v1/jobs/{low}/events").json()
+        steps = [m["step"] for m in http.get(f"/api/v1/jobs/{low}/metrics").json()]
+    finally:
+        server.stop()
+    assert [j["state"] for j in ended] == ["finished", "finished"], ended
+    starts = [e["data"] for e in events if e["kind"] == "started"]
+    assert len(starts) == 2 and starts[1]["resumed_from"] >= 10 and steps == list(range(1, 81))
+    # the resumed runner submitted a Slurm job of its own: it did not follow the one its preemption ended
+    assert len(list((RunDir(ended[1]["run_dir"]).logs_dir).glob("slurm-[0-9]*.log"))) == 2
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
