@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import datetime
 
 import httpx
 import pytest
@@ -173,6 +174,34 @@ def test_a_preempted_slurm_job_resumes_from_its_checkpoint_as_a_new_slurm_job(tm
     assert len(starts) == 2 and starts[1]["resumed_from"] >= 10 and steps == list(range(1, 81))
     # the resumed runner submitted a Slurm job of its own: it did not follow the one its preemption ended
     assert len(list((RunDir(ended[1]["run_dir"]).logs_dir).glob("slurm-[0-9]*.log"))) == 2
+
+
+def test_a_slurm_job_is_charged_from_its_ranks_start_not_for_its_wait_in_slurms_queue(tmp_path, conf, server):
+    server.start(START_S)
+    http = _client(server)
+    # every CPU of the node held a while by a job of someone else's: ours waits in Slurm's queue meanwhile
+    argv = ["sbatch", "--parsable", "--job-name=blocker", f"--ntasks={CORES}", "--time=2"]
+    argv += ["--wrap", "sleep 10"]
+    blocker = slurm(*argv, conf=conf).strip()
+    try:
+        deadline = time.monotonic() + 120
+        while "JobState=RUNNING" not in slurm("scontrol", "show", "job", blocker, conf=conf):
+            assert time.monotonic() < deadline, "the blocking job did not start"
+            time.sleep(0.2)
+        job_id = _submit(http, tmp_path, max_steps=40)
+        done = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 240)
+        events = http.get(f"/api/v1/jobs/{job_id}/events").json()
+        charged_s = http.get("/api/v1/costs").json()["total_device_hours"] * 3600
+    finally:
+        slurm("scancel", blocker, conf=conf)
+        server.stop()
+    assert done["state"] == "finished", done
+    ranks_started = min(e["ts"] for e in events if e["kind"] == "started")
+    finished = max(e["ts"] for e in events if e["kind"] == "finished")
+    waited = ranks_started - datetime.fromisoformat(done["started_at"]).timestamp()
+    assert waited > 3, waited  # its runner started, then its Slurm job waited for the blocker's CPUs
+    # charged from the ranks' start to its runner's end (a tick or two after its last event), not before
+    assert finished - ranks_started - 1 <= charged_s <= finished - ranks_started + 3, (charged_s, waited)
 
 
 @pytest.mark.parametrize(

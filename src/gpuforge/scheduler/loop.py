@@ -27,9 +27,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuforge.child_env import child_environment
@@ -45,7 +46,7 @@ from gpuforge.scheduler.queue import HELD, Fairness, Limits, QueuedJob, RunningJ
 from gpuforge.scheduler.traffic import Traffic
 from gpuforge.scheduler.usage import HALF_LIFE_S, recent_usage
 from gpuforge.scheduler.worker_keys import replicas_key
-from gpuforge.settings import as_environment
+from gpuforge.settings import as_environment, env_name
 from gpuforge.store import ledger, states
 from gpuforge.store.db import session
 from gpuforge.store.ingest import bad_input_error, ingest
@@ -96,6 +97,9 @@ class Scheduler:
     ):
         self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
         self.runner_env = dict(runner_env or {})  # where jobs' processes run (Settings.runner_environment)
+        # a Slurm job may wait in Slurm's queue after its runner starts: it is charged, and its max_time
+        # counted, from its ranks' start (their `started` event), not from its runner's
+        self.queued_elsewhere = self.runner_env.get(env_name("executor")) == "slurm"
         self.policy_of = policy_of  # what a key's jobs and replicas may do (server/settings.job_policy)
         # replicas' keys derive from it (scheduler/worker_keys.py); the server passes its kept one
         self.worker_secret = worker_secret or secrets.token_bytes(32)
@@ -177,7 +181,8 @@ class Scheduler:
             self._count_busy(s, running)
             live = s.scalars(select(Deployment).where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES)))
             # a process that died while the server was down is not charged for the time it was gone
-            ledger.accrue(s, [job for job in running if self._alive(job)], live)
+            charged = [job for job in running if self._alive(job) and self._ranks_began(s, job) is not None]
+            ledger.accrue(s, charged, live)
             self.budgets.refresh(s)
             for job in running:
                 self._watch(s, job)
@@ -230,7 +235,7 @@ class Scheduler:
         alive = self._alive(job)  # asked before reading: an ended process has written all it will
         ingest(s, job)
         # `alive` is False for a pid that no longer runs this job's directory: that pid is not signalled
-        if alive and (why := self._stop_for(job)) is not None:
+        if alive and (why := self._stop_for(job, self._ranks_began(s, job))) is not None:
             if states.request_stop(s, job.id, *why):
                 s.commit()
         if (job.cancel_requested or job.stop_requested) and alive:
@@ -294,15 +299,34 @@ class Scheduler:
             pass
         self.signalled.add(job.id)
 
-    def _stop_for(self, job: Job) -> tuple[str, str] | None:
+    def _ranks_began(self, s: Session, job: Job) -> datetime | None:
+        """When this run began to hold its devices: its runner's start, or (executor slurm) its ranks'
+        first `started` event since then, None while its Slurm job waits in Slurm's queue. The ledger's
+        mark starts there (ledger.accrue takes a mark already set)."""
+        if not self.queued_elsewhere or job.run_started_at is None:
+            return job.run_started_at
+        first = s.scalar(
+            select(func.min(Event.ts)).where(
+                Event.job_id == job.id, Event.kind == "started", Event.ts >= job.run_started_at.timestamp()
+            )
+        )
+        if first is None:
+            return None
+        began = min(datetime.fromtimestamp(first, UTC), utcnow())  # a node's clock ahead: not in the future
+        if job.accrued_at is None:
+            job.accrued_at = began
+        return began
+
+    def _stop_for(self, job: Job, began: datetime | None) -> tuple[str, str] | None:
         """Why the server stops a running job now, when nobody asked yet: its project's budget is spent,
-        or it ran past its resources.max_time. (Preemption is decided by the queue: _start_queued.)"""
+        or it ran past its resources.max_time since `began` (_ranks_began). (Preemption is decided by the
+        queue: _start_queued.)"""
         if job.stop_requested or job.cancel_requested or job.pid is None:
             return None
         if (spent := self.budgets.spent.get(job.project_id)) is not None:
             return "pause", f"paused: {spent}"
-        if job.max_time_s and job.run_started_at is not None:
-            ran = (utcnow() - job.run_started_at).total_seconds()
+        if job.max_time_s and began is not None:
+            ran = (utcnow() - began).total_seconds()
             if ran > job.max_time_s:
                 return "timeout", f"paused: resources.max_time ({job.max_time_s:g} s) run"
         return None
