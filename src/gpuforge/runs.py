@@ -186,6 +186,21 @@ class RunDir:
         """The batch script a launch attempt submitted to Slurm (executor slurm)."""
         return self.logs_dir / f"slurm-attempt{attempt}.sh"
 
+    @property
+    def slurm_running_path(self) -> Path:
+        """When the launcher following this run's Slurm job first saw it run (its clock, the server's
+        machine's): the server charges the job from then, not for its wait in Slurm's queue."""
+        return self.logs_dir / "slurm-running"
+
+    def slurm_running_since(self) -> float | None:
+        """That time (a Unix time), or None while the job waits in Slurm's queue (or the file is not
+        one the launcher wrote)."""
+        try:
+            raw = read_run_file(self.slurm_running_path, 64)
+            return float(raw) if raw is not None else None
+        except (OSError, ValueError):
+            return None
+
     def latest_slurm_script(self) -> Path | None:
         """The batch script written last, where the run was submitted to Slurm (a restarted runner numbers
         its attempts from 0 again: the newest, not the highest number)."""

@@ -214,7 +214,7 @@ def launch_slurm(spec: JobSpec, out: str | Path) -> dict[str, Any]:
             else:
                 job_id, launched_as, _ = earlier
                 log.info("following Slurm job %s, which an earlier launcher of this run submitted", job_id)
-            fields = slurm.follow(job_id, stop)
+            fields = slurm.follow(job_id, stop, on_running=lambda: slurm.mark_running(run))
             slurm.forget(run)  # its end is seen: a later launcher of this run (a resume) submits anew
         if stopped_by:
             return Attempt(signal=stopped_by[0], launched_as=launched_as)

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuforge.errors import GpuforgeError
@@ -165,10 +166,14 @@ def submit(script: Path, env: dict[str, str]) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def follow(job_id: str, stop: threading.Event) -> dict[str, str]:
-    """Wait for the job's end: its last fields ({} where Slurm forgot it meanwhile). On `stop`, its ranks
-    are told to stop: SIGTERM to a running job's steps, an outright cancel of one not running yet, or of
-    one whose ranks have not ended STOP_GRACE_S after their SIGTERM."""
+def follow(
+    job_id: str, stop: threading.Event, on_running: Callable[[], None] = lambda: None
+) -> dict[str, str]:
+    """Wait for the job's end: its last fields ({} where Slurm forgot it meanwhile); `on_running()` once,
+    when it is first seen running. On `stop`, its ranks are told to stop: SIGTERM to a running job's steps,
+    an outright cancel of one not running yet, or of one whose ranks have not ended STOP_GRACE_S after
+    their SIGTERM."""
+    seen_running = False
     stopping_since: float | None = None
     unanswered_since: float | None = None
     preempted_since: float | None = None
@@ -192,6 +197,9 @@ def follow(job_id: str, stop: threading.Event) -> dict[str, str]:
             preempted_since, requeued = None, False
         if not fields or (state in ENDED and not requeued):
             return fields
+        if state == "RUNNING" and not seen_running:
+            seen_running = True
+            on_running()
         if fields.get("Reason") != reason:  # why it waits, or why it was held: in the log, once each
             reason = fields.get("Reason")
             if state != "RUNNING" and reason not in (None, "None"):
@@ -235,6 +243,15 @@ def record(run: RunDir, job_id: str, attempt_id: str) -> None:
 def forget(run: RunDir) -> None:
     """The recorded job's end was seen: only a launcher killed before it should follow that job again."""
     (run.logs_dir / JOB_FILE).unlink(missing_ok=True)
+    run.slurm_running_path.unlink(missing_ok=True)
+
+
+def mark_running(run: RunDir) -> None:
+    """This launcher saw its Slurm job run: the time, for the server's ledger and max_time (written whole,
+    then moved in: the server never reads half of it)."""
+    partial = run.slurm_running_path.with_name("slurm-running.partial")
+    partial.write_text(f"{time.time():.3f}\n")
+    partial.replace(run.slurm_running_path)
 
 
 def job_environment(env: dict[str, str]) -> dict[str, str]:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuforge.child_env import child_environment
@@ -100,6 +100,7 @@ class Scheduler:
         # a Slurm job may wait in Slurm's queue after its runner starts: it is charged, and its max_time
         # counted, from its ranks' start (their `started` event), not from its runner's
         self.queued_elsewhere = self.runner_env.get(env_name("executor")) == "slurm"
+        self.ran_since: dict[int, tuple[datetime, datetime]] = {}  # job -> (its runner's start, ran since)
         self.policy_of = policy_of  # what a key's jobs and replicas may do (server/settings.job_policy)
         # replicas' keys derive from it (scheduler/worker_keys.py); the server passes its kept one
         self.worker_secret = worker_secret or secrets.token_bytes(32)
@@ -181,7 +182,7 @@ class Scheduler:
             self._count_busy(s, running)
             live = s.scalars(select(Deployment).where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES)))
             # a process that died while the server was down is not charged for the time it was gone
-            charged = [job for job in running if self._alive(job) and self._ranks_began(s, job) is not None]
+            charged = [job for job in running if self._alive(job) and self._ranks_began(job) is not None]
             ledger.accrue(s, charged, live)
             self.budgets.refresh(s)
             for job in running:
@@ -235,7 +236,7 @@ class Scheduler:
         alive = self._alive(job)  # asked before reading: an ended process has written all it will
         ingest(s, job)
         # `alive` is False for a pid that no longer runs this job's directory: that pid is not signalled
-        if alive and (why := self._stop_for(job, self._ranks_began(s, job))) is not None:
+        if alive and (why := self._stop_for(job, self._ranks_began(job))) is not None:
             if states.request_stop(s, job.id, *why):
                 s.commit()
         if (job.cancel_requested or job.stop_requested) and alive:
@@ -299,20 +300,20 @@ class Scheduler:
             pass
         self.signalled.add(job.id)
 
-    def _ranks_began(self, s: Session, job: Job) -> datetime | None:
-        """When this run began to hold its devices: its runner's start, or (executor slurm) its ranks'
-        first `started` event since then, None while its Slurm job waits in Slurm's queue. The ledger's
-        mark starts there (ledger.accrue takes a mark already set)."""
+    def _ranks_began(self, job: Job) -> datetime | None:
+        """When this run began to hold its devices: its runner's start, or (executor slurm) when its runner
+        first saw its Slurm job run (RunDir.slurm_running_since, on this machine's clock), None while the
+        job waits in Slurm's queue. The ledger's mark starts there (ledger.accrue keeps a mark set)."""
         if not self.queued_elsewhere or job.run_started_at is None:
             return job.run_started_at
-        first = s.scalar(
-            select(func.min(Event.ts)).where(
-                Event.job_id == job.id, Event.kind == "started", Event.ts >= job.run_started_at.timestamp()
-            )
-        )
-        if first is None:
-            return None
-        began = min(datetime.fromtimestamp(first, UTC), utcnow())  # a node's clock ahead: not in the future
+        known = self.ran_since.get(job.id)
+        if known is not None and known[0] == job.run_started_at:
+            return known[1]
+        since = RunDir(Path(job.run_dir)).slurm_running_since()
+        if since is None or since < job.run_started_at.timestamp():
+            return None  # waiting in Slurm's queue (a file older than this runner: an earlier one's)
+        began = min(datetime.fromtimestamp(since, UTC), utcnow())
+        self.ran_since[job.id] = (job.run_started_at, began)  # fixed for this runner: read once
         if job.accrued_at is None:
             job.accrued_at = began
         return began
@@ -381,8 +382,12 @@ class Scheduler:
             owners[row.owner_id] += 1  # max_running counts it
             project_devices[row.project_id] += len(ids)
             ends = None  # unknown unless its max_time promises it (an ETA may run long: backfill would delay)
-            if row.max_time_s is not None and row.run_started_at is not None:
-                ends = max(0.0, row.max_time_s - (now - row.run_started_at).total_seconds())
+            began = row.run_started_at
+            if self.queued_elsewhere:  # from where _stop_for counts it: the Slurm job's run, once seen
+                runner_start, began = self.ran_since.get(row.id, (None, None))
+                began = began if runner_start == row.run_started_at else None
+            if row.max_time_s is not None and began is not None:
+                ends = max(0.0, row.max_time_s - (now - began).total_seconds())
             running_jobs.append(
                 RunningJob(
                     row.id,
