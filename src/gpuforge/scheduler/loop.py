@@ -98,7 +98,7 @@ class Scheduler:
         self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
         self.runner_env = dict(runner_env or {})  # where jobs' processes run (Settings.runner_environment)
         # a Slurm job may wait in Slurm's queue after its runner starts: it is charged, and its max_time
-        # counted, from its ranks' start (their `started` event), not from its runner's
+        # counted, from when its runner first sees it run (_holds_devices_since), not from the runner's start
         self.queued_elsewhere = self.runner_env.get(env_name("executor")) == "slurm"
         self.ran_since: dict[int, tuple[datetime, datetime]] = {}  # job -> (its runner's start, ran since)
         self.policy_of = policy_of  # what a key's jobs and replicas may do (server/settings.job_policy)
@@ -179,10 +179,13 @@ class Scheduler:
         self._take_devices()
         with session(self.engine) as s:
             running = list(s.scalars(select(Job).where(Job.state == JobState.RUNNING)))
+            for ended in self.ran_since.keys() - {job.id for job in running}:
+                del self.ran_since[ended]  # kept for running jobs alone
             self._count_busy(s, running)
             live = s.scalars(select(Deployment).where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES)))
-            # a process that died while the server was down is not charged for the time it was gone
-            charged = [job for job in running if self._alive(job) and self._ranks_began(job) is not None]
+            # a process that died while the server was down is not charged for the time it was gone, nor a
+            # Slurm job for its wait in Slurm's queue
+            charged = [j for j in running if self._alive(j) and self._holds_devices_since(j) is not None]
             ledger.accrue(s, charged, live)
             self.budgets.refresh(s)
             for job in running:
@@ -236,7 +239,7 @@ class Scheduler:
         alive = self._alive(job)  # asked before reading: an ended process has written all it will
         ingest(s, job)
         # `alive` is False for a pid that no longer runs this job's directory: that pid is not signalled
-        if alive and (why := self._stop_for(job, self._ranks_began(job))) is not None:
+        if alive and (why := self._stop_for(job, self._holds_devices_since(job))) is not None:
             if states.request_stop(s, job.id, *why):
                 s.commit()
         if (job.cancel_requested or job.stop_requested) and alive:
@@ -300,7 +303,7 @@ class Scheduler:
             pass
         self.signalled.add(job.id)
 
-    def _ranks_began(self, job: Job) -> datetime | None:
+    def _holds_devices_since(self, job: Job) -> datetime | None:
         """When this run began to hold its devices: its runner's start, or (executor slurm) when its runner
         first saw its Slurm job run (RunDir.slurm_running_since, on this machine's clock), None while the
         job waits in Slurm's queue. The ledger's mark starts there (ledger.accrue keeps a mark set)."""
@@ -320,8 +323,8 @@ class Scheduler:
 
     def _stop_for(self, job: Job, began: datetime | None) -> tuple[str, str] | None:
         """Why the server stops a running job now, when nobody asked yet: its project's budget is spent,
-        or it ran past its resources.max_time since `began` (_ranks_began). (Preemption is decided by the
-        queue: _start_queued.)"""
+        or it ran past its resources.max_time since `began` (_holds_devices_since). (Preemption is decided
+        by the queue: _start_queued.)"""
         if job.stop_requested or job.cancel_requested or job.pid is None:
             return None
         if (spent := self.budgets.spent.get(job.project_id)) is not None:

@@ -208,7 +208,7 @@ def devices_of(settings: Settings) -> list:
 
 def check_executor(settings: Settings) -> None:
     """Before listening: a Ray cluster that does not answer is one clear line, not a hang at the first job;
-    so is a Slurm partition without a node up, or whose nodes do not see the run directory (a probe job)."""
+    so is a Slurm partition Slurm does not have, or whose nodes do not see the run directory (a probe job)."""
     if settings.executor != "slurm" and (chosen := settings.slurm_options()):
         names = ", ".join(env_name(name) for name in chosen)
         raise GpuforgeError(f"{names}: for --executor slurm (this server's is {settings.executor})")
@@ -224,7 +224,7 @@ def check_executor(settings: Settings) -> None:
 
 
 def _check_slurm(settings: Settings) -> None:
-    """The partition has nodes up, and a probe job on one of them wrote into the run directory. A probe
+    """The partition has nodes, and a probe job on one of them wrote into the run directory. A probe
     that passed is remembered in the home for the same directory and Slurm options: a restart does not
     wait again for a free node of a busy partition."""
     from gpuforge.launch.slurm import check_slurm
