@@ -55,3 +55,27 @@ def test_check_usable_refuses_files_and_foreign_directories(tmp_path):
     with pytest.raises(RunDirError, match="holds no gpuforge run"):
         RunDir(foreign).check_usable()
     RunDir(tmp_path / "new").check_usable()  # absent: fine
+
+
+def test_the_slurm_launchers_running_marks_read_back_as_first_run_and_running_since(tmp_path):
+    from gpuforge.launch.slurm import RunningMarks
+
+    run = RunDir(tmp_path / "run")
+    run.create()
+    run.logs_dir.mkdir(parents=True, exist_ok=True)
+    marks = RunningMarks(run)
+    marks(False)  # ended before it ever ran: nothing to charge, no file
+    assert run.slurm_runs() is None and not run.slurm_running_path.exists()
+    marks(True)
+    first, since = run.slurm_runs()
+    assert first == since
+    marks(False)  # requeued into Slurm's queue: it waits
+    assert run.slurm_runs() == (first, None)
+    marks(True)
+    again = run.slurm_runs()
+    assert again[0] == first and again[1] >= first
+    for written in ("", "soon", "1.5 x", "1.5 2.5 3.5"):  # not the launcher's: read as no run
+        run.slurm_running_path.write_text(written)
+        assert run.slurm_runs() is None, written
+    run.slurm_running_path.write_text("1.5\n")  # an older launcher's (its first run only)
+    assert run.slurm_runs() == (1.5, 1.5)

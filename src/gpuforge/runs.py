@@ -188,17 +188,20 @@ class RunDir:
 
     @property
     def slurm_running_path(self) -> Path:
-        """When the launcher following this run's Slurm job first saw it run (its clock, the server's
-        machine's): the server charges the job from then, not for its wait in Slurm's queue."""
+        """When the launcher following this run's Slurm jobs saw them run (its clock, the server's
+        machine's): the server charges the job while it runs, not for its waits in Slurm's queue."""
         return self.logs_dir / "slurm-running"
 
-    def slurm_running_since(self) -> float | None:
-        """That time (a Unix time), or None while the job waits in Slurm's queue (or the file is not
-        one the launcher wrote)."""
+    def slurm_runs(self) -> tuple[float, float | None] | None:
+        """(when a job was first seen running, since when one runs now or None while none does), as Unix
+        times; None before the first run (or where the file is not one the launcher wrote)."""
         try:
             raw = read_run_file(self.slurm_running_path, 64)
-            return float(raw) if raw is not None else None
-        except (OSError, ValueError):
+            if raw is None:
+                return None
+            first, _, now = raw.decode("ascii").strip().partition(" ")
+            return float(first), (None if now == "-" else float(now or first))
+        except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
             return None
 
     def latest_slurm_script(self) -> Path | None:

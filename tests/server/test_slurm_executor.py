@@ -2,7 +2,8 @@
 devices are the partition's, a probe job shows the node sees the run directory before the server listens,
 a job becomes one Slurm job whose metrics stream and whose batch script is shown, a server killed outright
 finds its jobs still followed when it starts again, a cancel reaches the ranks as SIGTERM (a checkpoint),
-and a job over its Slurm time limit fails with Slurm's own reason."""
+a job over its Slurm time limit fails with Slurm's own reason, and a job is charged while its Slurm job runs
+alone, not for its waits in Slurm's queue."""
 
 from __future__ import annotations
 
@@ -204,6 +205,42 @@ def test_a_slurm_job_is_charged_from_its_ranks_start_not_for_its_wait_in_slurms_
     finished = max(e["ts"] for e in events if e["kind"] == "finished")
     # charged from when its Slurm job ran (setup, steps, exit), not for the seconds it waited before
     assert finished - ranks_started <= charged_s <= runner_s - 4, (charged_s, runner_s)
+
+
+HELD_S = 10.0  # how long the test keeps a requeued job in Slurm's queue
+
+
+def test_a_slurm_job_requeued_by_slurm_is_not_charged_for_its_second_wait(tmp_path, conf, server):
+    server.start(START_S)
+    http = _client(server)
+    try:
+        job_id = _submit(http, tmp_path, max_steps=200, checkpoint_every=5)  # 10 s of steps
+        running = wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= 10, 180)
+        slurm_job = _slurm_job(running["run_dir"])
+        slurm("scontrol", "requeue", slurm_job, conf=conf)  # as an admin, or a preemption, would
+        deadline = time.monotonic() + 60
+        while "JobState=PENDING" not in slurm("scontrol", "show", "job", slurm_job, conf=conf):
+            assert time.monotonic() < deadline, "the job was not requeued"
+            time.sleep(0.2)
+        time.sleep(HELD_S)  # Slurm holds a requeued job a while (BeginTime): the test holds it HELD_S
+        slurm("scontrol", "update", f"jobid={slurm_job}", "StartTime=now", conf=conf)
+        done = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 240)
+        events = http.get(f"/api/v1/jobs/{job_id}/events").json()
+        steps = [m["step"] for m in http.get(f"/api/v1/jobs/{job_id}/metrics").json()]
+        charged_s = http.get("/api/v1/costs").json()["total_device_hours"] * 3600
+    finally:
+        server.stop()
+    assert done["state"] == "finished" and done["restarts"] == 0, done  # one runner followed it throughout
+    assert steps == list(range(1, 201))  # each step once: the second run resumed from the checkpoint
+    starts = [e for e in events if e["kind"] == "started"]
+    assert len(starts) == 2 and starts[1]["data"]["resumed_from"] >= 10, starts
+    stopped = next(e for e in events if e["kind"] == "cancelled")  # the ranks' checkpoint on Slurm's SIGTERM
+    finished = next(e for e in events if e["kind"] == "finished")
+    ran_s = (stopped["ts"] - starts[0]["ts"]) + (finished["ts"] - starts[1]["ts"])  # the ranks' two runs
+    began, ended = (datetime.fromisoformat(done[f]) for f in ("started_at", "finished_at"))
+    runner_s = (ended - began).total_seconds()
+    # charged while its Slurm job ran, twice (setup, steps, exit): not for the HELD_S it waited between
+    assert ran_s <= charged_s <= runner_s - HELD_S, (ran_s, charged_s, runner_s)
 
 
 @pytest.mark.parametrize(

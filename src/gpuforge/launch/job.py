@@ -201,6 +201,8 @@ def launch_slurm(spec: JobSpec, out: str | Path) -> dict[str, Any]:
     slurm.check_slurm(options)
     gpus = slurm.on_gpus(spec, told.slurm_partition)
 
+    marks = slurm.RunningMarks(run)  # across attempts: a restart's wait in Slurm's queue is not charged
+
     def attempt(number: int, argv: list[str], env: dict[str, str]) -> Attempt:
         with _stop_on_signals() as (stop, stopped_by):
             earlier = slurm.earlier_job(run) if number == 0 else None
@@ -214,7 +216,8 @@ def launch_slurm(spec: JobSpec, out: str | Path) -> dict[str, Any]:
             else:
                 job_id, launched_as, _ = earlier
                 log.info("following Slurm job %s, which an earlier launcher of this run submitted", job_id)
-            fields = slurm.follow(job_id, stop, on_running=lambda: slurm.mark_running(run))
+            fields = slurm.follow(job_id, stop, on_running=marks)
+            marks(False)  # it ended: nothing runs until the next attempt's job does
             slurm.forget(run)  # its end is seen: a later launcher of this run (a resume) submits anew
         if stopped_by:
             return Attempt(signal=stopped_by[0], launched_as=launched_as)

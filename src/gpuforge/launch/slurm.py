@@ -167,12 +167,12 @@ def submit(script: Path, env: dict[str, str]) -> str:
 
 
 def follow(
-    job_id: str, stop: threading.Event, on_running: Callable[[], None] = lambda: None
+    job_id: str, stop: threading.Event, on_running: Callable[[bool], None] = lambda running: None
 ) -> dict[str, str]:
-    """Wait for the job's end: its last fields ({} where Slurm forgot it meanwhile); `on_running()` once,
-    when it is first seen running. On `stop`, its ranks are told to stop: SIGTERM to a running job's steps,
-    an outright cancel of one not running yet, or of one whose ranks have not ended STOP_GRACE_S after
-    their SIGTERM."""
+    """Wait for the job's end: its last fields ({} where Slurm forgot it meanwhile); `on_running(True)`
+    when it is seen running, `on_running(False)` when it leaves RUNNING for Slurm's queue again (requeued),
+    once each change. On `stop`, its ranks are told to stop: SIGTERM to a running job's steps, an outright
+    cancel of one not running yet, or of one whose ranks have not ended STOP_GRACE_S after their SIGTERM."""
     seen_running = False
     stopping_since: float | None = None
     unanswered_since: float | None = None
@@ -197,9 +197,9 @@ def follow(
             preempted_since, requeued = None, False
         if not fields or (state in ENDED and not requeued):
             return fields
-        if state == "RUNNING" and not seen_running:
-            seen_running = True
-            on_running()
+        if (state == "RUNNING") != seen_running:
+            seen_running = state == "RUNNING"
+            on_running(seen_running)
         if fields.get("Reason") != reason:  # why it waits, or why it was held: in the log, once each
             reason = fields.get("Reason")
             if state != "RUNNING" and reason not in (None, "None"):
@@ -243,15 +243,25 @@ def record(run: RunDir, job_id: str, attempt_id: str) -> None:
 def forget(run: RunDir) -> None:
     """The recorded job's end was seen: only a launcher killed before it should follow that job again."""
     (run.logs_dir / JOB_FILE).unlink(missing_ok=True)
-    run.slurm_running_path.unlink(missing_ok=True)
 
 
-def mark_running(run: RunDir) -> None:
-    """This launcher saw its Slurm job run: the time, for the server's ledger and max_time (written whole,
-    then moved in: the server never reads half of it)."""
-    partial = run.slurm_running_path.with_name("slurm-running.partial")
-    partial.write_text(f"{time.time():.3f}\n")
-    partial.replace(run.slurm_running_path)
+class RunningMarks:
+    """When this launcher's Slurm jobs run, for the server's ledger and max_time (RunDir.slurm_runs): the
+    time one was first seen running, and since when one runs now, or "-" while none does (a job requeued
+    into Slurm's queue, or ended with the next attempt's not running yet). On this machine's clock."""
+
+    def __init__(self, run: RunDir):
+        self.run, self.first = run, None
+
+    def __call__(self, running: bool) -> None:
+        now = time.time()
+        if running and self.first is None:
+            self.first = now
+        if self.first is None:
+            return  # not run yet: no file is "waiting"
+        partial = self.run.slurm_running_path.with_name("slurm-running.partial")
+        partial.write_text(f"{self.first:.3f} {f'{now:.3f}' if running else '-'}\n")
+        partial.replace(self.run.slurm_running_path)  # written whole, then moved in: never read half
 
 
 def job_environment(env: dict[str, str]) -> dict[str, str]:

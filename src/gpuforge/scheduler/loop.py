@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
 from gpuforge.child_env import child_environment
@@ -97,10 +97,9 @@ class Scheduler:
     ):
         self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
         self.runner_env = dict(runner_env or {})  # where jobs' processes run (Settings.runner_environment)
-        # a Slurm job may wait in Slurm's queue after its runner starts: it is charged, and its max_time
-        # counted, from when its runner first sees it run (_holds_devices_since), not from the runner's start
+        # a Slurm job may wait in Slurm's queue after its runner starts: its max_time counts from when its
+        # runner first sees it run (_holds_devices_since), and it is charged only while it runs (_charged)
         self.queued_elsewhere = self.runner_env.get(env_name("executor")) == "slurm"
-        self.ran_since: dict[int, tuple[datetime, datetime]] = {}  # job -> (its runner's start, ran since)
         self.policy_of = policy_of  # what a key's jobs and replicas may do (server/settings.job_policy)
         # replicas' keys derive from it (scheduler/worker_keys.py); the server passes its kept one
         self.worker_secret = worker_secret or secrets.token_bytes(32)
@@ -179,13 +178,11 @@ class Scheduler:
         self._take_devices()
         with session(self.engine) as s:
             running = list(s.scalars(select(Job).where(Job.state == JobState.RUNNING)))
-            for ended in self.ran_since.keys() - {job.id for job in running}:
-                del self.ran_since[ended]  # kept for running jobs alone
             self._count_busy(s, running)
             live = s.scalars(select(Deployment).where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES)))
             # a process that died while the server was down is not charged for the time it was gone, nor a
-            # Slurm job for its wait in Slurm's queue
-            charged = [j for j in running if self._alive(j) and self._holds_devices_since(j) is not None]
+            # Slurm job for its waits in Slurm's queue
+            charged = [j for j in running if self._alive(j) and self._charged(j)]
             ledger.accrue(s, charged, live)
             self.budgets.refresh(s)
             for job in running:
@@ -303,23 +300,37 @@ class Scheduler:
             pass
         self.signalled.add(job.id)
 
-    def _holds_devices_since(self, job: Job) -> datetime | None:
-        """When this run began to hold its devices: its runner's start, or (executor slurm) when its runner
-        first saw its Slurm job run (RunDir.slurm_running_since, on this machine's clock), None while the
-        job waits in Slurm's queue. The ledger's mark starts there (ledger.accrue keeps a mark set)."""
+    def _holds_devices_since(self, job: Job | Row) -> datetime | None:
+        """When this run began to hold its devices, for its max_time: its runner's start, or (executor
+        slurm) when its runner first saw its Slurm job run (RunDir.slurm_runs), None before that."""
         if not self.queued_elsewhere or job.run_started_at is None:
             return job.run_started_at
-        known = self.ran_since.get(job.id)
-        if known is not None and known[0] == job.run_started_at:
-            return known[1]
-        since = RunDir(Path(job.run_dir)).slurm_running_since()
-        if since is None or since < job.run_started_at.timestamp():
-            return None  # waiting in Slurm's queue (a file older than this runner: an earlier one's)
-        began = min(datetime.fromtimestamp(since, UTC), utcnow())
-        self.ran_since[job.id] = (job.run_started_at, began)  # fixed for this runner: read once
-        if job.accrued_at is None:
-            job.accrued_at = began
-        return began
+        ran = self._slurm_runs(job)
+        return ran[0] if ran is not None else None
+
+    def _charged(self, job: Job) -> bool:
+        """Whether the ledger charges this job now: always where its runner's process is the run; on Slurm
+        while its job runs, from when it began to run last (a wait in Slurm's queue before that, the first
+        or one after a requeue or a restart, is skipped: the ledger's mark moves past it)."""
+        if not self.queued_elsewhere or job.run_started_at is None:
+            return job.run_started_at is not None
+        ran = self._slurm_runs(job)
+        if ran is None or ran[1] is None:
+            return False  # in Slurm's queue: nothing runs
+        if job.accrued_at is None or job.accrued_at < ran[1]:
+            job.accrued_at = ran[1]
+        return True
+
+    def _slurm_runs(self, job: Job | Row) -> tuple[datetime, datetime | None] | None:
+        """(when this job's runner first saw its Slurm job run, since when it runs now or None while it
+        waits), on this machine's clock; None before its first run, or for a file an earlier runner wrote."""
+        assert job.run_started_at is not None
+        ran = RunDir(Path(job.run_dir)).slurm_runs()
+        if ran is None or ran[0] < job.run_started_at.timestamp():
+            return None
+        now = utcnow()
+        first = min(datetime.fromtimestamp(ran[0], UTC), now)
+        return first, (None if ran[1] is None else min(datetime.fromtimestamp(ran[1], UTC), now))
 
     def _stop_for(self, job: Job, began: datetime | None) -> tuple[str, str] | None:
         """Why the server stops a running job now, when nobody asked yet: its project's budget is spent,
@@ -378,6 +389,7 @@ class Scheduler:
             Job.stop_requested,
             Job.max_time_s,
             Job.run_started_at,
+            Job.run_dir,
         )
         running_jobs, owners, project_devices = [], Counter(), Counter()
         for row in s.execute(select(*running_columns).where(Job.state == JobState.RUNNING)):
@@ -385,10 +397,7 @@ class Scheduler:
             owners[row.owner_id] += 1  # max_running counts it
             project_devices[row.project_id] += len(ids)
             ends = None  # unknown unless its max_time promises it (an ETA may run long: backfill would delay)
-            began = row.run_started_at
-            if self.queued_elsewhere:  # from where _stop_for counts it: the Slurm job's run, once seen
-                runner_start, began = self.ran_since.get(row.id, (None, None))
-                began = began if runner_start == row.run_started_at else None
+            began = self._holds_devices_since(row)  # from where _stop_for counts it
             if row.max_time_s is not None and began is not None:
                 ends = max(0.0, row.max_time_s - (now - began).total_seconds())
             running_jobs.append(
