@@ -1,9 +1,10 @@
 import json
+import os
 
 import pytest
 
 from gpuforge.errors import RunDirError
-from gpuforge.runs import RunDir, read_jsonl
+from gpuforge.runs import SLURM_RUNS_BYTES, RunDir, SlurmRuns, read_jsonl
 
 
 def test_events_and_metrics_are_json_lines_and_nan_becomes_null(tmp_path):
@@ -57,7 +58,7 @@ def test_check_usable_refuses_files_and_foreign_directories(tmp_path):
     RunDir(tmp_path / "new").check_usable()  # absent: fine
 
 
-def test_the_slurm_launchers_running_marks_read_back_as_first_run_and_running_since(tmp_path):
+def test_the_slurm_launchers_running_marks_read_back_as_its_pid_and_its_runs(tmp_path):
     from gpuforge.launch.slurm import RunningMarks
 
     run = RunDir(tmp_path / "run")
@@ -67,15 +68,30 @@ def test_the_slurm_launchers_running_marks_read_back_as_first_run_and_running_si
     marks(False)  # ended before it ever ran: nothing to charge, no file
     assert run.slurm_runs() is None and not run.slurm_running_path.exists()
     marks(True)
-    first, since = run.slurm_runs()
-    assert first == since
+    marks(True)  # no change
+    seen = run.slurm_runs()
+    assert seen.runner_pid == os.getpid() and len(seen.runs) == 1 and seen.runs[0][1] is None
     marks(False)  # requeued into Slurm's queue: it waits
-    assert run.slurm_runs() == (first, None)
     marks(True)
-    again = run.slurm_runs()
-    assert again[0] == first and again[1] >= first
-    for written in ("", "soon", "1.5 x", "1.5 2.5 3.5"):  # not the launcher's: read as no run
-        run.slurm_running_path.write_text(written)
-        assert run.slurm_runs() is None, written
-    run.slurm_running_path.write_text("1.5\n")  # an older launcher's (its first run only)
-    assert run.slurm_runs() == (1.5, 1.5)
+    first, again = run.slurm_runs().runs
+    assert first[0] <= first[1] <= again[0] and again[1] is None
+    for _ in range(RunningMarks.KEPT):  # many requeues: the first run and the latest are kept
+        marks(False)
+        marks(True)
+    kept = run.slurm_runs().runs
+    assert len(kept) == RunningMarks.KEPT and kept[0] == first and kept[-1][1] is None
+    assert run.slurm_running_path.stat().st_size <= SLURM_RUNS_BYTES
+
+
+@pytest.mark.parametrize(
+    "written",
+    ["", "7", "soon 1.5:", "7 1.5", "7 nan:", "7 inf:2", "7 1.5:1.0", "7 1.5: 2.0:", "7 1.5:3 2.0:", "7 x:"],
+)
+def test_a_slurm_running_file_the_launcher_did_not_write_reads_as_no_run(tmp_path, written):
+    run = RunDir(tmp_path / "run")
+    run.create()
+    run.logs_dir.mkdir(parents=True, exist_ok=True)
+    run.slurm_running_path.write_text(written)
+    assert run.slurm_runs() is None
+    run.slurm_running_path.write_text("7 1.5:2.5 3.0:")
+    assert run.slurm_runs() == SlurmRuns(7, ((1.5, 2.5), (3.0, None)))

@@ -14,6 +14,7 @@ import math
 import os
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -188,19 +189,15 @@ class RunDir:
 
     @property
     def slurm_running_path(self) -> Path:
-        """When the launcher following this run's Slurm jobs saw them run (its clock, the server's
-        machine's): the server charges the job while it runs, not for its waits in Slurm's queue."""
+        """When the launcher following this run's Slurm jobs saw them run (launch/slurm.py RunningMarks):
+        the server charges the job while one runs, not for its waits in Slurm's queue."""
         return self.logs_dir / "slurm-running"
 
-    def slurm_runs(self) -> tuple[float, float | None] | None:
-        """(when a job was first seen running, since when one runs now or None while none does), as Unix
-        times; None before the first run (or where the file is not one the launcher wrote)."""
+    def slurm_runs(self) -> SlurmRuns | None:
+        """That file read, or None where there is none yet (or it is not one the launcher wrote)."""
         try:
-            raw = read_run_file(self.slurm_running_path, 64)
-            if raw is None:
-                return None
-            first, _, now = raw.decode("ascii").strip().partition(" ")
-            return float(first), (None if now == "-" else float(now or first))
+            raw = read_run_file(self.slurm_running_path, SLURM_RUNS_BYTES)
+            return SlurmRuns.parse(raw.decode("ascii")) if raw is not None else None
         except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
             return None
 
@@ -305,6 +302,38 @@ class RunDir:
         with path.open("a") as f:
             f.write(json.dumps(_clean(record)) + "\n")
             f.flush()
+
+
+SLURM_RUNS_BYTES = 4096  # RunningMarks.KEPT runs of about 30 characters, and the pid
+
+
+@dataclass(frozen=True)
+class SlurmRuns:
+    """What the launcher following a run's Slurm jobs saw: its pid (the server's job.pid: a file another
+    runner wrote is not this one's), and each time a job ran, as (start, end) Unix times on its clock (the
+    server's machine's), the last one's end None while it runs. Written `PID START:END ... START:`."""
+
+    runner_pid: int
+    runs: tuple[tuple[float, float | None], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> SlurmRuns:
+        """ValueError where `text` is not what RunningMarks writes: times finite, in order, only the last
+        run open."""
+        pid, *fields = text.split()
+        runs: list[tuple[float, float | None]] = []
+        for field in fields:
+            began, colon, ended = field.partition(":")
+            run = (float(began), float(ended) if ended else None)
+            if not colon or not all(math.isfinite(t) for t in run if t is not None):
+                raise ValueError(f"not a run: {field!r}")
+            after = runs[-1][1] if runs else -math.inf  # the run before must have ended before this began
+            if after is None or after > run[0] or (run[1] is not None and run[1] < run[0]):
+                raise ValueError(f"a run out of order: {field!r}")
+            runs.append(run)
+        if not runs:
+            raise ValueError("no run")
+        return cls(int(pid), tuple(runs))
 
 
 def read_run_file(path: Path, limit: int) -> bytes | None:

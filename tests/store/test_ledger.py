@@ -96,6 +96,28 @@ def test_the_same_tick_twice_or_a_rolled_back_one_run_again_counts_nothing_twice
     assert sum(ds for _, ds, _ in _rows(engine, f"job:{job_id}")) == 135.0
 
 
+def test_a_job_charged_within_its_runs_pays_for_the_time_in_them_alone(engine):
+    """A Slurm job (scheduler/loop.py): charged while its Slurm job ran, not for its waits in the queue,
+    however the ticks fall, and a server down across a requeue charges both runs' parts on its return."""
+    job_id = _job(engine, accrued_at=T0)
+    at = lambda seconds: T0 + timedelta(seconds=seconds)  # noqa: E731
+    runs = [(at(10), at(40)), (at(100), None)]  # waited 10 s, ran 30 s, requeued: waited 60 s, runs on
+
+    def tick(now: datetime, spans) -> None:
+        with session(engine) as s:
+            ledger.accrue(s, [s.get(Job, job_id)], [], now, within={job_id: spans})
+
+    tick(at(5), [])  # waiting for its first run: nothing
+    tick(at(20), runs[:1])  # 10 s of its first run
+    tick(at(130), runs)  # the server away across the requeue: the first run's last 20 s and 30 s now
+    assert sum(ds for _, ds, _ in _rows(engine, f"job:{job_id}")) == 60.0
+    tick(at(130), runs)  # the same tick again: nothing twice
+    tick(at(150), [(at(10), at(40)), (at(100), at(140))])  # ended at 140: 10 s, not 20
+    assert sum(ds for _, ds, _ in _rows(engine, f"job:{job_id}")) == 70.0
+    with session(engine) as s:
+        assert s.get(Job, job_id).accrued_at == at(150)
+
+
 def test_a_job_pays_its_rate_for_all_its_devices_and_a_deployment_per_replica_up(engine):
     two = _job(engine, accrued_at=T0, devices="cuda:0,cuda:1", devices_wanted=2, usd_per_hour=7.2)
     unpriced = _job(engine, accrued_at=T0, usd_per_hour=None)

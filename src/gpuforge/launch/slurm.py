@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import shlex
 import shutil
@@ -49,6 +50,7 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
          "DEADLINE", "PREEMPTED"}  # fmt: skip
 WOULD_REPEAT = {"TIMEOUT", "OUT_OF_MEMORY", "DEADLINE", "BOOT_FAIL"}  # a restart would end the same way
 RANK_EXITS = {2: "a rank refused the job (bad input)", 4: "a rank ran out of memory"}  # rank.py's codes
+HOLDING = {"RUNNING", "COMPLETING"}  # the job holds its nodes (COMPLETING: its epilog): the time is charged
 JOB_FILE = "slurm-job"
 TIME_MARGIN_MIN = 5  # Slurm's time limit past resources.max_time: the checkpoint at max_time comes first
 _OPTION = re.compile(r"[A-Za-z0-9_.,:=+-]+")  # a partition, account or QOS name: one word, no quotes
@@ -170,9 +172,10 @@ def follow(
     job_id: str, stop: threading.Event, on_running: Callable[[bool], None] = lambda running: None
 ) -> dict[str, str]:
     """Wait for the job's end: its last fields ({} where Slurm forgot it meanwhile); `on_running(True)`
-    when it is seen running, `on_running(False)` when it leaves RUNNING for Slurm's queue again (requeued),
-    once each change. On `stop`, its ranks are told to stop: SIGTERM to a running job's steps, an outright
-    cancel of one not running yet, or of one whose ranks have not ended STOP_GRACE_S after their SIGTERM."""
+    when it is seen holding its nodes (HOLDING), `on_running(False)` when it leaves them for Slurm's queue
+    again (requeued) or is suspended, once each change. On `stop`, its ranks are told to stop: SIGTERM to a
+    running job's steps, an outright cancel of one not running yet, or of one whose ranks have not ended
+    STOP_GRACE_S after their SIGTERM."""
     seen_running = False
     stopping_since: float | None = None
     unanswered_since: float | None = None
@@ -197,8 +200,8 @@ def follow(
             preempted_since, requeued = None, False
         if not fields or (state in ENDED and not requeued):
             return fields
-        if (state == "RUNNING") != seen_running:
-            seen_running = state == "RUNNING"
+        if (state in HOLDING) != seen_running:
+            seen_running = state in HOLDING
             on_running(seen_running)
         if fields.get("Reason") != reason:  # why it waits, or why it was held: in the log, once each
             reason = fields.get("Reason")
@@ -246,21 +249,28 @@ def forget(run: RunDir) -> None:
 
 
 class RunningMarks:
-    """When this launcher's Slurm jobs run, for the server's ledger and max_time (RunDir.slurm_runs): the
-    time one was first seen running, and since when one runs now, or "-" while none does (a job requeued
-    into Slurm's queue, or ended with the next attempt's not running yet). On this machine's clock."""
+    """When this launcher's Slurm jobs run, for the server's ledger and max_time (runs.SlurmRuns): this
+    process's pid, and each run's start and end on this machine's clock; a run ends when its job leaves
+    RUNNING (requeued into Slurm's queue, or ended with the next attempt's job not running yet)."""
+
+    KEPT = 100  # the first run (max_time counts from it) and the latest: a server's mark is past the rest
 
     def __init__(self, run: RunDir):
-        self.run, self.first = run, None
+        self.run, self.runs = run, []  # [start, end or None]
 
     def __call__(self, running: bool) -> None:
-        now = time.time()
-        if running and self.first is None:
-            self.first = now
-        if self.first is None:
-            return  # not run yet: no file is "waiting"
+        now, open_run = time.time(), bool(self.runs) and self.runs[-1][1] is None
+        if running == open_run:
+            return  # no change: nothing to write (and a job that never ran leaves no file)
+        if running:
+            self.runs.append([now, None])
+        else:
+            self.runs[-1][1] = now
+        if len(self.runs) > self.KEPT:
+            self.runs = [self.runs[0], *self.runs[-(self.KEPT - 1) :]]
+        spans = " ".join(f"{start:.3f}:{'' if end is None else f'{end:.3f}'}" for start, end in self.runs)
         partial = self.run.slurm_running_path.with_name("slurm-running.partial")
-        partial.write_text(f"{self.first:.3f} {f'{now:.3f}' if running else '-'}\n")
+        partial.write_text(f"{os.getpid()} {spans}\n")
         partial.replace(self.run.slurm_running_path)  # written whole, then moved in: never read half
 
 

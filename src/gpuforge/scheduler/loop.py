@@ -98,8 +98,9 @@ class Scheduler:
         self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
         self.runner_env = dict(runner_env or {})  # where jobs' processes run (Settings.runner_environment)
         # a Slurm job may wait in Slurm's queue after its runner starts: its max_time counts from when its
-        # runner first sees it run (_holds_devices_since), and it is charged only while it runs (_charged)
+        # runner first sees it run (_holds_devices_since), and it is charged only while it runs (tick)
         self.queued_elsewhere = self.runner_env.get(env_name("executor")) == "slurm"
+        self.slurm_runs: dict[int, list[ledger.Span]] = {}  # running job -> its Slurm runs, read this tick
         self.policy_of = policy_of  # what a key's jobs and replicas may do (server/settings.job_policy)
         # replicas' keys derive from it (scheduler/worker_keys.py); the server passes its kept one
         self.worker_secret = worker_secret or secrets.token_bytes(32)
@@ -181,9 +182,13 @@ class Scheduler:
             self._count_busy(s, running)
             live = s.scalars(select(Deployment).where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES)))
             # a process that died while the server was down is not charged for the time it was gone, nor a
-            # Slurm job for its waits in Slurm's queue
-            charged = [j for j in running if self._alive(j) and self._charged(j)]
-            ledger.accrue(s, charged, live)
+            # Slurm job for its waits in Slurm's queue (charged within its runs alone: none before the first)
+            charged = [j for j in running if self._alive(j) and j.run_started_at is not None]
+            if self.queued_elsewhere:
+                self.slurm_runs = {j.id: runs for j in running if (runs := self._read_slurm_runs(j))}
+                ledger.accrue(s, charged, live, within={j.id: self.slurm_runs.get(j.id, []) for j in charged})
+            else:
+                ledger.accrue(s, charged, live)
             self.budgets.refresh(s)
             for job in running:
                 self._watch(s, job)
@@ -302,35 +307,23 @@ class Scheduler:
 
     def _holds_devices_since(self, job: Job | Row) -> datetime | None:
         """When this run began to hold its devices, for its max_time: its runner's start, or (executor
-        slurm) when its runner first saw its Slurm job run (RunDir.slurm_runs), None before that."""
+        slurm) when its runner first saw its Slurm job run (read this tick), None before that."""
         if not self.queued_elsewhere or job.run_started_at is None:
             return job.run_started_at
-        ran = self._slurm_runs(job)
-        return ran[0] if ran is not None else None
+        runs = self.slurm_runs.get(job.id)
+        return runs[0][0] if runs else None
 
-    def _charged(self, job: Job) -> bool:
-        """Whether the ledger charges this job now: always where its runner's process is the run; on Slurm
-        while its job runs, from when it began to run last (a wait in Slurm's queue before that, the first
-        or one after a requeue or a restart, is skipped: the ledger's mark moves past it)."""
-        if not self.queued_elsewhere or job.run_started_at is None:
-            return job.run_started_at is not None
-        ran = self._slurm_runs(job)
-        if ran is None or ran[1] is None:
-            return False  # in Slurm's queue: nothing runs
-        if job.accrued_at is None or job.accrued_at < ran[1]:
-            job.accrued_at = ran[1]
-        return True
-
-    def _slurm_runs(self, job: Job | Row) -> tuple[datetime, datetime | None] | None:
-        """(when this job's runner first saw its Slurm job run, since when it runs now or None while it
-        waits), on this machine's clock; None before its first run, or for a file an earlier runner wrote."""
-        assert job.run_started_at is not None
+    def _read_slurm_runs(self, job: Job) -> list[ledger.Span] | None:
+        """When this job's Slurm jobs ran, as its runner saw them (runs.SlurmRuns), on this machine's clock;
+        None before the first run, or for a file another runner wrote (not the job's pid)."""
         ran = RunDir(Path(job.run_dir)).slurm_runs()
-        if ran is None or ran[0] < job.run_started_at.timestamp():
+        if ran is None or ran.runner_pid != job.pid:
             return None
         now = utcnow()
-        first = min(datetime.fromtimestamp(ran[0], UTC), now)
-        return first, (None if ran[1] is None else min(datetime.fromtimestamp(ran[1], UTC), now))
+        try:
+            return [(min(_utc(a), now), None if b is None else min(_utc(b), now)) for a, b in ran.runs]
+        except (OverflowError, ValueError, OSError):  # a time past what datetime holds: not the runner's
+            return None
 
     def _stop_for(self, job: Job, began: datetime | None) -> tuple[str, str] | None:
         """Why the server stops a running job now, when nobody asked yet: its project's budget is spent,
@@ -389,7 +382,6 @@ class Scheduler:
             Job.stop_requested,
             Job.max_time_s,
             Job.run_started_at,
-            Job.run_dir,
         )
         running_jobs, owners, project_devices = [], Counter(), Counter()
         for row in s.execute(select(*running_columns).where(Job.state == JobState.RUNNING)):
@@ -486,3 +478,7 @@ class Scheduler:
             states.start(s, job.id, launched.pid)
             s.commit()
             log.info("job %d started on %s (pid %d)", job.id, job.devices, launched.pid)
+
+
+def _utc(unix_time: float) -> datetime:
+    return datetime.fromtimestamp(unix_time, UTC)

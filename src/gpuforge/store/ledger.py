@@ -17,7 +17,7 @@ price of one replica's device times its replicas up. Device-seconds count every 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -29,6 +29,7 @@ from gpuforge.store.models import Deployment, Job, LedgerEntry, utcnow
 MAX_GAP = timedelta(days=31)  # a mark older than this (a store restored from long ago) is not charged
 MINUTE = timedelta(minutes=1)
 
+Span = tuple[datetime, datetime | None]  # a time a job ran: its start, and its end (None: it runs on)
 Entries = dict[tuple[str, datetime], LedgerEntry]  # (subject, minute) -> its row, read or added this tick
 
 
@@ -60,10 +61,16 @@ def _slices(since: datetime, until: datetime) -> Iterable[tuple[datetime, float]
 
 
 def charge(
-    s: Session, row: Job | Deployment, what: Charge, now: datetime, entries: Entries | None = None
+    s: Session,
+    row: Job | Deployment,
+    what: Charge,
+    now: datetime,
+    entries: Entries | None = None,
+    within: Sequence[Span] | None = None,
 ) -> float:
     """Add `row`'s time since its mark to the ledger and move its mark to `now`, in the caller's
-    transaction; the dollars added. `entries`: the rows `accrue` read for the whole tick (else read here)."""
+    transaction; the dollars added. `entries`: the rows `accrue` read for the whole tick (else read here).
+    `within`: only the time in these spans counts (an end None: still open)."""
     since = row.accrued_at
     row.accrued_at = now
     if since is None or since >= now or now - since > MAX_GAP:
@@ -71,7 +78,8 @@ def charge(
     if entries is None:
         entries = _read_entries(s, {what.subject: since})
     added = 0.0
-    for minute, seconds in _slices(since, now):
+    spans = [(since, now)] if within is None else [(max(since, a), min(now, b or now)) for a, b in within]
+    for minute, seconds in (piece for start, end in spans for piece in _slices(start, end)):
         usd = seconds * what.usd_per_hour / 3600.0
         entry = entries.get((what.subject, minute))
         if entry is None:
@@ -112,9 +120,14 @@ def _deployment_charge(deployment: Deployment, up: int) -> Charge:
 
 
 def accrue(
-    s: Session, jobs: Iterable[Job], deployments: Iterable[Deployment], now: datetime | None = None
+    s: Session,
+    jobs: Iterable[Job],
+    deployments: Iterable[Deployment],
+    now: datetime | None = None,
+    within: Mapping[int, Sequence[Span]] | None = None,
 ) -> None:
-    """Charge every job that runs (with a process) and every deployment with replicas up, to `now`."""
+    """Charge every job that runs (with a process) and every deployment with replicas up, to `now`; a job
+    in `within` (id -> spans) for the time in those spans alone (a Slurm job: while its Slurm job ran)."""
     now = now or utcnow()
     due: list[tuple[Job | Deployment, Charge]] = []
     for job in jobs:
@@ -124,17 +137,17 @@ def accrue(
             # from its process's start (states.start), not from the first tick that saw it: the half
             # second between them is run time too (claim cleared the last run's mark)
             job.accrued_at = min(job.run_started_at, now)
-        due.append((job, _job_charge(job)))
+        due.append((job, _job_charge(job), within.get(job.id) if within is not None else None))
     for deployment in deployments:
         up = sum(1 for w in deployment.workers or () if w.get("pid"))
         if not up:
             deployment.accrued_at = None  # nothing runs: the next replica starts a new mark
             continue
-        due.append((deployment, _deployment_charge(deployment, up)))
-    marks = {what.subject: row.accrued_at for row, what in due if row.accrued_at is not None}
+        due.append((deployment, _deployment_charge(deployment, up), None))
+    marks = {what.subject: row.accrued_at for row, what, _ in due if row.accrued_at is not None}
     entries = _read_entries(s, {k: v for k, v in marks.items() if v < now})
-    for row, what in due:
-        charge(s, row, what, now, entries)
+    for row, what, spans in due:
+        charge(s, row, what, now, entries, spans)
 
 
 def month_spend(s: Session, now: datetime | None = None) -> dict[int, float]:
