@@ -250,8 +250,8 @@ def forget(run: RunDir) -> None:
 
 class RunningMarks:
     """When this launcher's Slurm jobs run, for the server's ledger and max_time (runs.SlurmRuns): this
-    process's pid, and each run's start and end on this machine's clock; a run ends when its job leaves
-    RUNNING (requeued into Slurm's queue, or ended with the next attempt's job not running yet)."""
+    process's pid, and each run's start and end on this machine's clock; a run ends when its job no longer
+    holds its nodes (HOLDING): requeued into Slurm's queue, suspended, or ended."""
 
     KEPT = 100  # the first run (max_time counts from it) and the latest: a server's mark is past the rest
 

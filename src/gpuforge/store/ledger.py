@@ -78,7 +78,10 @@ def charge(
     if entries is None:
         entries = _read_entries(s, {what.subject: since})
     added = 0.0
-    spans = [(since, now)] if within is None else [(max(since, a), min(now, b or now)) for a, b in within]
+    if within is None:
+        spans = [(since, now)]
+    else:  # each span cut to (since, now]; one that ended before `since` or begins after `now` adds nothing
+        spans = [(max(since, a), now if b is None else min(now, b)) for a, b in within]
     for minute, seconds in (piece for start, end in spans for piece in _slices(start, end)):
         usd = seconds * what.usd_per_hour / 3600.0
         entry = entries.get((what.subject, minute))
@@ -129,7 +132,7 @@ def accrue(
     """Charge every job that runs (with a process) and every deployment with replicas up, to `now`; a job
     in `within` (id -> spans) for the time in those spans alone (a Slurm job: while its Slurm job ran)."""
     now = now or utcnow()
-    due: list[tuple[Job | Deployment, Charge]] = []
+    due: list[tuple[Job | Deployment, Charge, Sequence[Span] | None]] = []
     for job in jobs:
         if job.pid is None:
             continue  # claimed, not started: nothing runs yet
