@@ -335,6 +335,11 @@ class SlurmRuns:
             raise ValueError("no run")
         return cls(int(pid), tuple(runs))
 
+    def text(self) -> str:
+        """The form `parse` reads."""
+        spans = " ".join(f"{start:.3f}:{'' if end is None else f'{end:.3f}'}" for start, end in self.runs)
+        return f"{self.runner_pid} {spans}\n"
+
 
 def read_run_file(path: Path, limit: int) -> bytes | None:
     """A file a runner wrote, whole, for a reader that serves it (the server, the dashboard): None where

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.runs import RunDir
+from gpuforge.runs import RunDir, SlurmRuns
 from gpuforge.settings import env_name
 from gpuforge.spec import JobSpec
 
@@ -268,9 +268,8 @@ class RunningMarks:
             self.runs[-1][1] = now
         if len(self.runs) > self.KEPT:
             self.runs = [self.runs[0], *self.runs[-(self.KEPT - 1) :]]
-        spans = " ".join(f"{start:.3f}:{'' if end is None else f'{end:.3f}'}" for start, end in self.runs)
         partial = self.run.slurm_running_path.with_name("slurm-running.partial")
-        partial.write_text(f"{os.getpid()} {spans}\n")
+        partial.write_text(SlurmRuns(os.getpid(), tuple((start, end) for start, end in self.runs)).text())
         partial.replace(self.run.slurm_running_path)  # written whole, then moved in: never read half
 
 
