@@ -7,6 +7,8 @@ import json
 import random
 from pathlib import Path
 
+import torch
+
 from gpuforge.profile_files import read_profile
 from gpuforge.runtime import phases
 from tests.helpers.cli import run_cli
@@ -149,6 +151,9 @@ def test_a_run_waiting_on_its_batches_shows_data_wait_on_top_and_is_advised_a_sh
         "train": {"max_steps": 26, "batch_size": 128, "lr": 1e-2, "precision": "fp32", "log_every": 1,
                   "profile": {"start_step": 4, "steps": 20}},
     }  # fmt: skip
+    # one thread: on two, this tiny model's ops waited on the core the other test worker held (forward and
+    # backward 5-50 ms a step instead of 0.6 ms, which put backward on top in a CI run)
+    torch.set_num_threads(1)
     train_run(tmp_path, spec, "run")
     parts = _profile(tmp_path / "run")["breakdown"]
     assert max(parts, key=lambda part: parts[part]["share"]) == "data_wait", parts
