@@ -33,13 +33,16 @@ def _profile(run: Path) -> dict:
 
 
 def test_a_profiled_step_is_split_into_phases_that_cover_it_with_its_trace_and_operators(tmp_path):
-    train_run(tmp_path, _cnn_spec(tmp_path, max_steps=10, profile={"start_step": 4, "steps": 3}), "run")
+    train_run(tmp_path, _cnn_spec(tmp_path, max_steps=14, profile={"start_step": 4, "steps": 8}), "run")
     report = _profile(tmp_path / "run")
-    assert [s["step"] for s in report["steps"]] == [4, 5, 6] and not report["cut_short"]
+    assert [s["step"] for s in report["steps"]] == list(range(4, 12)) and not report["cut_short"]
     parts = report["breakdown"]
-    marked = sum(p["seconds"] for name, p in parts.items() if name != "other")
-    # the marked phases (data wait, forward, backward, optimizer, logging, ...) are the step, within 10 %
-    assert abs(marked - report["mean_step_s"]) <= 0.1 * report["mean_step_s"], parts
+    # the marked phases (data wait, forward, backward, optimizer, logging, ...) are the step, within 10 %,
+    # in the median step: a phase left unmarked leaves a gap in every step, while the other test worker
+    # taking this core leaves one in a step or two (measured under two busy processes: 0.4 ms of 11-15 ms
+    # steps unmarked, 4.5 ms in the one step preempted between two phases)
+    uncovered = sorted(1 - sum(s["phases"].values()) / s["seconds"] for s in report["steps"])
+    assert uncovered[len(uncovered) // 2] <= 0.1, report["steps"]
     assert abs(sum(p["share"] for p in parts.values()) - 1) < 1e-6
     assert (
         parts["forward"]["seconds"] > 0
