@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpuforge.errors import RunDirError
 
+SLURM_SCRIPT_PREFIX = "slurm-attempt"  # logs/slurm-attemptN.sh: how the server knows a run's job in squeue
 EVENTS = (
     "queued",
     "started",
@@ -185,7 +186,7 @@ class RunDir:
 
     def slurm_script_path(self, attempt: int) -> Path:
         """The batch script a launch attempt submitted to Slurm (executor slurm)."""
-        return self.logs_dir / f"slurm-attempt{attempt}.sh"
+        return self.logs_dir / f"{SLURM_SCRIPT_PREFIX}{attempt}.sh"
 
     @property
     def slurm_running_path(self) -> Path:
@@ -205,7 +206,7 @@ class RunDir:
         """The batch script written last, where the run was submitted to Slurm (a restarted runner numbers
         its attempts from 0 again: the newest, not the highest number)."""
         written = []
-        for path in self.logs_dir.glob("slurm-attempt*.sh"):
+        for path in self.logs_dir.glob(f"{SLURM_SCRIPT_PREFIX}*.sh"):
             try:
                 written.append((path.lstat().st_mtime_ns, path.name, path))
             except OSError:

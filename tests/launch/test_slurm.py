@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuforge.launch import slurm as slurm_lib
+from gpuforge.runs import RunDir
 from tests.helpers.cli import run_cli
-from tests.helpers.slurm import slurm_conf
+from tests.helpers.slurm import slurm, slurm_conf
 from tests.helpers.specs import image_spec, write_spec
 
 pytestmark = pytest.mark.slow
@@ -159,3 +161,25 @@ def test_a_stop_cancels_a_job_that_waits_in_the_queue_and_a_forgotten_job_is_no_
         assert slurm.job_state("999999") == {}  # Slurm knows no such job: an answer, not a failure
     finally:
         subprocess.run(["scancel", job_id], env=env, capture_output=True)
+
+
+def test_a_running_job_is_known_by_its_scripts_folder_even_with_its_output_moved(tmp_path, monkeypatch):
+    """What the server's ledger checks the runners' marks against (launch/slurm.holding_logs_folders): a
+    job's owner may move its output while it waits, not the batch script it was submitted with."""
+    conf = slurm_conf()
+    monkeypatch.setenv("SLURM_CONF", conf)
+    run = RunDir(tmp_path / "run %j 100%")
+    run.logs_dir.mkdir(parents=True)
+    script = run.slurm_script_path(0)
+    script.write_text("#!/bin/bash\nsleep 60\n")
+    output = str(run.logs_dir).replace("%", "%%") + "/slurm-%j.log"
+    job = slurm("sbatch", "--parsable", "--hold", f"--output={output}", str(script), conf=conf).strip()
+    assert job.isdigit(), job
+    try:
+        slurm("scontrol", "update", f"JobId={job}", f"StdOut={tmp_path}/elsewhere.log", conf=conf)
+        assert f"StdOut={tmp_path}/elsewhere.log" in slurm("scontrol", "show", "job", job, conf=conf)
+        slurm("scontrol", "release", job, conf=conf)
+        _wait(lambda: str(run.logs_dir) in (slurm_lib.holding_logs_folders() or set()), "seen running", 60)
+    finally:
+        slurm("scancel", job, conf=conf)
+    _wait(lambda: str(run.logs_dir) not in (slurm_lib.holding_logs_folders() or set()), "seen ended", 60)

@@ -8,6 +8,7 @@ alone, not for its waits in Slurm's queue."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from datetime import datetime
 
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from gpuforge.runs import RunDir
+from gpuforge.scheduler.seen_holding import READ_S
 from gpuforge.server.local import LocalServer
 from tests.helpers.cli import run_cli
 from tests.helpers.jobs import wait_for_job
@@ -243,6 +245,43 @@ def test_a_slurm_job_requeued_by_slurm_is_not_charged_for_its_second_wait(tmp_pa
     assert ran_s <= charged_s <= runner_s - HELD_S, (ran_s, charged_s, runner_s)
 
 
+def test_a_job_that_rewrites_its_runners_marks_is_charged_for_the_time_slurm_shows_it_running(
+    tmp_path, server
+):
+    server.start(START_S)
+    http = _client(server)
+    forging, forger = threading.Event(), None
+    try:
+        job_id = _submit(http, tmp_path, max_steps=100)  # 5 s of steps
+        claimed = wait_for_job(http, job_id, lambda j: j["run_dir"] is not None, 180)
+        marks = RunDir(claimed["run_dir"]).logs_dir / "slurm-running"
+
+        def forge():  # as a job's own code could, from the runner's first mark on: one run, long over
+            while not forging.wait(0.05):
+                if marks.is_file():
+                    pid = marks.read_text().split()[0]
+                    marks.write_text(f"{pid} 1.000:2.000\n")
+
+        forger = threading.Thread(target=forge, daemon=True)
+        forger.start()
+        done = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 240)
+        events = http.get(f"/api/v1/jobs/{job_id}/events").json()
+        charged_s = http.get("/api/v1/costs").json()["total_device_hours"] * 3600
+        began, ended = (datetime.fromisoformat(done[f]) for f in ("started_at", "finished_at"))
+        runner_s = (ended - began).total_seconds()
+    finally:
+        forging.set()
+        if forger is not None:
+            forger.join()
+        server.stop()
+    assert done["state"] == "finished", done
+    started = next(e for e in events if e["kind"] == "started")
+    finished = next(e for e in events if e["kind"] == "finished")
+    ran_s = finished["ts"] - started["ts"]
+    # squeue is read every READ_S: all but the first read's wait is seen (the forged file alone: 0 s charged)
+    assert ran_s - READ_S <= charged_s <= runner_s, (ran_s, charged_s, runner_s)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -264,4 +303,5 @@ def test_a_server_refuses_to_start_on_slurm_settings_it_cannot_use(tmp_path, con
 def test_without_slurm_commands_the_server_says_which_are_missing(tmp_path):
     env = {"GPUFORGE_HOME": str(tmp_path / "home"), "PATH": os.path.dirname(os.__file__)}
     done = run_cli("server", "--executor", "slurm", "--port", "0", env=env, timeout=60)
-    assert done.returncode == 2 and "sbatch, scontrol, scancel, sinfo not found on PATH" in done.stderr
+    assert done.returncode == 2, done.stderr
+    assert "sbatch, scontrol, scancel, sinfo, squeue not found on PATH" in done.stderr

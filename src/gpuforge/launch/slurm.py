@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.runs import RunDir, SlurmRuns
+from gpuforge.runs import SLURM_SCRIPT_PREFIX, RunDir, SlurmRuns
 from gpuforge.settings import env_name
 from gpuforge.spec import JobSpec
 
@@ -59,7 +59,7 @@ _OPTION = re.compile(r"[A-Za-z0-9_.,:=+-]+")  # a partition, account or QOS name
 def check_slurm(options: dict[str, str | None]) -> None:
     """An error naming what is missing where Slurm's commands are not on PATH, or what is wrong with a
     partition, account or QOS name."""
-    missing = [c for c in ("sbatch", "scontrol", "scancel", "sinfo") if shutil.which(c) is None]
+    missing = [c for c in ("sbatch", "scontrol", "scancel", "sinfo", "squeue") if shutil.which(c) is None]
     if missing:
         raise GpuforgeError(
             f"executor slurm: {', '.join(missing)} not found on PATH (run gpuforge on a Slurm login node)"
@@ -85,7 +85,7 @@ def batch_script(
 ) -> str:
     """The batch script for one attempt: resources, output, then the ranks by srun."""
     r = spec.resources
-    output = str(run.logs_dir / "slurm-%j.log").replace("%", "%%").replace("%%j", "%j")
+    output = str(run.logs_dir).replace("%", "%%") + "/slurm-%j.log"
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=gpuforge-{_safe(spec.name)}",
@@ -130,6 +130,18 @@ def slurm_output(args: list[str], env: dict[str, str] | None = None) -> str | No
     except (subprocess.TimeoutExpired, OSError):
         return None
     return done.stdout if done.returncode == 0 else None
+
+
+def holding_logs_folders() -> set[str] | None:
+    """The logs folders of this user's Slurm jobs that hold their nodes now (HOLDING), read from the batch
+    script each was submitted with (squeue's Command, which Slurm lets nobody change; a job's owner may
+    change its output path while it waits, requeued); None where squeue did not answer."""
+    states = ",".join(sorted(HOLDING))
+    shown = slurm_output(["squeue", f"--user={os.getuid()}", "-h", "-t", states, "-O", "Command:0"])
+    if shown is None:
+        return None
+    scripts = (line.strip() for line in shown.splitlines())
+    return {os.path.dirname(p) for p in scripts if os.path.basename(p).startswith(SLURM_SCRIPT_PREFIX)}
 
 
 def job_state(job_id: str) -> dict[str, str] | None:

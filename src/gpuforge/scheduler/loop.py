@@ -18,6 +18,7 @@ store/states.py: it happens only while the job is still in the state it leaves (
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -43,6 +44,7 @@ from gpuforge.scheduler.autoscale import Autoscaler
 from gpuforge.scheduler.budgets import ProjectBudgets
 from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Launched, launch
 from gpuforge.scheduler.queue import HELD, Fairness, Limits, QueuedJob, RunningJob, plan_starts
+from gpuforge.scheduler.seen_holding import SeenHolding, union
 from gpuforge.scheduler.traffic import Traffic
 from gpuforge.scheduler.usage import HALF_LIFE_S, recent_usage
 from gpuforge.scheduler.worker_keys import replicas_key
@@ -94,6 +96,7 @@ class Scheduler:
         max_preemptions: int = 3,
         runs_dir: Path | None = None,
         devices_source: Callable[[], list[DeviceInfo]] | None = None,
+        holding_source: Callable[[], set[str] | None] | None = None,
     ):
         self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
         self.runner_env = dict(runner_env or {})  # where jobs' processes run (Settings.runner_environment)
@@ -101,6 +104,8 @@ class Scheduler:
         # runner first sees it run (_holds_devices_since), and it is charged only while it runs (tick)
         self.queued_elsewhere = self.runner_env.get(env_name("executor")) == "slurm"
         self.slurm_runs: dict[int, list[ledger.Span]] = {}  # running job -> its Slurm runs, read this tick
+        # and those the server saw itself (squeue), which a job that rewrote its runner's marks cannot hide
+        self.seen_holding = SeenHolding(holding_source) if holding_source is not None else None
         self.policy_of = policy_of  # what a key's jobs and replicas may do (server/settings.job_policy)
         # replicas' keys derive from it (scheduler/worker_keys.py); the server passes its kept one
         self.worker_secret = worker_secret or secrets.token_bytes(32)
@@ -134,6 +139,9 @@ class Scheduler:
         self._thread.start()
         if self.devices_source is not None:
             threading.Thread(target=self._reread_devices, name="gpuforge-devices", daemon=True).start()
+        if self.seen_holding is not None:
+            watch = functools.partial(self.seen_holding.run_forever, self._stop)
+            threading.Thread(target=watch, name="gpuforge-slurm-holding", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -185,7 +193,9 @@ class Scheduler:
             # Slurm job for its waits in Slurm's queue (charged within its runs alone: none before the first)
             charged = [j for j in running if self._alive(j) and j.run_started_at is not None]
             if self.queued_elsewhere:
-                self.slurm_runs = {j.id: runs for j in running if (runs := self._read_slurm_runs(j))}
+                self.slurm_runs = {j.id: runs for j in running if (runs := self._slurm_runs(j))}
+                if self.seen_holding is not None:
+                    self.seen_holding.keep_only(_logs_folder(j) for j in running)
                 ledger.accrue(s, charged, live, within={j.id: self.slurm_runs.get(j.id, []) for j in charged})
             else:
                 ledger.accrue(s, charged, live)
@@ -312,6 +322,14 @@ class Scheduler:
             return job.run_started_at
         runs = self.slurm_runs.get(job.id)
         return runs[0][0] if runs else None
+
+    def _slurm_runs(self, job: Job) -> list[ledger.Span]:
+        """When this job's Slurm jobs ran this attempt: as its runner wrote (_read_slurm_runs), and as this
+        server saw (seen_holding), together."""
+        seen = []  # from this attempt's start: an attempt before it, in the same run directory, is not it
+        if self.seen_holding is not None:
+            seen = self.seen_holding.spans(_logs_folder(job), since=job.run_started_at)
+        return union(self._read_slurm_runs(job) or [], seen)
 
     def _read_slurm_runs(self, job: Job) -> list[ledger.Span] | None:
         """When this job's Slurm jobs ran, as its runner saw them (runs.SlurmRuns), on this machine's clock;
@@ -478,6 +496,10 @@ class Scheduler:
             states.start(s, job.id, launched.pid)
             s.commit()
             log.info("job %d started on %s (pid %d)", job.id, job.devices, launched.pid)
+
+
+def _logs_folder(job: Job) -> str:
+    return str(RunDir(Path(job.run_dir)).logs_dir)
 
 
 def _utc(unix_time: float) -> datetime:

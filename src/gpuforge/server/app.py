@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -74,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             runs_dir=settings.runs_dir,
             # a Slurm partition's nodes come and go (drained, down, added): read again while serving
             devices_source=(lambda: devices_of(settings)) if settings.executor == "slurm" else None,
+            holding_source=holding_source(settings),
         )
         if settings.schedule:
             app.state.scheduler.start()
@@ -184,6 +186,16 @@ def open_store(settings: Settings):
             if path.exists():
                 path.chmod(0o600)
     return engine
+
+
+def holding_source(settings: Settings) -> Callable[[], set[str] | None] | None:
+    """Executor slurm: which jobs hold their nodes now, as Slurm says (the ledger's check on the runners'
+    marks, scheduler/seen_holding.py); None for the other executors."""
+    if settings.executor != "slurm":
+        return None
+    from gpuforge.launch.slurm import holding_logs_folders
+
+    return holding_logs_folders
 
 
 def devices_of(settings: Settings) -> list:
