@@ -56,6 +56,14 @@ def test_keep_only_forgets_ended_jobs_and_keeps_a_long_job_s_first_run():
     assert spans[-1][0] == _at(len(answers) - 2 + 0.1)
     watch.keep_only([])
     assert watch.spans("/r/a") == []
+    squeue = _Squeue([{"/r/a"}])
+    watch = SeenHolding(squeue.answer, clock=squeue.clock)
+    watch.keep_only([])  # no job runs: squeue is not asked
+    watch.read()
+    assert squeue.answers == [{"/r/a"}] and watch.spans("/r/a") == []
+    watch.keep_only(["/r/a"])
+    watch.read()
+    assert squeue.answers == [] and watch.spans("/r/a") == [(_at(0.1), None)]
 
 
 def test_union_merges_overlaps_and_an_open_span_takes_what_follows():

@@ -43,8 +43,11 @@ class SeenHolding:
         self._runs: dict[str, list[list]] = {}  # logs folder -> [[first seen, last seen, still holding]]
         self._answered_at: datetime | None = None
         self._unanswered = 0
+        self._idle = False  # no job runs (keep_only): squeue is not asked, the controller is spared
 
     def read(self) -> None:
+        if self._idle:
+            return
         asked = self.clock()
         holding = self.source()
         answered = self.clock()
@@ -59,9 +62,9 @@ class SeenHolding:
             for folder in holding:
                 runs = self._runs.setdefault(folder, [])
                 if runs and runs[-1][2]:
-                    runs[-1][1] = asked  # held when asked, at the latest
+                    runs[-1][1] = asked  # it held until the question at least
                 else:
-                    runs.append([answered, answered, True])  # held when answered, at the earliest
+                    runs.append([answered, answered, True])  # it held from the answer on at least
 
     def spans(self, folder: str, since: datetime | None = None, now: datetime | None = None) -> list[Span]:
         """The runs seen for this logs folder that began at `since` or later (an earlier attempt's are not
@@ -80,6 +83,7 @@ class SeenHolding:
         from it) and the latest KEPT - 1."""
         keep = set(folders)
         with self._lock:
+            self._idle = not keep
             for folder in list(self._runs):
                 runs = self._runs[folder]
                 if folder not in keep:
