@@ -4,7 +4,7 @@ import os
 import pytest
 
 from gpuforge.errors import RunDirError
-from gpuforge.runs import SLURM_RUNS_BYTES, RunDir, SlurmRuns, read_jsonl
+from gpuforge.runs import SLURM_RUNS_BYTES, SLURM_RUNS_KEPT, RunDir, SlurmRuns, read_jsonl
 
 
 def test_events_and_metrics_are_json_lines_and_nan_becomes_null(tmp_path):
@@ -75,11 +75,11 @@ def test_the_slurm_launchers_running_marks_read_back_as_its_pid_and_its_runs(tmp
     marks(True)
     first, again = run.slurm_runs().runs
     assert first[0] <= first[1] <= again[0] and again[1] is None
-    for _ in range(RunningMarks.KEPT):  # many requeues: the first run and the latest are kept
+    for _ in range(SLURM_RUNS_KEPT):  # many requeues: the first run and the latest are kept
         marks(False)
         marks(True)
     kept = run.slurm_runs().runs
-    assert len(kept) == RunningMarks.KEPT and kept[0] == first and kept[-1][1] is None
+    assert len(kept) == SLURM_RUNS_KEPT and kept[0] == first and kept[-1][1] is None
     assert run.slurm_running_path.stat().st_size <= SLURM_RUNS_BYTES
 
 

@@ -305,7 +305,13 @@ class RunDir:
             f.flush()
 
 
-SLURM_RUNS_BYTES = 4096  # RunningMarks.KEPT runs of about 30 characters, and the pid
+SLURM_RUNS_KEPT = 100  # runs kept a job (one each time Slurm requeues it) by its runner and by the server
+SLURM_RUNS_BYTES = 4096  # SLURM_RUNS_KEPT runs of about 30 characters, and the pid
+
+
+def first_and_latest(runs: list, kept: int = SLURM_RUNS_KEPT) -> list:
+    """The first run (max_time counts from it) and the latest kept - 1: a ledger's mark is past the rest."""
+    return runs if len(runs) <= kept else [runs[0], *runs[-(kept - 1) :]]
 
 
 @dataclass(frozen=True)

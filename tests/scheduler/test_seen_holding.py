@@ -3,7 +3,8 @@ sequence of squeue answers on a clock the test moves, and the union the ledger c
 
 from datetime import UTC, datetime, timedelta
 
-from gpuforge.scheduler.seen_holding import KEPT, STALE_S, SeenHolding, union
+from gpuforge.runs import SLURM_RUNS_KEPT as KEPT
+from gpuforge.scheduler.seen_holding import STALE_S, SeenHolding, union
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.runs import SLURM_SCRIPT_PREFIX, RunDir, SlurmRuns
+from gpuforge.runs import SLURM_SCRIPT_PREFIX, RunDir, SlurmRuns, first_and_latest
 from gpuforge.settings import env_name
 from gpuforge.spec import JobSpec
 
@@ -265,8 +265,6 @@ class RunningMarks:
     process's pid, and each run's start and end on this machine's clock; a run ends when its job no longer
     holds its nodes (HOLDING): requeued into Slurm's queue, suspended, or ended."""
 
-    KEPT = 100  # the first run (max_time counts from it) and the latest: a server's mark is past the rest
-
     def __init__(self, run: RunDir):
         self.run, self.runs = run, []  # [start, end or None]
 
@@ -278,8 +276,7 @@ class RunningMarks:
             self.runs.append([now, None])
         else:
             self.runs[-1][1] = now
-        if len(self.runs) > self.KEPT:
-            self.runs = [self.runs[0], *self.runs[-(self.KEPT - 1) :]]
+        self.runs = first_and_latest(self.runs)
         partial = self.run.slurm_running_path.with_name("slurm-running.partial")
         partial.write_text(SlurmRuns(os.getpid(), tuple((start, end) for start, end in self.runs)).text())
         partial.replace(self.run.slurm_running_path)  # written whole, then moved in: never read half

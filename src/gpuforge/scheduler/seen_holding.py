@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
+from gpuforge.runs import first_and_latest
 from gpuforge.store.ledger import Span
 from gpuforge.store.models import utcnow
 
@@ -24,7 +25,6 @@ log = logging.getLogger("gpuforge.scheduler")
 
 READ_S = 1.0  # squeue is asked this often (one call for all the jobs), as each runner asks for its own
 STALE_S = 5 * READ_S  # no answer from squeue for this long: its open runs end where they were last seen
-KEPT = 100  # runs kept a job (Slurm requeues it: one run each)
 UNANSWERED_WARN = 30  # reads in a row without an answer before the log says the check is off
 
 
@@ -79,17 +79,12 @@ class SeenHolding:
             ]
 
     def keep_only(self, folders: Iterable[str]) -> None:
-        """Forget the folders of jobs no longer running; of a job's runs, the first (its max_time counts
-        from it) and the latest KEPT - 1."""
+        """Forget the folders of jobs no longer running; of a job's runs, keep the first and the latest
+        (runs.first_and_latest)."""
         keep = set(folders)
         with self._lock:
             self._idle = not keep
-            for folder in list(self._runs):
-                runs = self._runs[folder]
-                if folder not in keep:
-                    del self._runs[folder]
-                elif len(runs) > KEPT:
-                    self._runs[folder] = [runs[0], *runs[-(KEPT - 1) :]]
+            self._runs = {f: first_and_latest(runs) for f, runs in self._runs.items() if f in keep}
 
     def run_forever(self, stop: threading.Event) -> None:
         while not stop.is_set():
