@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-. .venv/bin/activate
+. "${GPUFORGE_VENV:-.venv}/bin/activate"
 gpuforge hw
 gpuforge demo "$@"

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .whl && mkdir -p .whl
 grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
-. .venv/bin/activate
+. "${GPUFORGE_VENV:-.venv}/bin/activate"
 for pkg in pydantic pydantic-core annotated-types typing-inspection; do
   version=$(python -c "import importlib.metadata as m; print(m.version('$pkg'))")
   python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-. .venv/bin/activate
+. "${GPUFORGE_VENV:-.venv}/bin/activate"
 if ! bash scripts/browser.sh; then  # Chromium for tests/dashboard/ (as root, with apt-get)
   echo "test.sh: no Chromium; the dashboard's browser tests will be skipped" >&2
 fi

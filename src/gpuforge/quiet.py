@@ -34,6 +34,7 @@ THIRD_PARTY_LOGGERS = (
     "peft",
     "accelerate",
     "sentence_transformers",
+    "kernels",  # Hugging Face's kernel hub, which transformers asks for bitsandbytes' kernels (offline here)
 )
 
 

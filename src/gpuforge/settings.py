@@ -251,6 +251,18 @@ class Environment(ServerOptions):
         read_by="scripts/setup.sh",
         kind="development",
     )
+    venv: str = setting(
+        ".venv",
+        meaning="the virtual environment the scripts set up and use",
+        read_by="scripts/setup.sh, test.sh, demo.sh",
+        kind="development",
+    )
+    unlocked: str | None = setting(
+        None,
+        meaning="1: install the newest versions pyproject.toml admits, not the lock's (.ci/run --latest)",
+        read_by="scripts/setup.sh",
+        kind="development",
+    )
     test_postgres_url: str | None = setting(
         None,
         meaning="a PostgreSQL server the store's tests run on too; set but empty: those cases are skipped",

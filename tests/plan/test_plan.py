@@ -13,37 +13,52 @@ from tests.helpers.cli import run_cli
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _plan(*args):
-    result = run_cli("plan", *args, "--json")
+def _plan(*args, env=None):
+    result = run_cli("plan", *args, "--json", env=env)
     return result, (json.loads(result.stdout) if result.stdout.strip().startswith("{") else None)
 
 
+def _quantile(times: list[float], q: float) -> float:
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # as plan.StepTiming.quantile_s
+
+
 # every example is checked against its real run by benchmarks/plan_accuracy.py; here the quick one
-@pytest.mark.parametrize("example, steps", [("digits-cnn", 30)])
+@pytest.mark.parametrize("example, steps", [("digits-cnn", 60)])
 def test_plan_is_within_30_percent_of_the_measured_run(tmp_path, example, steps):
+    """The machine is shared: a neighbour's burst slows the steps it lands on (a 6 ms step took 0.4 s
+    under load), so one process's median can be 60x another's for the same work. So: plans and runs are
+    interleaved, three of each, and the median of their three ratios decides (one burst moves one pair);
+    each compares the fastest quarter of its steps (a burst only adds time: what is left is the steps' own
+    cost, which is what the calibration measures); each on one thread (two threads wait for each other at
+    every op, and a neighbour on either core stalls both). Whether the plan's median can be trusted is
+    what its own spread says."""
     spec = str(EXAMPLES / f"{example}.yaml")
-    # The machine is shared: a neighbour's burst can slow one of the two processes for seconds, and a
-    # 5 ms step doubles. The claim is that plan and run agree under the same load, so a pair that
-    # disagrees on time is measured again (at most three pairs); memory must agree every time.
+    one_thread = {"OMP_NUM_THREADS": "1"}
     pairs = []
     for attempt in range(3):
-        result, plan = _plan(spec, "--measure", "--max-steps", str(steps))
+        result, plan = _plan(spec, "--measure", "--max-steps", str(steps), env=one_thread)
         assert result.returncode == 0, result.stderr
         assert plan["fits"] and plan["total_steps"] == steps and plan["parameters"] > 0
         memory = plan["memory"]
         parts = ("runtime", "weights", "gradients", "optimizer_state", "activations", "step_overhead")
         assert sum(memory[k] for k in parts) == memory["total"]
         assert plan["cost_usd"] == pytest.approx(plan["total_time_s"] * 0.10 / 3600)
+        assert plan["step_time_reliable"] == (plan["step_time_spread"] <= 0.15)
+        assert ("UNRELIABLE" in plan["step_time_method"]) == (not plan["step_time_reliable"])
+        assert ("unreliable" in result.stderr) == (not plan["step_time_reliable"])
 
         run_dir = tmp_path / f"run{attempt}"
-        trained = run_cli("train", spec, "--out", str(run_dir), "--max-steps", str(steps))
+        trained = run_cli("train", spec, "--out", str(run_dir), "--max-steps", str(steps), env=one_thread)
         assert trained.returncode == 0, trained.stderr
         summary = json.loads((run_dir / "summary.json").read_text())
-        assert memory["total"] == pytest.approx(summary["peak_mem_bytes"], rel=0.30)
-        pairs.append((plan["step_time_s"], summary["median_step_s"]))
-        if plan["step_time_s"] == pytest.approx(summary["median_step_s"], rel=0.30):
-            return
-    pytest.fail(f"planned vs measured step time (s) never within 30% in {len(pairs)} tries: {pairs}")
+        assert memory["total"] == pytest.approx(summary["peak_mem_bytes"], rel=0.30)  # memory: every time
+        lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        times = [m["step_time_s"] for m in lines if m.get("step_time_s") and m["step"] > 1]  # 1 warms up
+        assert len(times) >= steps // 2
+        pairs.append((plan["step_time_p25_s"], _quantile(times, 0.25)))
+    ratios = sorted(planned / measured for planned, measured in pairs)
+    assert ratios[1] == pytest.approx(1.0, abs=0.30), pairs
 
 
 def _mib(text: str) -> float:

@@ -265,6 +265,14 @@ def plan(
         out_console.print_json(json.dumps(result.as_dict()))
     else:
         out_console.print(table(result))
+    if result.step_time_reliable is False:
+        console.print(
+            "gpuforge plan: the step time is unreliable (its measured steps moved "
+            f"±{result.step_time_spread:.0%} between windows: a busy machine?); measure again when quieter",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     if not result.fits:
         raise GpuforgeError(result.verdict)
 

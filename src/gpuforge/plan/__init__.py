@@ -37,9 +37,47 @@ from gpuforge.train.metrics import FlopModel
 from gpuforge.train.setup import Job, build_job
 from gpuforge.train.step import forward_backward, make_optimizer
 
-MEASURED_STEPS = 5  # at least, after one warm-up step; the median is the estimate
+MEASURED_STEPS = 8  # at least, after one warm-up step: two in each window
 MEASURED_SECONDS = 2.0  # short steps run until this much time is measured: one stall must not decide
 MAX_MEASURED_STEPS = 200
+WINDOWS = 4  # the measured steps, cut in this many runs of consecutive steps, each with its median
+NOISY = 0.15  # window medians further than this (±, of the median) apart: too noisy to trust as it is
+MORE_SECONDS = 3.0  # a noisy measurement goes on up to this many times MEASURED_SECONDS: a burst may pass
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Real optimizer steps, timed: the median is the estimate; the spread says whether to trust it."""
+
+    times_s: tuple[float, ...]  # each measured step's, in order (the warm-up step left out)
+    peak_bytes: int  # the memory the steps reached
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def spread(self) -> float:
+        """Half the range of the windows' medians, as a fraction of the median (0.1: ±10 %): a neighbour's
+        burst moves one window, not all of them."""
+        size = max(1, len(self.times_s) // WINDOWS)
+        windows = [self.times_s[i : i + size] for i in range(0, len(self.times_s) - size + 1, size)]
+        medians = [statistics.median(w) for w in windows]
+        return (max(medians) - min(medians)) / (2 * self.median_s) if self.median_s > 0 else 0.0
+
+    @property
+    def reliable(self) -> bool:
+        return self.spread <= NOISY
+
+    def quantile_s(self, q: float) -> float:
+        ordered = sorted(self.times_s)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def method(self) -> str:
+        said = f"median of {len(self.times_s)} measured steps, ±{self.spread:.0%} between windows"
+        if self.reliable:
+            return said
+        return f"{said}: UNRELIABLE, the steps' time moved more than ±{NOISY:.0%} (a busy machine?)"
 
 
 @dataclass
@@ -66,6 +104,11 @@ class Plan:
     usd_per_hour: float
     cost_usd: float
     measured_peak_bytes: int | None = None
+    # with --measure: the windows' spread (0.1: ±10 %), whether it is small enough to trust the median,
+    # and the fastest quarter's bound (a step's time when it had the machine to itself, whatever the load)
+    step_time_spread: float | None = None
+    step_time_reliable: bool | None = None
+    step_time_p25_s: float | None = None
     verdict: str = ""  # one line when it does not fit: by how much, and what would (or why nothing can)
     suggestions: list[str] = field(default_factory=list)  # options that fit, each with its predicted peak
 
@@ -86,10 +129,9 @@ def make_plan(spec: JobSpec, measure: bool = False) -> Plan:
     samples, tokens = _global_batch_size_and_tokens(job)
     flops = FlopModel(job.built, job.task, _sample_batch(job), job.precision).step_flops(samples, tokens)
     peak = peak_flops(device, job.precision.name)
-    measured_peak = None
-    if measure:
-        step_time, measured_peak = _measure_steps(job)
-        method = "median of measured steps (at least 5 and 2 s)"
+    timing = _measure_steps(job) if measure else None
+    if timing is not None:
+        step_time, method = timing.median_s, timing.method()
     else:
         step_time, method = flops / peak, "FLOPs / measured matmul peak (a lower bound)"
     total_time = step_time * job.total_steps
@@ -115,7 +157,10 @@ def make_plan(spec: JobSpec, measure: bool = False) -> Plan:
         total_time_s=total_time,
         usd_per_hour=spec.cost.usd_per_hour,
         cost_usd=total_time * spec.cost.usd_per_hour / 3600,
-        measured_peak_bytes=measured_peak,
+        measured_peak_bytes=timing.peak_bytes if timing else None,
+        step_time_spread=timing.spread if timing else None,
+        step_time_reliable=timing.reliable if timing else None,
+        step_time_p25_s=timing.quantile_s(0.25) if timing else None,
     )
     if not plan.fits:
         plan.suggestions = what_would_fit(job, memory, breakdown, capacity)
@@ -151,19 +196,29 @@ def _sample_batch(job: Job) -> dict[str, torch.Tensor]:
     return {k: v.to(job.device) for k, v in job.data.train.collate(job.order.batch(0)[: job.micro]).items()}
 
 
-def _measure_steps(job: Job, seconds: float = MEASURED_SECONDS) -> tuple[float, int]:
-    """Median time of real optimizer steps (after one warm-up), and the peak memory they reached."""
+def _measure_steps(job: Job, seconds: float = MEASURED_SECONDS) -> StepTiming:
+    """Real optimizer steps after one warm-up: at least MEASURED_STEPS and `seconds`, and while their
+    windows disagree by more than NOISY, on up to MORE_SECONDS times as long."""
     module = job.module
     optimizer = make_optimizer(module, job.spec.train.lr, job.spec.train.weight_decay, job.device)
     amp = MixedPrecision(job.precision, job.device)  # as training steps: fp16 with its loss scaling
-    times = []
+    times: list[float] = []
     if job.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(job.device)
     else:
         reset_cpu_peak()
+
+    def more() -> bool:
+        measured, done = sum(times[1:]), len(times) - 1
+        if done < MEASURED_STEPS:
+            return True
+        if done >= MAX_MEASURED_STEPS or measured >= seconds * MORE_SECONDS:
+            return False
+        return measured < seconds or not StepTiming(tuple(times[1:]), 0).reliable
+
     with torch.random.fork_rng(devices=[job.device] if job.device.type == "cuda" else []):
         step = 0
-        while step <= MEASURED_STEPS or (sum(times[1:]) < seconds and step <= MAX_MEASURED_STEPS):
+        while more():
             start = time.perf_counter()
             indices = job.order.batch(step)
             forward_backward(job.built, job.task, job.data.train, indices, job.micro, amp)
@@ -176,7 +231,7 @@ def _measure_steps(job: Job, seconds: float = MEASURED_SECONDS) -> tuple[float, 
         peak = torch.cuda.max_memory_allocated(job.device)
     else:
         peak = proc_status_bytes("VmHWM") or 0
-    return statistics.median(times[1:]), peak
+    return StepTiming(tuple(times[1:]), peak)
 
 
 # --- the table `gpuforge plan` prints: small figures in small units -------------------------------

@@ -29,7 +29,7 @@ from gpuforge.errors import GpuforgeError, SpecError
 from gpuforge.hardware.catalog import CatalogDevice, datasheet_for, load_catalog, resolve
 from gpuforge.hardware.machine import DeviceFigures, Machine, machine
 from gpuforge.hardware.roofline import OpTrace, Roof, saturating_efficiency
-from gpuforge.plan import _capacity, _measure_steps, dollars, duration
+from gpuforge.plan import NOISY, _capacity, _measure_steps, dollars, duration
 from gpuforge.prices import load_prices, price_of, prices_path
 from gpuforge.runtime.precision import MixedPrecision
 from gpuforge.settings import current
@@ -134,7 +134,8 @@ def compare(
     traces = _Traces(job)
     calibration = None
     if measure:
-        measured, _ = _measure_steps(job, calibration_s)
+        timing = _measure_steps(job, calibration_s)
+        measured = timing.median_s
         local = _local_device(here, job)
         accum = math.ceil(job.order.global_batch / job.micro)
         predicted = traces.step_s(local.roof(job.precision.name), job.micro, accum)
@@ -142,6 +143,7 @@ def compare(
             "measured_step_s": measured,
             "roofline_step_s": predicted,
             "factor": measured / predicted,
+            "spread": timing.spread,  # the measured steps' (plan.StepTiming): over NOISY, not to be trusted
         }
     targets = {}
     for name, entry in entries.items():
@@ -468,6 +470,11 @@ def table(c: Comparison) -> Table:
 
 def notes(c: Comparison) -> list[str]:
     lines = []
+    if c.calibration and c.calibration["spread"] > NOISY:
+        lines.append(
+            f"calibration: UNRELIABLE, the measured steps moved ±{c.calibration['spread']:.0%} between "
+            "windows (a busy machine?): measure again when it is quieter"
+        )
     for t in c.targets.values():
         if t.note:
             lines.append(f"{t.name}: {t.note}")
