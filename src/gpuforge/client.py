@@ -88,7 +88,9 @@ class Client:
         else:
             check_local_files(spec, as_written)
             sent, files = self.with_uploads(spec)
-            body = {"spec": sent.to_yaml(), "priority": priority, "name": name, "files": files or None}
+            # only what the user wrote (and the uploads' paths): the server fills in the rest, its prices too
+            written = sent.to_yaml(exclude_unset=True)
+            body = {"spec": written, "priority": priority, "name": name, "files": files or None}
         headers = {"Idempotency-Key": str(uuid.uuid4())}  # one per job asked for: every try sends it
         response = self._retried(lambda: self.http.post("/api/v1/jobs", json=body, headers=headers))
         _raise_for(response)
@@ -273,12 +275,12 @@ class Client:
         sent = {rel: self.upload(workdir / rel) for rel in working_copy_files(spec.script, workdir)}
         spec = spec.model_copy(deep=True)
         spec.script.workdir = ""
-        return {"spec": spec.to_yaml(), "script_files": sent}
+        return {"spec": spec.to_yaml(exclude_unset=True), "script_files": sent}
 
     def with_uploads(self, spec: JobSpec) -> tuple[JobSpec, dict[str, str]]:
         """`spec` with each local file it names replaced by the server's copy, and {server path: local
         path} of those files."""
-        raw = spec.model_dump(mode="json")
+        raw = spec.model_dump(mode="json", exclude_unset=True)  # what the user wrote: the rest stays unset
         files = {}
         for _field, local in local_files(spec):
             if local.is_file():  # else a server's own file, written absolute (check_local_files)

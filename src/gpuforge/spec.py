@@ -36,8 +36,10 @@ DATA_SCHEMES = ("sklearn", "stdlib")  # built-in data sets; anything else is a f
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+    def to_yaml(self, exclude_unset: bool = False) -> str:
+        """The spec as YAML: every field, or (`exclude_unset`) only those its writer set, so that whoever
+        reads it fills in the rest with its own defaults (a server: its prices)."""
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_unset=exclude_unset), sort_keys=False)
 
 
 class ModelSpec(Section):

@@ -207,6 +207,81 @@ def test_a_re_attached_runner_is_judged_by_its_logs_last_line_and_ends_are_logge
     assert "job 3: finished" in said and "job 1: failed (data.train: mine.csv: holds no records)" in said
 
 
+def test_a_job_seen_ended_late_is_charged_to_its_end_and_one_found_ended_is_charged_to_its_last_word(
+    tmp_path,
+):
+    """Issue 34: a job that ended while a tick was slow in coming was charged only to the last tick that
+    saw it run, and one that ended while the server was down only to the mark the killed server left
+    (9.5 s of a 20 s job unpaid, under load). The tick that sees a job it watched ended charges it to its
+    own time, the job's finished_at; a job found ended at a server's first look is charged to its
+    runner's last word, held between its mark and now (a job's clock is a hint, not a measure)."""
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    from sqlalchemy import func, select
+
+    from gpuforge.scheduler.allocator import inventory
+    from gpuforge.scheduler.loop import Scheduler
+    from gpuforge.store.db import connect, migrate, session
+    from gpuforge.store.models import Job, LedgerEntry, utcnow
+
+    engine = connect(f"sqlite:///{tmp_path / 'store.db'}")
+    migrate(engine)
+    began = utcnow() - timedelta(seconds=10)
+    said = {  # events.jsonl of each: the runner's word on its end, on its own clock
+        "late": [("started", began.timestamp())],
+        "told": [("started", began.timestamp()), ("finished", began.timestamp() + 3.0)],
+        "lying": [("started", began.timestamp()), ("finished", began.timestamp() + 1e6)],  # in the future
+        "silent": [("started", 1.0)],  # killed, long ago by its clock
+    }
+    for name, events in said.items():
+        (tmp_path / name).mkdir()
+        lines = "".join(json.dumps({"ts": ts, "event": kind}) + "\n" for kind, ts in events)
+        (tmp_path / name / "events.jsonl").write_text(lines)
+    # a runner of another server process: known by its run directory in its command line
+    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path / "late")])
+    try:
+        with session(engine) as s:
+            for name in said:
+                pid = runner.pid if name == "late" else 4_000_000  # the others: gone before this server
+                s.add(Job(name=name, state="running", pid=pid, run_dir=str(tmp_path / name), spec_yaml="",
+                          devices="cpu:0", usd_per_hour=3600.0, max_restarts=0, run_started_at=began,
+                          accrued_at=began))  # fmt: skip
+        scheduler = Scheduler(engine, inventory())
+        scheduler.tick()  # "late" runs: charged to now; the others end, each dated as said above
+        after_first = utcnow()
+        runner.kill()
+        runner.wait()
+        with open(tmp_path / "late" / "events.jsonl", "a") as events:
+            events.write(json.dumps({"ts": time.time(), "event": "finished"}) + "\n")
+        time.sleep(1.5)  # the next tick is slow in coming: the job ended somewhere in between
+        scheduler.tick()
+        with session(engine) as s:
+            jobs = {j.name: j for j in s.scalars(select(Job))}
+            rows = s.execute(
+                select(LedgerEntry.subject, func.sum(LedgerEntry.device_seconds)).group_by(
+                    LedgerEntry.subject
+                )
+            )
+            charged = {subject: seconds for subject, seconds in rows}
+    finally:
+        engine.dispose()
+    seconds = {name: charged.get(f"job:{job.id}", 0.0) for name, job in jobs.items()}
+    for name, job in jobs.items():
+        assert job.accrued_at == job.finished_at, name  # each charged to its end, and no further
+        assert seconds[name] == pytest.approx((job.finished_at - began).total_seconds(), abs=1e-3), name
+    assert (jobs["late"].state, jobs["told"].state, jobs["silent"].state) == (
+        "finished",
+        "finished",
+        "failed",
+    )
+    assert seconds["late"] > 11.5  # its 10 s before, and the slow tick's 1.5 s
+    assert seconds["told"] == pytest.approx(3.0, abs=1e-3)  # to its last word
+    assert seconds["silent"] == 0.0  # its word is older than its mark: nothing more
+    assert jobs["lying"].finished_at < after_first  # held to the tick that saw it ended
+
+
 def test_a_replica_gets_its_owners_policy_and_a_key_the_store_keeps_only_the_digest_of(tmp_path, monkeypatch):
     """What a deployment's replica is started with: never the server's secrets, its owner's policy, and
     the key whose sha256 alone the store holds."""

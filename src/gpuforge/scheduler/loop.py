@@ -68,6 +68,7 @@ from gpuforge.store.quotas import running_limits
 log = logging.getLogger("gpuforge.scheduler")
 TICK_S = 0.5
 USAGE_REFRESH_S = 10.0
+TROUBLE_LOG_S = 60.0  # a job whose watch fails every tick is logged this often, not twice a second
 DEVICES_REFRESH_S = 60.0  # a cluster's devices (a Slurm partition's nodes) read again this often
 PREEMPTED_BY = re.compile(r"preempted by job \d+.*?\(priority -?\d+\)")  # the head of _preempt's reason
 
@@ -110,6 +111,8 @@ class Scheduler:
         # replicas' keys derive from it (scheduler/worker_keys.py); the server passes its kept one
         self.worker_secret = worker_secret or secrets.token_bytes(32)
         self.launched: dict[int, Launched] = {}  # this server's own children (others: re-attached by pid)
+        self.troubled: dict[int, float] = {}  # job -> when its last failed watch was logged (_job_trouble)
+        self.seen_alive: set[int] = set()  # running jobs whose process this server saw alive at its last tick
         self.signalled: set[int] = set()
         self.tick_seconds: list[float] = []  # recent tick durations, for /metrics (scheduling latency)
         self.half_life_s, self.max_preemptions = half_life_s, max_preemptions
@@ -189,19 +192,26 @@ class Scheduler:
             running = list(s.scalars(select(Job).where(Job.state == JobState.RUNNING)))
             self._count_busy(s, running)
             live = s.scalars(select(Deployment).where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES)))
-            # a process that died while the server was down is not charged for the time it was gone, nor a
-            # Slurm job for its waits in Slurm's queue (charged within its runs alone: none before the first)
-            charged = [j for j in running if self._alive(j) and j.run_started_at is not None]
+            now = utcnow()  # what the ledger charges to, and an ending seen this tick is dated
+            alive = {j.id: self._alive(j) for j in running}  # asked before reading its files (_watch)
+            charged = [j for j in running if self._ran_since_last_look(j, alive[j.id])]
+            self.seen_alive = {job_id for job_id, yes in alive.items() if yes}
             if self.queued_elsewhere:
                 self.slurm_runs = {j.id: runs for j in running if (runs := self._slurm_runs(j))}
                 if self.seen_holding is not None:
                     self.seen_holding.keep_only(_logs_folder(j) for j in running)
-                ledger.accrue(s, charged, live, within={j.id: self.slurm_runs.get(j.id, []) for j in charged})
+                within = {j.id: self.slurm_runs.get(j.id, []) for j in charged}
+                ledger.accrue(s, charged, live, now, within=within)
             else:
-                ledger.accrue(s, charged, live)
+                ledger.accrue(s, charged, live, now)
             self.budgets.refresh(s)
+            watched = {j.id for j in charged}
             for job in running:
-                self._watch(s, job)
+                try:
+                    ended_at = now if job.id in watched else None  # None: found ended at a first look
+                    self._watch(s, job, alive[job.id], ended_at or now, dated=ended_at is not None)
+                except Exception:  # one job's trouble stops no other job's tick: the ledger, cancels, starts
+                    self._job_trouble(job)
             jobs_hold = {
                 d
                 for job in running
@@ -247,8 +257,20 @@ class Scheduler:
             return own.process.poll() is None  # reaps our child, keeping its exit code
         return is_alive(job.pid, job.run_dir)  # re-attached after a server restart: check it is ours
 
-    def _watch(self, s: Session, job: Job) -> None:
-        alive = self._alive(job)  # asked before reading: an ended process has written all it will
+    def _ran_since_last_look(self, job: Job, alive: bool) -> bool:
+        """Whether `job` ran at some moment since this server's last tick, so that its time up to this
+        tick is charged: it runs now, or this server saw it run at its last tick or launched it (it ended
+        since: charged to the tick that sees it ended, its finished_at, however long that tick was in
+        coming). A process found ended at a server's first look is not charged for the time no server
+        watched: it may have died at any moment of it."""
+        if job.run_started_at is None:
+            return False  # claimed, its process not started yet
+        return alive or job.id in self.seen_alive or job.id in self.launched
+
+    def _watch(self, s: Session, job: Job, alive: bool, now: datetime, dated: bool = True) -> None:
+        """One running job this tick: `alive` was asked before its files are read (an ended process has
+        written all it will). An ending is dated `now`, the time the ledger charged it to; or, where this
+        server never saw it run (`dated` False: it ended while no server watched), by _unwatched_end."""
         ingest(s, job)
         # `alive` is False for a pid that no longer runs this job's directory: that pid is not signalled
         if alive and (why := self._stop_for(job, self._holds_devices_since(job))) is not None:
@@ -266,6 +288,8 @@ class Scheduler:
             .order_by(Event.seq.desc())
             .limit(1)
         )
+        if not dated:
+            now = self._unwatched_end(s, job, now)
         own = self.launched.pop(job.id, None)
         exit_code = own.process.returncode if own is not None and own.process is not None else None
         self.signalled.discard(job.id)
@@ -273,18 +297,43 @@ class Scheduler:
         if server_stop and (last is None or last.kind in ("started", "cancelled", "preempted")):
             self._stopped_by_server(s, job)  # it checkpointed on our SIGTERM (or died on the way)
         elif last is not None and last.kind in states.RUNNER_ENDINGS:
-            states.end(s, job.id, last.kind, last.data.get("reason"))
+            states.end(s, job.id, last.kind, last.data.get("reason"), at=now)
         elif (refused := self._refused_input(job, exit_code)) is not None:
-            states.fail(s, job.id, refused)
+            states.fail(s, job.id, refused, at=now)
         elif job.restarts < job.max_restarts:
             why = f"process ended without a word (restart {job.restarts + 1} of {job.max_restarts})"
             states.requeue(s, job.id, why)
         else:
-            states.fail(s, job.id, f"process ended without a word {job.restarts + 1} times")
+            states.fail(s, job.id, f"process ended without a word {job.restarts + 1} times", at=now)
         if job.reason:
             log.info("job %d: %s (%s)", job.id, job.state, job.reason)
         else:
             log.info("job %d: %s", job.id, job.state)
+
+    def _unwatched_end(self, s: Session, job: Job, now: datetime) -> datetime:
+        """When a job found ended at this server's first look ended, charged to it: its runner's last event
+        (its own clock: a hint, not a measure), held between what was charged already and now. A job
+        that wrote a wrong time can move it within the time no server watched, and no further."""
+        said = s.scalar(
+            select(Event.ts)
+            .where(Event.job_id == job.id, Event.kind != "unreadable")  # those are dated by the server
+            .order_by(Event.seq.desc())
+            .limit(1)
+        )
+        charged = job.accrued_at or job.run_started_at or now
+        ended = now if said is None else min(now, max(charged, _utc(said)))
+        within = self.slurm_runs.get(job.id, []) if self.queued_elsewhere else None  # as accrue's
+        ledger.charge_job(s, job, ended, within=within)
+        return ended
+
+    def _job_trouble(self, job: Job) -> None:
+        """Log a failure to watch `job` (its traceback the first time, then once a minute at most): the
+        job keeps its state, and the next tick tries it again."""
+        last = self.troubled.get(job.id)
+        if last is not None and time.monotonic() - last < TROUBLE_LOG_S:
+            return
+        log.warning("job %d: not watched this tick", job.id, exc_info=last is None)
+        self.troubled[job.id] = time.monotonic()
 
     def _usage(self, s: Session) -> tuple[dict, dict]:
         """Device-time lately by key and by project (usage.py), read again every USAGE_REFRESH_S: it moves

@@ -72,6 +72,9 @@ class JobPublic(BaseModel):
     mfu: float | None = Field(description="model FLOPs utilisation at the latest logged step")
     eta_s: float | None = Field(description="seconds left, at the latest logged step's pace")
     cost_usd: float | None
+    usd_per_hour: float | None = Field(
+        None, description="what the server charges it an hour, all its devices together (the ledger's rate)"
+    )
     restarts: int = Field(description="times its process was started again after dying")
     max_restarts: int
     reason: str | None

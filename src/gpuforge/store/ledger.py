@@ -4,9 +4,13 @@ project as it runs (not recomputed later from summaries, which a killed run may 
 Each scheduling tick calls `accrue`: for every job running and every deployment with replicas up, the time
 since its mark (`accrued_at`) is cut at minute boundaries, added to one row per (subject, minute), and the
 mark moved to now, all in the tick's transaction. A server killed at any moment either committed both or
-neither: no second is counted twice, none lost while the job ran. (A job whose process died while the
-server was down is charged up to the server's return: the ledger cannot know when it died; at most the
-down time.)
+neither: no second is counted twice, none lost while the job ran. The tick that sees a job's process
+ended charges it to that tick's time, which is its finished_at, when this server saw it run at its last
+tick (or launched it): however slow that tick was in coming, the job ran at some moment since. A process
+found ended at a server's first look (it ended while no server watched, or its end was seen by a server
+killed before it committed) is charged to its runner's last event, held between its mark and now: the
+server cannot know when it died, and a job's clock can move that end only within the time no server
+watched (scheduler/loop.py decides which jobs a tick charges, and to when).
 
 A job's rate is Job.usd_per_hour, set at submit for all its devices (the spec's cost.usd_per_hour, one
 device's price, filled from prices.yaml when the spec set none, times its devices); a deployment's is the
@@ -99,6 +103,8 @@ def charge(
         entry.device_seconds += seconds * what.devices
         entry.usd += usd
         added += usd
+    if isinstance(row, Job):  # what the job's answers show as its cost: the ledger's, never its own files'
+        row.cost_usd = (row.cost_usd or 0.0) + added
     return added
 
 
@@ -115,6 +121,14 @@ def _read_entries(s: Session, marks: dict[str, datetime]) -> Entries:
 def _job_charge(job: Job) -> Charge:
     devices = len(job.devices.split(",")) if job.devices else job.devices_wanted
     return Charge(f"job:{job.id}", job.owner_id, job.project_id, devices, job.usd_per_hour or 0.0)
+
+
+def charge_job(s: Session, job: Job, until: datetime, within: Sequence[Span] | None = None) -> float:
+    """Charge one job from its mark to `until` (a job found ended after a server's restart, to the end
+    the loop dated); the dollars added."""
+    if job.accrued_at is None and job.run_started_at is not None:
+        job.accrued_at = min(job.run_started_at, until)
+    return charge(s, job, _job_charge(job), until, within=within)
 
 
 def _deployment_charge(deployment: Deployment, up: int) -> Charge:

@@ -210,10 +210,13 @@ class Job(Base):
     cost_usd: Mapped[float | None] = mapped_column()
     mfu: Mapped[float | None] = mapped_column()
     eta_s: Mapped[float | None] = mapped_column()
-    # how far the run directory's files were read (ingest.py): bytes, and lines of events.jsonl so far
+    # how far the run directory's files were read (ingest.py): bytes and lines of each, and the events
+    # stored so far (the next one's seq)
     events_offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    events_lines: Mapped[int] = mapped_column(BigInteger, default=0)
     events_read: Mapped[int] = mapped_column(default=0)
     metrics_offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    metrics_lines: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
@@ -237,7 +240,7 @@ class Event(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    seq: Mapped[int] = mapped_column()  # line number in the run's events.jsonl (server events: after them)
+    seq: Mapped[int] = mapped_column()  # the job's events in the order they were stored (ingest.py)
     ts: Mapped[float] = mapped_column()
     kind: Mapped[str] = mapped_column(String(32))
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)

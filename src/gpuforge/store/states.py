@@ -41,6 +41,7 @@ whether the move happened; the rows loaded in the session see its new values. No
 from __future__ import annotations
 
 from collections.abc import Collection
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import case, func, or_, update
@@ -123,10 +124,11 @@ def start(s: Session, job_id: int, pid: int) -> bool:
     )
 
 
-def end(s: Session, job_id: int, event: str, reason: str | None) -> bool:
+def end(s: Session, job_id: int, event: str, reason: str | None, at: datetime | None = None) -> bool:
     """running → the state its runner's last event names (RUNNER_ENDINGS), for `reason`: paused gives its
     devices back and stays resumable; finished, failed and cancelled take `reason` only where the job has
-    none yet (a cancel's "cancelled by ..." stays)."""
+    none yet (a cancel's "cancelled by ..." stays). `at`: when it was seen ended (the tick's time, to which
+    the ledger charged it), else now."""
     ending = RUNNER_ENDINGS.get(event)
     if ending is None:
         raise ValueError(f"a runner's `{event}` event ends nothing (endings: {', '.join(RUNNER_ENDINGS)})")
@@ -141,7 +143,7 @@ def end(s: Session, job_id: int, event: str, reason: str | None) -> bool:
         _RUNNING,
         state=ending,
         pid=None,
-        finished_at=utcnow(),
+        finished_at=at or utcnow(),
         stop_requested=None,
         reason=first_reason,
     )
@@ -206,10 +208,11 @@ def pause(s: Session, job_id: int, reason: str) -> bool:
     )
 
 
-def fail(s: Session, job_id: int, reason: str) -> bool:
-    """running → failed, for `reason`: its runner refused its input, or died once too often."""
+def fail(s: Session, job_id: int, reason: str, at: datetime | None = None) -> bool:
+    """running → failed, for `reason`: its runner refused its input, or died once too often; `at` as
+    for end()."""
     return _move_job(
-        s, job_id, _RUNNING, state=JobState.FAILED, pid=None, finished_at=utcnow(), reason=reason
+        s, job_id, _RUNNING, state=JobState.FAILED, pid=None, finished_at=at or utcnow(), reason=reason
     )
 
 

@@ -192,7 +192,7 @@ def submit(
             "resources.preemptible: false is for admin keys (a job nobody can "
             "preempt holds its devices against every priority)",
         )
-    _fill_price(spec, device_type, request)
+    _fill_price(spec, device_type, request, key)
     priority = body.priority if body.priority is not None else spec.priority
     job = Job(
         name=body.name or spec.name,
@@ -250,16 +250,16 @@ def _check_placement(spec: JobSpec, device_type: str, request: Request) -> None:
     )
 
 
-def _fill_price(spec: JobSpec, device_type: str, request: Request) -> None:
-    """cost.usd_per_hour from the server's prices.yaml (one device of the kind the job gets: by its name,
-    else its kind), unless the spec sets it: a job on owned devices costs what they cost, not $0."""
-    if "usd_per_hour" in spec.cost.model_fields_set:
+def _fill_price(spec: JobSpec | ScriptJobSpec, device_type: str, request: Request, key: ApiKey) -> None:
+    """cost.usd_per_hour: what one device of the kind the job gets costs on this server (pricing.py:
+    prices.yaml, else the catalog's price of its model), else nothing (0: no price set). A spec's own rate
+    is kept for admin keys alone (docs/decisions.md): any other key's job costs what the server says,
+    whatever its file says, and a budget cannot be escaped by declaring a rate of 0."""
+    if key.admin and "usd_per_hour" in spec.cost.model_fields_set:
         return
     found = device_price(request, device_type)
-    if found is not None:
-        name, spec.cost.usd_per_hour = found
-        if spec.cost.instance is None:
-            spec.cost.instance = f"{name} (prices.yaml)"
+    spec.cost.usd_per_hour = found[1] if found is not None else 0.0
+    spec.cost.instance = found[0] if found is not None else None
 
 
 def _earlier(where: Request | Session, key: ApiKey, idempotency_key: str) -> Job | None:
