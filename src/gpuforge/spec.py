@@ -562,15 +562,27 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def validation_problems(err: ValidationError) -> list[tuple[str, str]]:
-    """(dotted path, what is wrong) a problem; the branches of a union that all refused a value's type are
-    one problem (`must be an integer or 'auto', got 'x'`)."""
+MAX_PROBLEMS = 10  # told one by one (with their suggestions); past them, a count: a request buys no more work
+
+
+def problem_paths(err: ValidationError) -> dict[str, list[dict]]:
+    """The errors by dotted path (union branches' tags left out), in the order pydantic found them."""
     by_path: dict[str, list[dict]] = {}
-    for e in err.errors():
+    for e in err.errors(include_url=False):
         loc = tuple(p for p in e["loc"] if not _UNION_TAG.fullmatch(str(p)))
         by_path.setdefault(".".join(str(p) for p in loc), []).append({**e, "loc": loc})
+    return by_path
+
+
+def validation_problems(
+    err: ValidationError, limit: int | None = None, by_path: dict[str, list[dict]] | None = None
+) -> list[tuple[str, str]]:
+    """(dotted path, what is wrong) a problem, for the first `limit` paths (all by default; `by_path`:
+    problem_paths(err), where the caller has it); the branches of a union that all refused a value's type
+    are one problem (`must be an integer or 'auto', got 'x'`)."""
+    by_path = problem_paths(err) if by_path is None else by_path
     problems = []
-    for path, errors in by_path.items():
+    for path, errors in list(by_path.items())[:limit]:
         expected = [
             e["ctx"]["expected"] if e["type"] == "literal_error" else _EXPECTED.get(e["type"]) for e in errors
         ]
@@ -616,7 +628,9 @@ def format_validation_error(
     each naming it: `--set train.lr=abc: must be a number, got 'abc'`."""
     set_by = {a.partition("=")[0].strip(): a for a in overrides}
     in_file, in_overrides = [], []
-    for path, msg in validation_problems(err):
+    by_path = problem_paths(err)
+    more = len(by_path) - MAX_PROBLEMS
+    for path, msg in validation_problems(err, MAX_PROBLEMS, by_path):
         assignment = _blamed(path, msg, set_by) if path else None
         if assignment is not None:
             in_overrides.append(f"--set {assignment}: {msg}")
@@ -624,7 +638,8 @@ def format_validation_error(
             in_file.append(f"{path}: {msg}" if path else msg)
     if in_file and origin:
         in_file[0] = f"{origin}: {in_file[0]}"
-    return "; ".join(in_file + in_overrides)
+    told = "; ".join(in_file + in_overrides)
+    return told if more <= 0 else f"{told}; ... and {more:,} more"
 
 
 def apply_override(raw: dict[str, Any], assignment: str) -> None:

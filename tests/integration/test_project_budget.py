@@ -29,7 +29,7 @@ def _set_budget(engine, usd: float) -> None:
 
 def _spec(tmp_path, name: str, steps: int) -> str:
     spec = image_spec(tmp_path, max_steps=steps, checkpoint_every=5, options={"sleep_s": 0.05})
-    spec.update(name=name, cost={"usd_per_hour": 36.0})  # a cent a second
+    spec["name"] = name  # its price: the server's (prices.yaml), whatever an ordinary key's spec says
     return yaml.safe_dump(spec)
 
 
@@ -40,6 +40,7 @@ def test_a_project_over_its_month_budget_is_paused_held_and_freed_by_a_raise(tmp
         "GPUFORGE_ALLOW_USER_CODE": "true",  # the key's jobs use the tests' python: model
     }
     with LocalServer(tmp_path / "home", log=tmp_path / "server.log", **env) as server:
+        (server.home / "prices.yaml").write_text("cpu: {usd_per_hour: 36.0}\n")  # a cent a second
         engine = connect(f"sqlite:///{server.home / 'gpuforge.db'}")
         admin = httpx.Client(
             base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {server.key}"}

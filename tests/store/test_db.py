@@ -81,3 +81,28 @@ def test_an_idempotency_key_names_one_job_of_its_owner(engine):
         s.add(_job(owner_id=1, idempotency_key="k"))
     with session(engine) as s:
         assert len(s.scalars(select(Job)).all()) == 4
+
+
+def test_an_older_stores_uploads_are_held_by_the_project_of_the_key_that_sent_them(engine):
+    """Migration 0009: each stored upload's grant goes to its key's project, or to the key without one."""
+    from alembic import command
+
+    from gpuforge.store.db import alembic_config
+    from gpuforge.store.models import ApiKey, Project, Upload, UploadGrant
+
+    with session(engine) as s:
+        project = Project(name="vision")
+        s.add(project)
+        s.flush()
+        ada = ApiKey(name="ada", digest="a" * 64, project_id=project.id)
+        bob = ApiKey(name="bob", digest="b" * 64)
+        s.add_all([ada, bob])
+        s.flush()
+        s.add_all([Upload(sha256="1" * 64, suffix=".csv", key_id=ada.id, size=3),
+                   Upload(sha256="2" * 64, suffix="", key_id=bob.id, size=4)])  # fmt: skip
+        ids = (project.id, bob.id)
+    command.downgrade(alembic_config(engine), "0008")
+    migrate(engine)
+    with session(engine) as s:
+        held = {(g.sha256[0], g.suffix, g.holder) for g in s.scalars(select(UploadGrant))}
+    assert held == {("1", ".csv", f"project:{ids[0]}"), ("2", "", f"key:{ids[1]}")}

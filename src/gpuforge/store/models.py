@@ -340,6 +340,21 @@ class DeploymentEvent(Base):
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
+class UploadGrant(Base):
+    """Who may name an upload (routes/uploads.py): the project of a key that sent its bytes, or that key
+    where it has no project. The content is stored once; each project that sent it holds a grant, and
+    another project's key is told the server has no such file (admins see all)."""
+
+    __tablename__ = "upload_grants"
+    __table_args__ = (UniqueConstraint("sha256", "suffix", "holder"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    suffix: Mapped[str] = mapped_column(String(24), default="")
+    holder: Mapped[str] = mapped_column(String(32))  # "project:3" | "key:7" (store/uploads.py)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Upload(Base):
     """A file under <home>/uploads (routes/uploads.py), charged to the key that made the server store it:
     its size counts against that key's max_upload_bytes (store/quotas.py). One row a stored file: the same

@@ -44,6 +44,7 @@ from gpuforge.store.db import session
 from gpuforge.store.ingest import in_users_names
 from gpuforge.store.models import MAX_IDEMPOTENCY_KEY, QUEUE_JOB_STATES, ApiKey, Event, Job, JobState
 from gpuforge.store.quotas import INT32, check_job
+from gpuforge.store.uploads import may_use, split_name
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 JobId = Annotated[int, PathParam(ge=1, le=INT32, description="the job's id")]
@@ -52,15 +53,30 @@ MAX_SLURM_SCRIPT = 64 * 2**10  # a batch script is a few lines
 GZIP_MIN_BYTES = 8 * 2**10  # a chart's series past this is sent gzipped (numbers compress ~2.5x)
 
 
-class _NoAliases(yaml.SafeLoader):
-    """YAML without aliases: a few hundred bytes of nested aliases expand to gigabytes once the spec is
-    written back out (a 'billion laughs'), and a job spec never needs one."""
+MAX_SPEC_NODES = 2000  # values in a spec (a real one holds a few dozen): past it, no more work is done
+MAX_SPEC_DEPTH = 32  # levels of nesting (a real spec has four)
+_OPENS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_CLOSES = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise yaml.YAMLError(f"aliases (*name) are not accepted in a spec (line {mark.line + 1})")
-        return super().compose_node(parent, index)
+
+def spec_yaml(text: str) -> Any:
+    """A spec's YAML, read with bounded work: its events are counted first (libyaml's parser, stopping at
+    the first that passes a limit), then it is loaded; no aliases: a few hundred bytes of nested aliases
+    expand to gigabytes once the spec is written back out (a 'billion laughs'), and a spec never needs
+    one. SpecError past MAX_SPEC_NODES values or MAX_SPEC_DEPTH levels; yaml.YAMLError for bad YAML."""
+    nodes = depth = 0
+    for event in yaml.parse(text, Loader=yaml.CSafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            line = event.start_mark.line + 1
+            raise yaml.YAMLError(f"aliases (*name) are not accepted in a spec (line {line})")
+        if isinstance(event, (yaml.ScalarEvent, *_OPENS)) and (nodes := nodes + 1) > MAX_SPEC_NODES:
+            raise SpecError(f"spec: more than {MAX_SPEC_NODES} values (a job spec holds a few dozen)")
+        if isinstance(event, _OPENS) and (depth := depth + 1) > MAX_SPEC_DEPTH:
+            line = event.start_mark.line + 1
+            raise SpecError(f"spec: nested deeper than {MAX_SPEC_DEPTH} levels (line {line})")
+        if isinstance(event, _CLOSES):
+            depth -= 1
+    return yaml.load(text, Loader=yaml.CSafeLoader)  # noqa: S506 (a safe loader)
 
 
 def _parse(body: JobCreate, request: Request, key: ApiKey) -> JobSpec:
@@ -70,7 +86,7 @@ def _parse(body: JobCreate, request: Request, key: ApiKey) -> JobSpec:
             status.HTTP_413_CONTENT_TOO_LARGE, f"spec: {len(body.spec.encode())} bytes, over {MAX_SPEC_BYTES}"
         )
     try:
-        raw = yaml.load(body.spec, Loader=_NoAliases)  # noqa: S506 (a SafeLoader)
+        raw = spec_yaml(body.spec)
         base = settings.roots[0] if settings.roots else settings.home
         spec = parse_spec(raw, base, default_name=body.name or "job")
         if spec.kind == "script":
@@ -78,6 +94,7 @@ def _parse(body: JobCreate, request: Request, key: ApiKey) -> JobSpec:
         if body.script_files:
             raise SpecError("script_files: only for a spec of kind: script")
         check_spec(job_policy(settings, key), spec)
+        _check_uploads(request, key, [(f, p) for f, p in spec.file_references()])
         _check_inputs(spec)
     except yaml.YAMLError as err:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"spec: not valid YAML: {err}") from err
@@ -115,7 +132,21 @@ def _parse_script(spec: ScriptJobSpec, body: JobCreate, request: Request, key: A
     for name in spec.script.files:
         if not any(rel == name or rel.startswith(name.rstrip("/") + "/") for rel in sent):
             raise SpecError(f"script.files: {name} was not sent")
+    _check_uploads(request, key, [(f"script_files: {rel}", Path(path)) for rel, path in sent.items()])
     return spec
+
+
+def _check_uploads(request: Request, key: ApiKey, named: list[tuple[str, Path]]) -> None:
+    """Each upload a spec names must be one this key's project sent (store/uploads.py): another
+    project's file is refused as if the server had none."""
+    uploads = request.app.state.settings.uploads_dir.resolve()
+    with session(request.app.state.engine) as s:
+        for field, path in named:
+            where = Path(path).resolve()
+            if where.parent == uploads and not may_use(s, key, *split_name(where)):
+                raise SpecError(
+                    f"{field}: {path}: no such upload here (gpuforge submit sends the files a spec names)"
+                )
 
 
 def make_working_copy(spec: ScriptJobSpec, files: dict[str, str], run_dir: Path) -> None:

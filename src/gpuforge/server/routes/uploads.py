@@ -4,6 +4,11 @@ The client hashes each local file a spec names, asks whether the server has it (
 not (PUT, the raw bytes), and names the returned server path in the spec it submits. The suffix is kept
 because readers pick the format by it (.jsonl, .csv, .parquet, .txt, .npz, .py). A body whose hash is not
 the one in the URL is refused and nothing is kept.
+
+Uploads belong to the project of the key that sent them (store/uploads.py): another project's key is
+answered 404 for content the server has, sends the bytes like anyone without them, and then holds it too
+(the content is not stored twice, nor charged twice); a spec naming an upload its project does not hold is
+refused (routes/jobs.py). Admins see all.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from gpuforge.server.auth import Key
 from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.schemas import UploadPublic
 from gpuforge.store.db import session
+from gpuforge.store.models import ApiKey
 from gpuforge.store.quotas import charge_upload, upload_allowance
+from gpuforge.store.uploads import grant, may_use, split_name
 
 router = APIRouter(prefix="/api/v1/uploads", tags=["uploads"])
 SHA256 = r"^[0-9a-f]{64}$"
@@ -43,11 +50,26 @@ def _public(path: Path, sha256: str) -> UploadPublic:
     return UploadPublic(sha256=sha256, size=path.stat().st_size, path=str(path.resolve()))
 
 
+def _held(request: Request, key: ApiKey, path: Path) -> bool:
+    """Whether `key` may name this stored upload: its project (or it) sent these bytes, or it is an admin."""
+    with session(request.app.state.engine) as s:
+        return may_use(s, key, *split_name(path))
+
+
+def _grant(request: Request, key: ApiKey, path: Path) -> None:
+    try:
+        with session(request.app.state.engine) as s:
+            grant(s, key, *split_name(path))
+    except IntegrityError:
+        pass  # granted at the same moment by another request of the same project
+
+
 @router.get("/{sha256}", response_model=UploadPublic)
 def find_upload(sha256: str, request: Request, key: Key, name: Name = "") -> UploadPublic:
-    """Where the server keeps this content, if it has it (404 otherwise)."""
+    """Where the server keeps this content, if this key's project has sent it (404 otherwise: another
+    project's upload is not this one's to know of, even by its hash)."""
     path = _target(request, sha256, name)
-    if not path.exists():
+    if not path.exists() or not _held(request, key, path):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no upload {sha256}")
     return _public(path, sha256)
 
@@ -58,7 +80,8 @@ async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> Up
     it, 429 before the body is read (by its Content-Length) or as soon as it passes, and nothing is kept.
     Content the server has already costs nothing."""
     path = _target(request, sha256, name)
-    if path.exists():
+    stored = path.exists()
+    if stored and await run_in_threadpool(_held, request, key, path):
         return _public(path, sha256)
     engine = request.app.state.engine
 
@@ -75,6 +98,7 @@ async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> Up
         except IntegrityError:
             pass  # another key stored the same content at the same moment: charged to it, as if first
         os.replace(tmp, path)  # whole or absent: a reader never sees half a file
+        _grant(request, key, path)
 
     allowed = await run_in_threadpool(allowance)  # the store off the event loop: it may wait for a lock
     length = request.headers.get("content-length", "")
@@ -100,8 +124,11 @@ async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> Up
                 status.HTTP_422_UNPROCESSABLE_CONTENT,
                 f"the body's sha256 is {digest.hexdigest()}, not the {sha256} named in the URL",
             )
-        with quota_refusal():
-            await run_in_threadpool(keep, tmp, size)
+        if stored:  # another project's content: this one proved it has the bytes, and holds it too
+            await run_in_threadpool(_grant, request, key, path)
+        else:
+            with quota_refusal():
+                await run_in_threadpool(keep, tmp, size)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
