@@ -74,3 +74,37 @@ def test_a_small_file_is_read_whole_and_never_through_a_link_a_fifo_or_past_its_
     (tmp_path / "other").symlink_to(logs)  # a run whose logs/ is a link into another run's
     with pytest.raises(OSError, match="a link, not a folder"):
         small_text(tmp_path / "other" / "script.sh", 100)
+
+
+def test_every_reader_serves_nothing_through_a_link_or_a_fifo_and_skips_lines_it_cannot_hold(tmp_path):
+    """Issue 35: the logs, metrics, series and report readers followed a link in the run directory; each
+    now opens a run's files as runs.open_run_file does, and a line of huge integers or deep nesting is
+    skipped rather than raised."""
+    from gpuforge.run_files import log_tail, metrics_page, read_report
+
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    _write(secret / "metrics.jsonl", [{"step": 1, "loss": 0.5}])
+    (secret / "process.log").write_text("the server's own secrets\n")
+    (secret / "report.json").write_text('{"variants": []}')
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "metrics.jsonl").symlink_to(secret / "metrics.jsonl")
+    (run / "events.jsonl").symlink_to(secret / "metrics.jsonl")
+    (run / "logs" / "process.log").symlink_to(secret / "process.log")
+    (run / "compressed").symlink_to(secret)  # a linked folder
+    assert metrics_page(run / "metrics.jsonl", 0, 10) == []
+    assert series(run / "metrics.jsonl", 100) == {"records": 0, "metrics": {}}
+    assert last_record(run / "metrics.jsonl") is None and events_page(run / "events.jsonl", -1, 10) == []
+    assert log_tail(run / "logs" / "process.log", 10)[0] == []
+    assert read_report(run) is None
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)  # opening it to read would wait for a writer forever
+    assert metrics_page(fifo, 0, 10) == [] and last_record(fifo) is None
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(
+        b'{"step": ' + b"9" * 5000 + b"}\n" + b"[" * 100_000 + b"\n" + b'{"step": 2, "loss": 1.0}\n'
+    )
+    assert metrics_page(bad, 0, 10) == [{"step": 2, "loss": 1.0}]
+    assert series(bad, 100)["records"] == 1

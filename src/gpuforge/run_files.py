@@ -2,9 +2,11 @@
 of metrics, the tail of a log, and a run's metrics as downsampled series for charts.
 
 Shared by the server (its routes and live streams) and `gpuforge dashboard` (run directories without a
-server). A line without its newline yet is left for the next read; a file shorter than the offset read
-so far, or another file at the same path (the runner replaces metrics.jsonl when it trims it on resume),
-is read again from the top.
+server). A job's files are untrusted input: each is opened by runs.open_run_file (never through a link,
+never a FIFO: such a file reads as absent here), read a bounded chunk at a time, and a line that is not a
+JSON object is skipped. A line without its newline yet is left for the next read; a file shorter than the
+offset read so far, or another file at the same path (the runner replaces metrics.jsonl when it trims it
+on resume), is read again from the top.
 """
 
 from __future__ import annotations
@@ -16,25 +18,36 @@ import threading
 from array import array
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from gpuforge.runs import RunDir, read_run_file
+from gpuforge.runs import RunDir, open_run_file, read_run_file
 
 READ_CHUNK = 1 << 20  # a reader takes at most this much a call: a huge log never stalls the server
+REPORT_LIMIT = 16 << 20  # a compression report is a few KiB
+
+
+def _opened(path: Path) -> BinaryIO | None:
+    """runs.open_run_file, with a file it refuses (a link, a FIFO) read as absent: a reader serves nothing
+    of it."""
+    try:
+        return open_run_file(path)
+    except OSError:
+        return None
 
 
 def read_lines(path: Path, offset: int, limit: int | None = None) -> tuple[list[bytes], int]:
-    """Complete lines after byte `offset` (within `limit` bytes), and the offset past the last one. A file
-    shorter than `offset` was rewritten (the runner trims metrics on resume): start it again from the top."""
-    try:
-        with path.open("rb") as f:
-            f.seek(0, 2)
-            if f.tell() < offset:
-                offset = 0
-            f.seek(offset)
-            chunk = f.read() if limit is None else f.read(limit)
-    except FileNotFoundError:
+    """Complete lines after byte `offset` (within `limit` bytes, READ_CHUNK by default), and the offset
+    past the last one. A file shorter than `offset` was rewritten (the runner trims metrics on resume):
+    start it again from the top."""
+    f = _opened(path)
+    if f is None:
         return [], offset
+    with f:
+        f.seek(0, 2)
+        if f.tell() < offset:
+            offset = 0
+        f.seek(offset)
+        chunk = f.read(READ_CHUNK if limit is None else limit)
     end = chunk.rfind(b"\n") + 1
     return chunk[:end].split(b"\n")[:-1], offset + end
 
@@ -43,7 +56,7 @@ def json_line(line: bytes) -> dict[str, Any] | None:
     """One JSON object line; None for a torn line from a killed writer, or anything not an object."""
     try:
         value = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # torn, huge integers, nested too deep
         return None
     return value if isinstance(value, dict) else None
 
@@ -83,7 +96,7 @@ def log_tail(path: Path, lines: int) -> tuple[list[str], int]:
     except FileNotFoundError:
         return [], 0
     start = max(0, size - max(lines, 1) * 1024)
-    found, end = read_lines(path, start)
+    found, end = read_lines(path, start, max(1, size - start))
     if start > 0:
         found = found[1:]  # the first one is likely cut
     return [line.decode(errors="replace").rstrip() for line in found[-lines:]] if lines else [], end
@@ -91,13 +104,13 @@ def log_tail(path: Path, lines: int) -> tuple[list[str], int]:
 
 def last_record(path: Path) -> dict[str, Any] | None:
     """The last whole JSON line of a file (read from its end): a run's latest metrics record."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - 16 * 1024))
-            tail = f.read()
-    except FileNotFoundError:
+    f = _opened(path)
+    if f is None:
         return None
+    with f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - 16 * 1024))
+        tail = f.read()
     for line in reversed(tail[: tail.rfind(b"\n") + 1].split(b"\n")):
         if line.strip() and (record := json_line(line)) is not None:
             return record
@@ -106,26 +119,31 @@ def last_record(path: Path) -> dict[str, Any] | None:
 
 def events_page(path: Path, after: int, limit: int) -> list[dict[str, Any]]:
     """events.jsonl as the server's event records ({seq, ts, kind, data}), seq being the line number."""
-    found = []
-    lines, _ = read_lines(path, 0)
-    for seq, line in enumerate(lines):
-        record = json_line(line)
-        if seq <= after or record is None:
-            continue
-        kind, ts = str(record.pop("event", "unknown")), record.pop("ts", 0.0)
-        found.append({"seq": seq, "ts": float(ts) if isinstance(ts, int | float) else 0.0, "kind": kind})
-        found[-1]["data"] = record
-        if len(found) == limit:
-            break
-    return found
+    found, seq, offset = [], -1, 0
+    while True:  # a chunk at a time: the file may be as large as its job made it
+        lines, end = read_lines(path, offset)
+        for line in lines:
+            seq += 1
+            record = json_line(line)
+            if seq <= after or record is None:
+                continue
+            kind, ts = str(record.pop("event", "unknown")), record.pop("ts", 0.0)
+            found.append({"seq": seq, "ts": float(ts) if isinstance(ts, int | float) else 0.0, "kind": kind})
+            found[-1]["data"] = record
+            if len(found) == limit:
+                return found
+        if end == offset or not lines:
+            return found
+        offset = end
 
 
 def read_report(run_dir: Path) -> dict[str, Any] | None:
     """The run's compression report (report.json of its compressed/ folder); None where there is none,
     or where it is torn."""
     try:
-        report = json.loads((RunDir(run_dir).compressed_dir / "report.json").read_text())
-    except (OSError, ValueError):
+        raw = read_run_file(RunDir(run_dir).compressed_dir / "report.json", REPORT_LIMIT)
+        report = json.loads(raw) if raw is not None else None
+    except (OSError, ValueError, RecursionError):
         return None
     return report if isinstance(report, dict) else None
 
@@ -177,9 +195,8 @@ def series(path: Path, max_points: int) -> dict[str, Any]:
     """The metrics file as one series a metric ({step: [...], value: [...]}), each at most `max_points`
     long: past that, the steps are cut into buckets and each keeps its min and its max (in step order),
     so that a spike is never averaged away."""
-    try:
-        f = path.open("rb")
-    except FileNotFoundError:
+    f = _opened(path)
+    if f is None:
         return {"records": 0, "metrics": {}}
     with f:
         stat = os.fstat(f.fileno())  # the file read below, even if the runner replaces the path meanwhile

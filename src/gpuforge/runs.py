@@ -16,7 +16,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict
 
@@ -348,10 +348,10 @@ class SlurmRuns:
         return f"{self.runner_pid} {spans}\n"
 
 
-def read_run_file(path: Path, limit: int) -> bytes | None:
-    """A file a runner wrote, whole, for a reader that serves it (the server, the dashboard): None where
-    there is none; OSError saying why where it or its folder is a link (never followed out of the run),
-    it is not a plain file (opening a FIFO would hang the reader), or it is over `limit` bytes."""
+def open_run_file(path: Path) -> BinaryIO | None:
+    """A file a runner wrote, opened to read (binary): None where there is none; OSError saying why where
+    it or its folder is a link (never followed out of the run), or it is not a plain file (opening a FIFO
+    would hang the reader). Every reader of a run's files opens them here: they are untrusted input."""
     if path.parent.is_symlink():
         raise OSError(f"{path.parent.name}/ is a link, not a folder gpuforge made")
     try:
@@ -361,9 +361,20 @@ def read_run_file(path: Path, limit: int) -> bytes | None:
     except OSError as err:
         why = "a link, not a file gpuforge wrote" if err.errno == errno.ELOOP else err.strerror
         raise OSError(why) from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError("not a plain file")
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        raise OSError("not a plain file")
+    return f
+
+
+def read_run_file(path: Path, limit: int) -> bytes | None:
+    """A file a runner wrote, whole, for a reader that serves it (the server, the dashboard): None where
+    there is none; OSError saying why where open_run_file refuses it, or it is over `limit` bytes."""
+    f = open_run_file(path)
+    if f is None:
+        return None
+    with f:
         raw = f.read(limit + 1)
     if len(raw) > limit:
         raise OSError(f"over {limit} bytes")

@@ -67,11 +67,11 @@ class JobPublic(BaseModel):
     devices: str | None
     step: int | None
     total_steps: int | None
-    loss: float | None
-    samples_per_s: float | None
-    mfu: float | None = Field(description="model FLOPs utilisation at the latest logged step")
-    eta_s: float | None = Field(description="seconds left, at the latest logged step's pace")
-    cost_usd: float | None
+    loss: float | None = Field(description="as the job reports it at its latest logged step")
+    samples_per_s: float | None = Field(description="as the job reports it (range-checked)")
+    mfu: float | None = Field(description="model FLOPs utilisation, as the job reports it (in [0, 1])")
+    eta_s: float | None = Field(description="seconds left, as the job reports it (>= 0)")
+    cost_usd: float | None = Field(description="what the server's ledger charged it (never the job's word)")
     usd_per_hour: float | None = Field(
         None, description="what the server charges it an hour, all its devices together (the ledger's rate)"
     )

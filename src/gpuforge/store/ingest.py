@@ -21,18 +21,17 @@ A runner refused its input (exit 2: a spec or data error) writes no event: its o
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sqlalchemy.orm import Session
 
+from gpuforge.runs import open_run_file
 from gpuforge.store.models import Event, Job
 
 ERROR_PREFIX = "gpuforge: error: "  # what cli.py main() prints before exit 2
@@ -64,22 +63,13 @@ class _Read:
     refused: str | None = None  # the file itself cannot be read (a link, not a plain file)
 
 
-def _open_plain(path: Path) -> tuple[Any, str | None]:
-    """(the open file, None), (None, None) where there is none, or (None, why) where it is a link, its
-    folder is one, or it is not a plain file."""
-    if path.parent.is_symlink():
-        return None, f"{path.parent.name}/ is a link, not a folder gpuforge made"
+def _open_plain(path: Path) -> tuple[BinaryIO | None, str | None]:
+    """(the open file, None), (None, None) where there is none, or (None, why) where runs.open_run_file
+    refuses it (a link, a linked folder, not a plain file)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None, None
+        return open_run_file(path), None
     except OSError as err:
-        return None, "a link, not a file gpuforge wrote" if err.errno == errno.ELOOP else err.strerror
-    f = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-        f.close()
-        return None, "not a plain file"
-    return f, None
+        return None, str(err)
 
 
 def read_new_lines(path: Path, offset: int, lines_before: int) -> _Read:

@@ -77,6 +77,9 @@ export async function render(root, { id }) {
     return !jobEnded(job.state);
   }
 
+  // a figure the job's own files gave (range-checked by the server), told apart from what the server measured
+  const REPORTED = "as the job reports it (range-checked), not measured by the server";
+
   function drawHead(job) {
     setText(title, job.name);
     document.title = `${job.name} · gpuforge`;
@@ -86,16 +89,18 @@ export async function render(root, { id }) {
       ["owner", owner ?? "—"],
       ["devices", job.devices || (job.devices_wanted ? `${job.devices_wanted} × ${job.device_type}` : "—")],
       ["step", job.step == null && job.total_steps == null ? "—" : `${job.step ?? 0}/${job.total_steps ?? "?"}`],
-      ["loss", f.sig4(job.loss)],
-      ["cost", f.dollars(job.cost_usd)],
-      ["ETA", jobEnded(job.state) ? "—" : f.duration(job.eta_s)],
+      ["loss", f.sig4(job.loss), REPORTED],
+      ["cost", f.dollars(job.cost_usd), "charged by the server's ledger"],
+      ["ETA", jobEnded(job.state) ? "—" : f.duration(job.eta_s), REPORTED],
       ["restarts", job.restarts == null ? null : `${job.restarts} of ${job.max_restarts}`],
       ["reason", job.reason],
     ];
     head.replaceChildren(
       ...items
         .filter(([, v]) => v !== null && v !== undefined && v !== "")
-        .map(([k, v]) => el("div", {}, el("dt", { text: k }), el("dd", { "data-field": k.toLowerCase() }, v))),
+        .map(([k, v, source]) =>
+          el("div", {}, el("dt", { text: k, ...(source ? { title: source } : {}) }), el("dd", { "data-field": k.toLowerCase() }, v)),
+        ),
     );
   }
 
