@@ -111,6 +111,7 @@ class Scheduler:
         # replicas' keys derive from it (scheduler/worker_keys.py); the server passes its kept one
         self.worker_secret = worker_secret or secrets.token_bytes(32)
         self.launched: dict[int, Launched] = {}  # this server's own children (others: re-attached by pid)
+        self.told_unreadable: dict[int, float] = {}  # job -> when its unreadable lines were last logged
         self.troubled: dict[int, float] = {}  # job -> when its last failed watch was logged (_job_trouble)
         self.seen_alive: set[int] = set()  # running jobs whose process this server saw alive at its last tick
         self.signalled: set[int] = set()
@@ -267,11 +268,17 @@ class Scheduler:
             return False  # claimed, its process not started yet
         return alive or job.id in self.seen_alive or job.id in self.launched
 
-    def _watch(self, s: Session, job: Job, alive: bool, now: datetime, dated: bool = True) -> None:
+    def _watch(
+        self, s: Session, job: Job, alive: bool | None = None, now: datetime | None = None, dated: bool = True
+    ) -> None:
         """One running job this tick: `alive` was asked before its files are read (an ended process has
-        written all it will). An ending is dated `now`, the time the ledger charged it to; or, where this
-        server never saw it run (`dated` False: it ended while no server watched), by _unwatched_end."""
-        ingest(s, job)
+        written all it will; asked here when not given). An ending is dated `now` (default: now), the time
+        the ledger charged it to; or, where this server never saw it run (`dated` False: it ended while no
+        server watched), by _unwatched_end."""
+        alive = self._alive(job) if alive is None else alive
+        now = now or utcnow()
+        if unreadable := sum(1 for e in ingest(s, job) if e.kind == "unreadable"):
+            self._say_unreadable(job, unreadable)
         # `alive` is False for a pid that no longer runs this job's directory: that pid is not signalled
         if alive and (why := self._stop_for(job, self._holds_devices_since(job))) is not None:
             if states.request_stop(s, job.id, *why):
@@ -325,6 +332,16 @@ class Scheduler:
         within = self.slurm_runs.get(job.id, []) if self.queued_elsewhere else None  # as accrue's
         ledger.charge_job(s, job, ended, within=within)
         return ended
+
+    def _say_unreadable(self, job: Job, count: int) -> None:
+        """Log that a job's files held lines it could not read (each an `unreadable` event), once a minute
+        a job at most: a job writing garbage fills no log."""
+        last = self.told_unreadable.get(job.id)
+        if last is not None and time.monotonic() - last < TROUBLE_LOG_S:
+            return
+        log.warning("job %d: %d unreadable line(s) in its run files skipped (gpuforge job %d: its events)",
+                    job.id, count, job.id)  # fmt: skip
+        self.told_unreadable[job.id] = time.monotonic()
 
     def _job_trouble(self, job: Job) -> None:
         """Log a failure to watch `job` (its traceback the first time, then once a minute at most): the

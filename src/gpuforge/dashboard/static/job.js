@@ -9,6 +9,9 @@ import * as f from "/static/format.js";
 import { profileSection } from "/static/profile.js";
 
 
+// a figure the job's own files gave (range-checked by the server), told apart from what the server measured
+const REPORTED = "as the job reports it (range-checked), not measured by the server";
+
 export async function render(root, { id }) {
   const first = await api(`/api/v1/jobs/${id}`);
   if (first.status === 404 || first.status === 422) return notFound(root); // 422: an id past int32
@@ -76,9 +79,6 @@ export async function render(root, { id }) {
     await Promise.all(reads);
     return !jobEnded(job.state);
   }
-
-  // a figure the job's own files gave (range-checked by the server), told apart from what the server measured
-  const REPORTED = "as the job reports it (range-checked), not measured by the server";
 
   function drawHead(job) {
     setText(title, job.name);

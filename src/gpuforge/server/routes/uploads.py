@@ -102,8 +102,9 @@ async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> Up
 
     allowed = await run_in_threadpool(allowance)  # the store off the event loop: it may wait for a lock
     length = request.headers.get("content-length", "")
-    with quota_refusal():
-        allowed.check(int(length) if length.isdigit() else 0)
+    if not stored:  # content the server has costs nothing: its bytes are only checked, never kept again
+        with quota_refusal():
+            allowed.check(int(length) if length.isdigit() else 0)
     limit = request.app.state.settings.max_body_bytes
     path.parent.mkdir(parents=True, exist_ok=True)
     digest, size = hashlib.sha256(), 0
@@ -116,7 +117,8 @@ async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> Up
                     raise HTTPException(
                         status.HTTP_413_CONTENT_TOO_LARGE, f"upload is over the {limit} bytes allowed"
                     )
-                allowed.check(size, partial=True)  # a body sent without a Content-Length
+                if not stored:
+                    allowed.check(size, partial=True)  # a body sent without a Content-Length
                 digest.update(chunk)
                 f.write(chunk)
         if digest.hexdigest() != sha256:
