@@ -26,6 +26,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from unauthenticated_body_memory import status_kib  # noqa: E402  (its /proc reader)
 
 from gpuforge.client import Client  # noqa: E402
 from gpuforge.server.local import LocalServer  # noqa: E402
@@ -47,13 +50,6 @@ with open(path, "ab") as f:
 open(os.path.join(os.environ["GPUFORGE_RUN_DIR"], "written"), "w").write(str(os.path.getsize(path)))
 import time; time.sleep(3600)
 """
-
-
-def status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} for pid {pid}")
 
 
 def cpu_s(pid: int) -> float:

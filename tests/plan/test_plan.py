@@ -18,21 +18,16 @@ def _plan(*args, env=None):
     return result, (json.loads(result.stdout) if result.stdout.strip().startswith("{") else None)
 
 
-def _quantile(times: list[float], q: float) -> float:
-    ordered = sorted(times)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # as plan.StepTiming.quantile_s
-
-
 # every example is checked against its real run by benchmarks/plan_accuracy.py; here the quick one
 @pytest.mark.parametrize("example, steps", [("digits-cnn", 60)])
 def test_plan_is_within_30_percent_of_the_measured_run(tmp_path, example, steps):
     """The machine is shared: a neighbour's burst slows the steps it lands on (a 6 ms step took 0.4 s
     under load), so one process's median can be 60x another's for the same work. So: plans and runs are
     interleaved, three of each, and the median of their three ratios decides (one burst moves one pair);
-    each compares the fastest quarter of its steps (a burst only adds time: what is left is the steps' own
-    cost, which is what the calibration measures); each on one thread (two threads wait for each other at
-    every op, and a neighbour on either core stalls both). Whether the plan's median can be trusted is
-    what its own spread says."""
+    each pair compares its fastest steps (a neighbour only adds time: the fastest step is the step's own
+    cost, which is what the calibration measures; under load a quarter of the steps may all be slowed);
+    each on one thread (two threads wait for each other at every op, and a neighbour on either core
+    stalls both). Whether the plan's median can be trusted is what its own spread says."""
     spec = str(EXAMPLES / f"{example}.yaml")
     one_thread = {"OMP_NUM_THREADS": "1"}
     pairs = []
@@ -56,7 +51,7 @@ def test_plan_is_within_30_percent_of_the_measured_run(tmp_path, example, steps)
         lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         times = [m["step_time_s"] for m in lines if m.get("step_time_s") and m["step"] > 1]  # 1 warms up
         assert len(times) >= steps // 2
-        pairs.append((plan["step_time_p25_s"], _quantile(times, 0.25)))
+        pairs.append((plan["step_time_fastest_s"], min(times)))
     ratios = sorted(planned / measured for planned, measured in pairs)
     assert ratios[1] == pytest.approx(1.0, abs=0.30), pairs
 

@@ -69,10 +69,6 @@ class StepTiming:
     def reliable(self) -> bool:
         return self.spread <= NOISY
 
-    def quantile_s(self, q: float) -> float:
-        ordered = sorted(self.times_s)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
     def method(self) -> str:
         said = f"median of {len(self.times_s)} measured steps, ±{self.spread:.0%} between windows"
         if self.reliable:
@@ -105,10 +101,10 @@ class Plan:
     cost_usd: float
     measured_peak_bytes: int | None = None
     # with --measure: the windows' spread (0.1: ±10 %), whether it is small enough to trust the median,
-    # and the fastest quarter's bound (a step's time when it had the machine to itself, whatever the load)
+    # and the fastest step (the step's own cost, with the machine to itself: a neighbour only adds time)
     step_time_spread: float | None = None
     step_time_reliable: bool | None = None
-    step_time_p25_s: float | None = None
+    step_time_fastest_s: float | None = None
     verdict: str = ""  # one line when it does not fit: by how much, and what would (or why nothing can)
     suggestions: list[str] = field(default_factory=list)  # options that fit, each with its predicted peak
 
@@ -160,7 +156,7 @@ def make_plan(spec: JobSpec, measure: bool = False) -> Plan:
         measured_peak_bytes=timing.peak_bytes if timing else None,
         step_time_spread=timing.spread if timing else None,
         step_time_reliable=timing.reliable if timing else None,
-        step_time_p25_s=timing.quantile_s(0.25) if timing else None,
+        step_time_fastest_s=min(timing.times_s) if timing else None,
     )
     if not plan.fits:
         plan.suggestions = what_would_fit(job, memory, breakdown, capacity)

@@ -206,13 +206,15 @@ class Scheduler:
             else:
                 ledger.accrue(s, charged, live, now)
             self.budgets.refresh(s)
-            watched = {j.id for j in charged}
+            watched = {j.id for j in charged}  # the others were found ended at this server's first look
             for job in running:
                 try:
-                    ended_at = now if job.id in watched else None  # None: found ended at a first look
-                    self._watch(s, job, alive[job.id], ended_at or now, dated=ended_at is not None)
+                    self._watch(s, job, alive[job.id], now, dated=job.id in watched)
                 except Exception:  # one job's trouble stops no other job's tick: the ledger, cancels, starts
                     self._job_trouble(job)
+            for said in (self.troubled, self.told_unreadable):  # of running jobs alone: no table grows
+                for job_id in said.keys() - alive.keys():
+                    del said[job_id]
             jobs_hold = {
                 d
                 for job in running
@@ -262,8 +264,8 @@ class Scheduler:
         """Whether `job` ran at some moment since this server's last tick, so that its time up to this
         tick is charged: it runs now, or this server saw it run at its last tick or launched it (it ended
         since: charged to the tick that sees it ended, its finished_at, however long that tick was in
-        coming). A process found ended at a server's first look is not charged for the time no server
-        watched: it may have died at any moment of it."""
+        coming). A process found ended at a server's first look may have died at any moment no server
+        watched: _unwatched_end dates and charges it."""
         if job.run_started_at is None:
             return False  # claimed, its process not started yet
         return alive or job.id in self.seen_alive or job.id in self.launched
