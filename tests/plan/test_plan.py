@@ -19,7 +19,7 @@ def _plan(*args, env=None):
 
 
 # every example is checked against its real run by benchmarks/plan_accuracy.py; here the quick one
-@pytest.mark.parametrize("example, steps", [("digits-cnn", 60)])
+@pytest.mark.parametrize("example, steps", [("digits-cnn", 200)])  # a run of seconds: a burst ends in it
 def test_plan_is_within_30_percent_of_the_measured_run(tmp_path, example, steps):
     """The machine is shared: a neighbour's burst slows the steps it lands on (a 6 ms step took 0.4 s
     under load), so one process's median can be 60x another's for the same work. So: plans and runs are
