@@ -43,6 +43,16 @@ def live(tmp_path_factory):
     kill_processes_under(tmp)
 
 
+@pytest.fixture(autouse=True)
+def undeploy_what_a_test_left(live):
+    """A test that fails midway leaves its deployment holding devices: stop it, so the next test is its own."""
+    yield
+    http, _ = live
+    for left in http.get("/api/v1/deployments").json():
+        http.delete(f"/api/v1/deployments/{left['name']}")
+        wait_for(http, f"/api/v1/deployments/{left['name']}", lambda d: d["state"] in ("stopped", "failed"))
+
+
 def _serving(http, name, version):
     return wait_for(http, f"/api/v1/deployments/{name}/versions",
                  lambda vs: any(v["version"] == version and v["state"] == "serving" for v in vs))  # fmt: skip

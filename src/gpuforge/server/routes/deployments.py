@@ -23,6 +23,7 @@ import httpx
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import aliased
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpuforge.artifact.manifest import MANIFEST, ArtifactError, Manifest, read_manifest
@@ -51,6 +52,7 @@ from gpuforge.store.models import (
     Deployment,
     DeploymentEvent,
     DeploymentState,
+    DeploymentVersion,
     Job,
     JobState,
     VersionState,
@@ -71,11 +73,20 @@ KEPT_BY_A_NEW_VERSION = (
 
 
 def public(s, d: Deployment) -> DeploymentPublic:
-    """The deployment as the API shows it, with the version it is rolling out, if any."""
-    shown = DeploymentPublic.model_validate(d)
+    """The deployment as the API shows it, with the version it is rolling out, if any: both read in one
+    statement, so a rollout that ends between two reads never shows as neither rolling nor served."""
+    rolling = aliased(DeploymentVersion)
+    row = s.execute(
+        select(Deployment, rolling.version)
+        .outerjoin(rolling, (rolling.deployment_id == Deployment.id) & (rolling.state == VersionState.ROLLING))
+        .where(Deployment.id == d.id)
+        .order_by(rolling.version.desc())
+        .limit(1)
+        .execution_options(populate_existing=True)
+    ).one()
+    shown = DeploymentPublic.model_validate(row[0])
     shown.url = f"/api/v1/deployments/{d.name}"
-    rolling = versions.of_state(s, d.id, VersionState.ROLLING)
-    shown.rolling_version = rolling.version if rolling is not None else None
+    shown.rolling_version = row[1]
     return shown
 
 
