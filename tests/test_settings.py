@@ -66,6 +66,7 @@ def test_internal_variables_are_marked_and_the_rest_are_not():
         "GPUFORGE_RESTART",
         "GPUFORGE_ATTEMPT",
         "GPUFORGE_RUN_DIR",
+        "GPUFORGE_JOB_ID",
     }
     assert all(v.meaning and v.read_by and v.type for v in variables())
 

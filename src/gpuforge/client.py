@@ -114,8 +114,10 @@ class Client:
     def cancel(self, job_id: int) -> dict:
         return self._call("POST", f"/api/v1/jobs/{job_id}/cancel")
 
-    def resume(self, job_id: int, budget_usd: float | None) -> dict:
-        return self._call("POST", f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": budget_usd})
+    def resume(self, job_id: int, budget_usd: float | None = None, no_budget: bool = False) -> dict:
+        """Queue a paused or cancelled job again; its budget kept unless `budget_usd` (or `no_budget`)."""
+        body = {"budget_usd": None} if no_budget else {} if budget_usd is None else {"budget_usd": budget_usd}
+        return self._call("POST", f"/api/v1/jobs/{job_id}/resume", json=body)
 
     def events(self, job_id: int, after: int = -1) -> list[dict]:
         return self._call("GET", f"/api/v1/jobs/{job_id}/events", params={"after": after})
@@ -252,6 +254,10 @@ class Client:
         params = {"by": by, "since": since, "project": project}
         return self._call("GET", "/api/v1/costs", params={k: v for k, v in params.items() if v is not None})
 
+    def prices(self) -> dict:
+        """The server's prices: each device's, and (for an admin key) its prices.yaml's entries."""
+        return self._call("GET", "/api/v1/prices")
+
     # --- uploads ---
     def upload(self, path: Path) -> str:
         """The server's path for this file's content, sending it only if the server lacks it."""
@@ -351,4 +357,36 @@ def _raise_for(response: httpx.Response) -> None:
         detail = response.json().get("detail")
     except ValueError:
         detail = response.text[:500]
+    if isinstance(detail, list):  # the API's request validation: pydantic's list of {loc, msg, ...}
+        detail = validation_text(detail)
     raise GpuforgeError(f"server answered {response.status_code}: {detail}")
+
+
+REQUEST_PARTS = ("body", "query", "path", "header")  # where pydantic found it: not the field's name
+
+
+def validation_text(errors: list) -> str:
+    """The API's 422 list as one line, a field and its rule an error: `name: 'Topics v1' must match
+    ^[a-z0-9-]+$; replicas: must be greater than or equal to 1 (not 0)`."""
+    lines = []
+    for error in errors:
+        if not isinstance(error, dict):
+            lines.append(str(error))
+            continue
+        loc = [str(part) for part in error.get("loc") or []]
+        field = ".".join(loc[1:] if loc and loc[0] in REQUEST_PARTS else loc)
+        lines.append(f"{field}: {_rule(error)}" if field else _rule(error))
+    return "; ".join(lines)
+
+
+def _rule(error: dict) -> str:
+    """What one validation error asks for, with the value refused where it is short enough to read."""
+    given, context = error.get("input"), error.get("ctx") or {}
+    if error.get("type") == "string_pattern_mismatch" and "pattern" in context:
+        return f"{given!r} must match {context['pattern']}"
+    rule = str(error.get("msg", "not accepted")).removeprefix("Value error, ")
+    rule = rule[:1].lower() + rule[1:]  # "Input should be ..." reads on after "field: "
+    shown = repr(given)
+    if error.get("type") != "missing" and not isinstance(given, dict | list) and len(shown) <= 60:
+        rule += f" (not {shown})"
+    return rule

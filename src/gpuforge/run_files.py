@@ -148,6 +148,9 @@ def read_report(run_dir: Path) -> dict[str, Any] | None:
     return report if isinstance(report, dict) else None
 
 
+NOT_METRICS = ("step", "ts")  # a metrics line's step and the time it was written: its axes, not figures
+
+
 class _Columns:
     """A metrics file read so far: each numeric metric as (steps, values) in compact arrays (8 bytes a
     number, not a Python float's 24 and its pointer), and where reading stopped. Its own lock: a long
@@ -164,7 +167,7 @@ class _Columns:
             return
         self.records += 1
         for name, value in record.items():
-            if name == "step" or isinstance(value, bool) or not isinstance(value, int | float):
+            if name in NOT_METRICS or isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             if not math.isfinite(value):
                 continue

@@ -136,6 +136,14 @@ class ServerOptions(BaseSettings):
         meaning="any key may submit python: models and trust_remote_code (they run as the server's user)",
         read_by="`gpuforge server`",
     )
+    replica_ports: str | None = setting(
+        None,
+        pattern=r"^\d{1,5}-\d{1,5}$",
+        meaning="the loopback ports deployment replicas listen on, FIRST-LAST (e.g. 41000-41099), for a "
+        "firewall or a port plan",
+        read_by="`gpuforge server`",
+        shown_default="any free port",
+    )
     fair_share_half_life_s: float = setting(
         3600.0,
         gt=0,
@@ -305,6 +313,13 @@ class Environment(ServerOptions):
         None,
         meaning="a script job's run directory, set by its runner (where gpuforge.track writes)",
         read_by="script jobs (gpuforge.track)",
+        kind="internal",
+    )
+    job_id: int | None = setting(
+        None,
+        meaning="the server's id of the job, set by the server for its runner (track.job_id(); a paused "
+        "job's log names `gpuforge resume ID`)",
+        read_by="job runners, script jobs (gpuforge.track)",
         kind="internal",
     )
     pg_dir: str | None = setting(

@@ -3,6 +3,7 @@
 
     from gpuforge import track
 
+    track.total_steps(steps)                      # optional: what progress and the ETA count against
     start = track.resume_step()                   # 0, or the step after the last checkpoint you marked
     for step in range(start, steps):
         ...
@@ -31,6 +32,8 @@ import time
 from pathlib import Path
 
 RUN_DIR_VARIABLE = "GPUFORGE_RUN_DIR"
+JOB_ID_VARIABLE = "GPUFORGE_JOB_ID"  # the server's id of the job, where a server started it
+TOTAL_STEPS_EVENT = "total_steps"  # the events line total_steps() writes (store/ingest.py reads it)
 STOP_FILE = "stop"  # the runner writes it before SIGTERM: a script that never imported track sees it too
 CHECKPOINT_EVENT = "checkpoint"  # the run directory's own event (runs.py), as the engine writes it
 
@@ -71,6 +74,35 @@ def log(step: int, **metrics: float) -> None:
     _append(where / "metrics.jsonl", record)
 
 
+def job_id() -> int | None:
+    """The server's id of this job (what `gpuforge job ID` takes), or None when no server started it."""
+    value = os.environ.get(JOB_ID_VARIABLE, "")
+    return int(value) if value.isdigit() else None
+
+
+def total_steps(steps: int) -> None:
+    """Say how many steps the job has (its last step is steps - 1): the server shows `step 12/40` and the
+    summary counts against it. Once is enough; a later call replaces it (a resume that changed its plan)."""
+    try:
+        steps = operator.index(steps)
+    except TypeError:
+        raise ValueError(f"track.total_steps: a positive int expected, got {steps!r}") from None
+    if steps < 1 or isinstance(steps, bool):
+        raise ValueError(f"track.total_steps: a positive int expected, got {steps!r}")
+    where = _writer_run_dir()
+    if where is not None:
+        _append(where / "events.jsonl", {"ts": time.time(), "event": TOTAL_STEPS_EVENT, "total_steps": steps})
+
+
+def declared_total_steps(run: Path) -> int | None:
+    """The last total_steps() the script in run directory `run` declared, or None."""
+    found = None
+    for event in _events(run):
+        if event.get("event") == TOTAL_STEPS_EVENT and isinstance(event.get("total_steps"), int):
+            found = event["total_steps"]
+    return found
+
+
 def checkpoint_dir() -> Path:
     """A folder for the script's checkpoints, inside the run directory and kept when the job restarts."""
     _listen_for_stop()
@@ -99,18 +131,27 @@ def resume_step(run: Path | None = None) -> int:
     if where is None:
         return 0
     last = -1
+    for event in _events(where):
+        if event.get("event") == CHECKPOINT_EVENT:
+            last = max(last, int(event.get("step", -1)))
+    return last + 1
+
+
+def _events(run: Path) -> list[dict]:
+    """The run's events.jsonl, its readable lines (a line cut by a kill is left out)."""
+    found = []
     try:
-        with open(where / "events.jsonl") as f:
+        with open(run / "events.jsonl") as f:
             for line in f:
                 try:
                     event = json.loads(line)
                 except ValueError:
-                    continue  # a line cut by a kill
-                if event.get("event") == CHECKPOINT_EVENT:
-                    last = max(last, int(event.get("step", -1)))
+                    continue
+                if isinstance(event, dict):
+                    found.append(event)
     except OSError:
-        return 0
-    return last + 1
+        return []
+    return found
 
 
 def should_stop() -> bool:

@@ -30,6 +30,8 @@ REPORT_FIELDS = {"name", "params", "nonzero_params", "disk_bytes", "memory_bytes
     "latency_ms_b32",
     "latency_spread_b1",
     "latency_spread_b32",
+    "latency_reliable_b1",
+    "latency_reliable_b32",
 }
 
 

@@ -275,6 +275,9 @@ def test_a_script_job_that_reports_through_track_draws_its_curves(page, dashboar
     assert points(page, "accuracy") == 12  # any figure the script logs gets its curve
     expect(page.locator(".chart[data-metric=loss]").locator("canvas, svg").first).to_be_visible()
     expect(page.get_by_text("no metrics yet")).to_be_hidden()
+    expect(page.locator(".chart[data-metric=ts]")).to_have_count(0)  # a line's time is not a figure
+    texts = page.evaluate(TEXTS)
+    assert "11" in texts and not [t for t in texts if t.endswith("/?")], texts  # no total: the step alone
     assert not errors, errors
 
 

@@ -1,6 +1,7 @@
 """`gpuforge hw`: this machine measured like the article's table, figures named with their units, cached."""
 
 import json
+import re
 import time
 
 import pytest
@@ -41,7 +42,8 @@ def test_hw_is_cached_and_its_table_shows_the_articles_columns(figures):
         assert row in again.stdout
     assert "all-reduce (gloo, 2 local processes" in again.stdout
     assert f"measured {figures['measured_at']}" in again.stdout  # the same measurement, from the cache
-    assert "a job runs on" in again.stdout and "precision auto: auto: " in again.stdout
+    said = re.search(r"a job runs on .*; precision auto picks (fp32|bf16|fp16): (.*)", again.stdout)
+    assert said and "auto:" not in said.group(2), again.stdout  # the choice and its reason, "auto" once
 
 
 def test_a_known_gpu_is_shown_beside_its_datasheet():

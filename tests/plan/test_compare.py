@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from gpuforge.errors import SpecError
-from gpuforge.plan.compare import compare
+from gpuforge.plan.compare import compare, notes
 from gpuforge.spec import load_spec
 from tests.helpers.cli import run_cli
 from tests.helpers.specs import write_spec
@@ -36,7 +36,7 @@ def test_each_target_gets_its_fit_batch_step_time_and_cost_and_the_best_are_mark
     assert list(result.targets) == ["h100", "l4", "cpu"]
     for t in result.targets.values():
         assert t.fits and t.batch == 8 and t.grad_accum == 1 and t.step_s > 0
-        assert t.total_time_s == pytest.approx(t.step_s * 20)
+        assert t.total_time_s == pytest.approx(t.step_s * 20 + t.evaluation_s)
         assert t.total_cost_usd == pytest.approx(t.total_time_s / 3600 * t.usd_per_hour)
         assert sum(t.step_parts.values()) == pytest.approx(t.step_s)
     h100, l4, cpu = result.targets.values()
@@ -46,6 +46,7 @@ def test_each_target_gets_its_fit_batch_step_time_and_cost_and_the_best_are_mark
     assert sum(t.fastest for t in result.targets.values()) == 1
     cheapest = min(result.targets.values(), key=lambda t: t.total_cost_usd)
     assert cheapest.cheapest and sum(t.cheapest for t in result.targets.values()) == 1
+    assert notes(result)[-1].startswith("total: the steps")  # and what it leaves out
 
 
 def test_with_measure_the_estimate_is_scaled_by_this_machines_measured_step(spec_path):
@@ -55,6 +56,8 @@ def test_with_measure_the_estimate_is_scaled_by_this_machines_measured_step(spec
         calibration["measured_step_s"] / calibration["roofline_step_s"]
     )
     assert result.targets["cpu"].step_s == pytest.approx(calibration["measured_step_s"])  # the same job, here
+    unmeasured = compare(load_spec(spec_path, []), ["cpu"]).targets["cpu"]
+    assert calibration["roofline_step_s"] == unmeasured.step_s  # `plan`'s estimate: one figure, one owner
     assert "x" in result.targets["l4"].source and "measured step" in result.targets["l4"].source
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuforge.plan import dollars, duration
+from gpuforge.plan.estimate import LocalStep
 from gpuforge.train.batch import size
 from tests.helpers.cli import run_cli
 
@@ -42,6 +43,9 @@ def test_plan_is_within_30_percent_of_the_measured_run(tmp_path, example, steps)
         assert plan["step_time_reliable"] == (plan["step_time_spread"] <= 0.15)
         assert ("UNRELIABLE" in plan["step_time_method"]) == (not plan["step_time_reliable"])
         assert ("unreliable" in result.stderr) == (not plan["step_time_reliable"])
+        assert plan["total_time_s"] == pytest.approx(
+            plan["startup_s"] + plan["steps_time_s"] + plan["evaluation_s"]
+        )
 
         run_dir = tmp_path / f"run{attempt}"
         trained = run_cli("train", spec, "--out", str(run_dir), "--max-steps", str(steps), env=one_thread)
@@ -49,6 +53,10 @@ def test_plan_is_within_30_percent_of_the_measured_run(tmp_path, example, steps)
         summary = json.loads((run_dir / "summary.json").read_text())
         assert memory["total"] == pytest.approx(summary["peak_mem_bytes"], rel=0.30)  # memory: every time
         lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+        # the work the plan's total counts beyond the steps is the run's: as many evaluations, checkpoints
+        assert plan["evaluations"] == sum("eval_loss" in m for m in lines) > 0
+        assert plan["checkpoints"] == sum(e["event"] == "checkpoint" for e in events)
         times = [m["step_time_s"] for m in lines if m.get("step_time_s") and m["step"] > 1]  # 1 warms up
         assert len(times) >= steps // 2
         pairs.append((plan["step_time_fastest_s"], min(times)))
@@ -102,17 +110,63 @@ def test_a_budget_that_fits_trains(tmp_path):
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps"] == 2
 
 
-def test_small_figures_are_shown_in_small_units():
-    result = run_cli("plan", str(EXAMPLES / "digits-cnn.yaml"))
-    assert result.returncode == 0, result.stderr
-    rows = dict(
-        (cells[1].strip(), cells[2].strip())
-        for line in result.stdout.splitlines()
-        if len(cells := line.split("│")) == 4
+def test_plan_its_compare_row_and_measure_give_one_step_time_and_the_total_says_what_it_holds():
+    """One owner of this device's step time (plan/estimate.py): plain `plan` prints the figure `--compare`
+    gives this CPU, and `--measure` prints it beside its measured median; all from the one cached
+    `gpuforge hw` measurement, so equal to the last digit. The total is start-up + steps + evaluations."""
+    spec = str(EXAMPLES / "digits-cnn.yaml")
+    shown = run_cli("plan", spec)
+    assert shown.returncode == 0, shown.stderr
+    rows = _rows(shown.stdout)
+    compared_run, compared = _plan(spec, "--compare", "cpu")
+    measured_run, measured = _plan(spec, "--measure")
+    assert compared_run.returncode == 0 and measured_run.returncode == 0, measured_run.stderr
+    estimate = compared["targets"]["cpu"]["step_s"]
+    assert rows["step time"].startswith(f"{duration(estimate)} (an estimate: the job's traced step")
+    assert "lower bound" not in rows["step time"]
+    assert measured["step_time_estimate_s"] == estimate  # the same traced step on the same figures
+    assert measured["step_time_kind"] == "measured"
+    assert f"estimated {duration(estimate)} without measuring" in measured["step_time_method"]
+    assert estimate > measured["step_time_bound_s"] > 0  # the FLOP bound: no step is faster
+
+    steps, evaluations = measured["total_steps"], measured["evaluations"]
+    assert evaluations == steps // 40 + (1 if steps % 40 else 0)  # train.eval_every: 40, and the last step
+    assert measured["checkpoints"] == (steps - 1) // 40 + 1  # train.checkpoint_every: 40, and the end's
+    assert rows["time: steps"] == f"{steps} x {duration(estimate)} = {duration(steps * estimate)}"
+    assert re.fullmatch(rf"{evaluations} x [\d.]+ ms", rows["time: evaluations"])
+    started = rows["time: start-up"]
+    assert re.fullmatch(r"[\d.]+ (ms|s) \(the process, data, model and batch, timed here\)", started)
+    assert re.fullmatch(
+        rf"{steps} steps, [\d.]+ s, ([\d.]+|under 0.0001) cents at \$0.1/h \(start-up, steps and "
+        rf"evaluations; not timed: {measured['checkpoints']} checkpoint writes of [\d.]+ KiB\)",
+        rows["total"],
     )
-    assert re.fullmatch(r"[\d.]+ ms \(FLOPs.*", rows["step time"])
-    assert re.fullmatch(r"\d+ steps, [\d.]+ (ms|s), ([\d.]+|under 0.0001) cents at \$0.1/h", rows["total"])
     assert rows["memory: weights"].endswith("KiB")  # 29,258 fp32 parameters
+    assert compared["targets"]["cpu"]["total_time_s"] == pytest.approx(
+        steps * estimate + compared["targets"]["cpu"]["evaluation_s"]
+    )  # --compare's total: the steps and the evaluations, as its notes say
+
+
+def _rows(table: str) -> dict[str, str]:
+    """The plan table's rows, a figure wrapped over several lines joined again."""
+    rows: dict[str, str] = {}
+    for line in table.splitlines():
+        if len(cells := line.split("│")) == 4:
+            what, figure = cells[1].strip(), cells[2].strip()
+            if what:
+                rows[last := what] = figure
+            else:
+                rows[last] += " " + figure
+    return rows
+
+
+def test_a_step_time_from_flops_alone_says_it_is_a_lower_bound():
+    bound = LocalStep(roofline_s=None, bound_s=0.085)  # a device `gpuforge hw` has no figures for
+    assert bound.kind == "lower bound" and bound.seconds == 0.085 and bound.factor == 1.0
+    assert bound.method().startswith("a lower bound: FLOPs / measured matmul peak")
+    estimate = LocalStep(roofline_s=0.274, bound_s=0.085)
+    assert estimate.kind == "estimate" and estimate.seconds == 0.274
+    assert "lower bound" not in estimate.method()
 
 
 def test_figures_read_in_units_that_fit_them():
@@ -123,10 +177,3 @@ def test_figures_read_in_units_that_fit_them():
     assert [dollars(u) for u in (7e-6, 1e-8, 0.0123, 0.5, 123.456)] == [
         "0.0007 cents", "under 0.0001 cents", "1.2 cents", "50 cents", "$123.46",
     ]  # fmt: skip
-
-
-def test_plan_without_measuring_gives_a_lower_bound_from_flops():
-    result, plan = _plan(str(EXAMPLES / "digits-cnn.yaml"))
-    assert result.returncode == 0, result.stderr
-    assert plan["step_time_method"].startswith("FLOPs / measured matmul peak")
-    assert plan["step_time_s"] == pytest.approx(plan["flops_per_step"] / plan["device_peak_flops"])

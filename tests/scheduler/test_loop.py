@@ -54,6 +54,33 @@ def test_cancel_stops_a_running_job_with_a_checkpoint(api, tmp_path):
     assert kinds[-2:] == ["checkpoint", "cancelled"] and job["reason"] == "cancelled by admin"
 
 
+def test_a_cancelled_job_resumes_from_the_checkpoint_its_cancel_wrote(api, tmp_path):
+    job_id = _submit(api, tmp_path, max_steps=40, options={"sleep_s": 0.05})
+    wait_for_job(api, job_id, lambda j: j["state"] == "running" and (j["step"] or 0) >= 3)
+    api.post(f"/api/v1/jobs/{job_id}/cancel")
+    cancelled = wait_for_job(api, job_id, lambda j: j["state"] == "cancelled")
+    resumed = api.post(f"/api/v1/jobs/{job_id}/resume", json={})
+    assert resumed.status_code == 200 and resumed.json()["state"] == "queued", resumed.text
+    assert resumed.json()["finished_at"] is None and "with no budget" in resumed.json()["reason"]
+    done = wait_for_job(api, job_id, lambda j: j["state"] in ("finished", "failed", "cancelled"))
+    assert done["state"] == "finished" and done["step"] == 40, done
+    starts = [e for e in api.get(f"/api/v1/jobs/{job_id}/events").json() if e["kind"] == "started"]
+    assert starts[1]["data"]["resumed_from"] == cancelled["step"]
+    steps = [m["step"] for m in api.get(f"/api/v1/jobs/{job_id}/metrics", params={"limit": 1000}).json()]
+    assert steps == list(range(1, 41))  # each step once, across the cancel
+
+
+def test_a_job_cancelled_before_its_first_checkpoint_says_it_cannot_resume(api, tmp_path):
+    running = _submit(api, tmp_path, max_steps=500, options={"sleep_s": 0.05})
+    waiting = _submit(api, tmp_path, max_steps=4)  # one CPU slot: it waits, and never checkpoints
+    assert api.post(f"/api/v1/jobs/{waiting}/cancel").json()["state"] == "cancelled"
+    refused = api.post(f"/api/v1/jobs/{waiting}/resume", json={})
+    assert refused.status_code == 409 and "before its first checkpoint" in refused.json()["detail"]
+    finished_too = api.post(f"/api/v1/jobs/{running}/resume", json={})
+    assert finished_too.status_code == 409 and "only a paused or cancelled" in finished_too.json()["detail"]
+    api.post(f"/api/v1/jobs/{running}/cancel")
+
+
 def test_a_killed_training_process_is_restarted_from_its_checkpoint(api, tmp_path):
     job_id = _submit(api, tmp_path, max_steps=60, checkpoint_every=5, options={"sleep_s": 0.05})
     running = wait_for_job(api, job_id, lambda j: j["state"] == "running" and (j["step"] or 0) >= 12)

@@ -233,6 +233,18 @@ def test_never_a_job_that_is_not_preemptible_stopping_or_of_equal_or_higher_prio
         assert plan_starts([urgent], {"cuda": []}, GPUS, running=[holder]).preempt == {}
 
 
+def test_a_job_waiting_behind_replicas_names_their_deployment_and_what_frees_them():
+    job = QueuedJob(1, 5, "cpu", devices=2)
+    holder = RunningJob(17, 0, "cpu", ("cpu:0",))
+    replicas = {"cpu:1": "replica 0 (v2) of deployment topics"}
+    every = {"cpu": ["cpu:0", "cpu:1"]}
+    plan = plan_starts([job], {"cpu": []}, every, Limits(replicas=replicas), running=[holder])
+    assert plan.blocked == {
+        1: "waiting for 2 cpu device(s) (0 free); 1 held by job 17, preemptible; cpu:1 held by replica 0 "
+        "(v2) of deployment topics (`gpuforge undeploy topics` frees it)"
+    }
+
+
 def test_the_waiting_reason_names_who_holds_the_devices():
     job = QueuedJob(1, 5, "cuda", devices=2)
     holder = RunningJob(17, 0, "cuda", ("cuda:0",), project=3, preemptible=False)

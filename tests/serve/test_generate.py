@@ -238,6 +238,46 @@ def test_sampling_is_repeatable_with_a_seed_and_top_p_near_zero_is_greedy(lively
     assert list(nucleus.token_ids) == _greedy_alone(module, tok, "abc", 30)
 
 
+@pytest.fixture(scope="module")
+def euro_cycle():
+    """A GPT-2 whose greedy answer after "x" is the bytes of "€x€x..." (the byte tokenizer: "€" is three
+    tokens, E2 82 AC): each token's embedding is a basis vector, attention and MLP add nothing, and
+    lm_head points each one at the next byte of the cycle."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = byte_tokenizer()
+    cycle = [tok.convert_tokens_to_ids(t) for t in tok.tokenize("x€")]
+    config = GPT2Config(
+        n_layer=1, n_embd=64, n_head=4, vocab_size=len(tok), n_positions=64, tie_word_embeddings=False,
+        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    module = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.zero_()
+        for norm in (module.transformer.ln_f, module.transformer.h[0].ln_1, module.transformer.h[0].ln_2):
+            norm.weight.fill_(1)
+        for i, token in enumerate(cycle):
+            module.transformer.wte.weight[token, i] = 1.0
+            module.lm_head.weight[cycle[(i + 1) % len(cycle)], i] = 10.0
+    return module, tok
+
+
+def test_a_character_split_over_tokens_is_never_streamed_as_a_replacement_character(euro_cycle):
+    engine = _engine(euro_cycle)
+    try:
+        with TestClient(_app(lambda: engine)) as client:
+            for n in range(1, 9):  # the answer ends after each byte of "€x€x..." in turn
+                body = {"prompt": "x", "max_tokens": n, "temperature": 0, "stream": True}
+                texts = [c["choices"][0]["text"] for c in _events(client.post("/v1/completions", json=body))]
+                whole = ("€x" * 4).encode()[:n].decode(errors="ignore")  # the whole characters, no more
+                assert "".join(texts) == whole and not any("\ufffd" in t for t in texts), (n, texts)
+                plain = client.post("/v1/completions", json={**body, "stream": False}).json()
+                assert plain["choices"][0]["text"] == whole, (n, plain)
+    finally:
+        engine.stop()
+
+
 # -- the OpenAI-style routes on a trained run --------------------------------------------------------
 
 

@@ -259,3 +259,13 @@ def test_a_request_is_taken_whole_or_refused_whole(text_model):
         assert client.post("/predict", json={"inputs": ["a"] * 4}).status_code == 200
     finally:
         client.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_completion_asked_of_a_classifier_says_what_it_is_and_what_to_call(text_endpoint, path):
+    response = text_endpoint.post(path, json={"prompt": "the striker", "max_tokens": 4})
+    assert response.status_code == 404, response.text
+    said = response.json()
+    assert said["error"]["message"] == said["detail"]  # OpenAI clients read the one, ours the other
+    assert said["detail"].startswith("this model is a classifier (sequence-classification), not a causal LM")
+    assert "POST /predict" in said["detail"]

@@ -19,6 +19,7 @@ from tests.helpers.specs import image_spec
 
 pytestmark = pytest.mark.slow
 IMAGE = [[0.5] * 8] * 8  # one 8x8 digit
+PORTS = range(47100, 47200)  # GPUFORGE_REPLICA_PORTS: where its replicas listen
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,8 @@ def live(tmp_path_factory):
     (30 steps, two seeds) and a bad one (one step at a tiny learning rate)."""
     tmp = tmp_path_factory.mktemp("rollout")
     server = LocalServer(tmp / "home", log=tmp / "server.log", GPUFORGE_CPU_SLOTS="2",
-                         GPUFORGE_DATA_ROOTS=str(TEST_MODELS.parent))  # fmt: skip
+                         GPUFORGE_DATA_ROOTS=str(TEST_MODELS.parent),
+                         GPUFORGE_REPLICA_PORTS=f"{PORTS.start}-{PORTS.stop - 1}")  # fmt: skip
     with server:
         http = httpx.Client(
             base_url=server.url, headers={"Authorization": f"Bearer {server.key}"}, timeout=90
@@ -45,7 +47,7 @@ def live(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def undeploy_what_a_test_left(live):
-    """A test that fails midway leaves its deployment holding devices: stop it, so the next test is its own."""
+    """A test that fails midway leaves its deployment holding devices: stop it, for the next test."""
     yield
     http, _ = live
     for left in http.get("/api/v1/deployments").json():
@@ -114,6 +116,7 @@ def test_a_new_version_rolls_out_under_load_without_a_failed_request(live):
     assert kinds == ["rolling", "rolled_out"]
     d = http.get("/api/v1/deployments/roll").json()
     assert d["version"] == 2 and d["job_id"] == other and len(d["workers"]) == 1
+    assert d["workers"][0]["port"] in PORTS
     assert http.delete("/api/v1/deployments/roll").status_code == 200
     wait_for(http, "/api/v1/deployments/roll", lambda d: d["state"] == "stopped")
 

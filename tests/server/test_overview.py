@@ -3,6 +3,7 @@ owners and totals, a job's spec, series (downsampled) and report, compare, devic
 without a key and carry their Content-Security-Policy, while the API stays shut."""
 
 import json
+import re
 import time
 from datetime import date, timedelta
 from pathlib import Path
@@ -13,7 +14,9 @@ import yaml
 
 from gpuforge.server.local import LocalServer
 from gpuforge.store.models import JobState
+from tests.helpers.cli import run_cli
 from tests.helpers.paths import TEST_MODELS
+from tests.helpers.processes import kill_processes_under
 from tests.helpers.specs import image_spec
 
 pytestmark = pytest.mark.slow
@@ -177,3 +180,105 @@ def test_pages_open_without_a_key_with_their_policy_and_the_api_does_not(served)
     assert httpx.get(f"{server.url}/static/app.js").status_code == 200
     for path in ("/api/v1/jobs", "/api/v1/devices", "/api/v1/costs", "/jobs/abc", "/static-not"):
         assert httpx.get(server.url + path).status_code == 401, path
+
+
+# --- issue 36: busy time from the ledger, and "no price set" where nobody priced a device ---
+@pytest.fixture(scope="module")
+def unpriced(tmp_path_factory):
+    """A server with two CPU slots and no prices.yaml, where a key that is not an admin's ran a job and
+    serves its model with one replica: neither has a price."""
+    tmp = tmp_path_factory.mktemp("unpriced")
+    env = {"GPUFORGE_DATA_ROOTS": str(TEST_MODELS.parent), "GPUFORGE_ALLOW_USER_CODE": "true"}
+    with LocalServer(tmp / "home", log=tmp / "server.log", GPUFORGE_CPU_SLOTS="2", **env) as server:
+        admin = _as(server, server.key)
+        carol = admin.post("/api/v1/keys", json={"name": "carol"}).json()["key"]
+        http = _as(server, carol)
+        spec = image_spec(tmp, max_steps=8) | {"name": "carol-digits"}
+        job_id = http.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)}).json()["id"]
+        assert _wait_ended(http, job_id)["state"] == "finished"
+        made = http.post("/api/v1/deployments", json={"job_id": job_id, "name": "carols"})
+        assert made.status_code == 201, made.text
+        deadline = time.monotonic() + 180
+        while http.get("/api/v1/deployments/carols").json()["state"] != "ready":
+            assert time.monotonic() < deadline, http.get("/api/v1/deployments/carols").text
+            time.sleep(0.5)
+        try:
+            yield server, admin, http, carol, job_id
+        finally:
+            admin.delete("/api/v1/deployments/carols")
+            kill_processes_under(tmp)
+
+
+def _replica_device(devices: list[dict]) -> dict:
+    (held,) = [d for d in devices if d["held_by"] == "replica"]
+    return held
+
+
+def test_busy_time_counts_replicas_from_the_ledger_and_never_exceeds_the_wall_time(unpriced):
+    server, admin, http, _, _ = unpriced
+    started = time.monotonic()
+    before = admin.get("/api/v1/costs").json()["total_device_hours"] * 3600
+    devices = admin.get("/api/v1/devices").json()
+    after = admin.get("/api/v1/costs").json()["total_device_hours"] * 3600
+    # the slots say what they are: a share of the cores, not a usage
+    assert [d["id"] for d in devices] == ["cpu:0", "cpu:1"]
+    assert all(re.fullmatch(r"CPU slot [12] of 2: \d+ cores? of the \d+", d["name"]) for d in devices)
+    # one source: the devices' busy time in all is the ledger's device time, shared out
+    assert before - 1e-6 <= sum(d["busy_seconds"] for d in devices) <= after + 1e-6
+    for d in devices:
+        assert 0 <= d["busy_s_last_hour"] <= min(3600, d["busy_seconds"] + 1e-6), d
+    # the replica holds its device, and the device is busy while it does
+    replica = _replica_device(devices)
+    assert replica["deployment"] == {"name": "carols", "replica": 0} and replica["busy_s_last_hour"] > 0
+    time.sleep(3)
+    again = _replica_device(admin.get("/api/v1/devices").json())
+    grew = again["busy_s_last_hour"] - replica["busy_s_last_hour"]
+    assert again["id"] == replica["id"] and 0 < grew <= time.monotonic() - started + 2  # a tick's lag
+
+
+def test_what_nobody_priced_says_so_with_the_command_never_zero(unpriced):
+    server, admin, http, carol, job_id = unpriced
+    for device in http.get("/api/v1/devices").json():
+        assert device["usd_per_hour"] is None and device["price_source"] is None
+        assert device["set_price"].startswith("gpuforge prices set cpu --usd-per-hour")
+    costs = http.get("/api/v1/costs").json()
+    deployment_id = http.get("/api/v1/deployments/carols").json()["id"]
+    assert {u["subject"] for u in costs["unpriced"]} == {f"job:{job_id}", f"deployment:{deployment_id}"}
+    assert all(u["device_type"] == "cpu" and u["device_hours"] > 0 for u in costs["unpriced"])
+    assert costs["set_price"] == [costs["unpriced"][0]["set_price"]]
+    (day,) = costs["groups"]
+    assert (day["jobs"], day["deployments"], day["unpriced"]) == (1, 1, 2)
+
+    env = {"GPUFORGE_URL": server.url, "GPUFORGE_API_KEY": carol}
+    shown = run_cli("costs", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "no price set" in shown.stdout and "$0" not in shown.stdout and " 0.0000" not in shown.stdout
+    assert f"job {job_id} carol-digits" in shown.stdout and "deployment" in shown.stdout
+    assert "set a price with: gpuforge prices set cpu --usd-per-hour N" in shown.stdout
+
+
+def test_prices_list_reads_the_servers_prices_and_locally_the_local_file(unpriced, tmp_path):
+    server, admin, http, carol, _ = unpriced
+    against = {"GPUFORGE_URL": server.url, "GPUFORGE_API_KEY": server.key, "GPUFORGE_HOME": str(tmp_path)}
+    listed = run_cli("prices", "list", env=against)
+    assert listed.returncode == 0, listed.stderr
+    assert "cpu:0" in listed.stdout and "cpu:1" in listed.stdout and "no price set" in listed.stdout
+    assert "gpuforge prices set cpu --usd-per-hour N" in listed.stdout
+    assert "No prices in" not in listed.stdout and str(tmp_path) not in listed.stdout  # not the client's
+
+    # the admin prices the server's CPUs on its machine; the server reads its file at each look
+    priced = run_cli("prices", "set", "cpu", "--usd-per-hour", "0.5", env={"GPUFORGE_HOME": str(server.home)})
+    assert priced.returncode == 0, priced.stderr
+    listed = run_cli("prices", "list", "--json", "--url", server.url, env={"GPUFORGE_API_KEY": carol})
+    answer = json.loads(listed.stdout)
+    assert [(d["usd_per_hour"], d["source"]) for d in answer["devices"]] == [(0.5, "cpu (prices.yaml)")] * 2
+    assert answer["entries"] is None  # what the admin's file holds (an owned device's cost) is the admin's
+    as_admin = json.loads(run_cli("prices", "list", "--json", env=against).stdout)
+    assert as_admin["entries"]["cpu"]["usd_per_hour"] == 0.5
+    assert all(d["usd_per_hour"] == 0.5 for d in admin.get("/api/v1/devices").json())
+
+    # without a server URL (or with --local): this machine's file, as before
+    local = run_cli("prices", "list", env={"GPUFORGE_URL": "", "GPUFORGE_HOME": str(tmp_path)})
+    assert local.returncode == 0 and f"no prices in {tmp_path / 'prices.yaml'}" in local.stdout
+    here = run_cli("prices", "list", "--local", env=against)
+    assert f"no prices in {tmp_path / 'prices.yaml'}" in here.stdout

@@ -45,6 +45,10 @@ JOB_MOVES: dict[str, tuple[Callable[[Session, int], bool], dict[JobState, JobSta
         {Q: CANCELLED, PRE: CANCELLED, P: CANCELLED, R: R},
     ),
     "resume": (lambda s, j: states.resume(s, j, "name: j\n", "resumed by admin"), {P: Q}),
+    "resume cancelled": (
+        lambda s, j: states.resume(s, j, "name: j\n", "resumed by admin", seen=CANCELLED),
+        {CANCELLED: Q},
+    ),
     "request_stop": (lambda s, j: states.request_stop(s, j, "preempt", "preempted by job 9"), {R: R}),
     "preempt": (lambda s, j: states.preempt(s, j, "preempted by job 9"), {R: PRE}),
     "pause": (lambda s, j: states.pause(s, j, "project budget spent"), {R: P}),

@@ -1,7 +1,8 @@
 """Deployments through the server (these verbs join `gpuforge.cli.app`):
 
 gpuforge deploy JOB_ID --name NAME [--replicas N] [--min-replicas A --max-replicas B]
-                [--target-queue Q] [--scale-down-after S] [--max-batch 32] [--quantize int8] [--wait]
+                [--target-queue Q] [--scale-down-after S] [--max-batch 32] [--quantize int8]
+                [--wait [--timeout S]]   progress on stderr; gives up, saying why, after S (300)
 gpuforge deploy JOB_ID --name NAME            on a live NAME: its next version, rolled out
                 [--max-metric-drop X] [--wait]   replica by replica once its eval metric is checked
 gpuforge deploy JOB_ID --into NAME [--adapter-name A]   a LoRA job's adapter, into a running one
@@ -20,11 +21,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from gpuforge.cli.app import app, out_console
+from gpuforge.cli.app import app, console, out_console
 from gpuforge.cli.server import AsJson, KeyFile, Url, _print_json, client_for
 from gpuforge.errors import GpuforgeError
 
-ROLLOUT_WAIT_S = 600.0
+ROLLOUT_WAIT_S = 300.0  # deploy --wait's default --timeout
 
 
 @app.command()
@@ -66,6 +67,9 @@ def deploy(
     wait: Annotated[
         bool, typer.Option("--wait", help="return once it is ready (a new version: once it serves)")
     ] = False,
+    wait_timeout: Annotated[
+        float, typer.Option("--timeout", min=1, help="with --wait: give up after this many seconds")
+    ] = ROLLOUT_WAIT_S,
     url: Url = None,
     key_file: KeyFile = None,
     as_json: AsJson = False,
@@ -89,8 +93,10 @@ def deploy(
         scale_down_after_s=scale_down_after, max_metric_drop=max_metric_drop, model=model,
     )  # fmt: skip
     version = made.get("rolling_version")
+    if made.get("note") and not as_json:
+        console.print(f"deployment {name}: note: {made['note']}", highlight=False, markup=False)
     if wait:
-        made = _wait_for(client, name, version)
+        made = _wait_for(client, name, version, wait_timeout)
     where = f"POST {client.url}{made['url']}/predict"
     if version is not None and not wait:
         _say(made, as_json, f"deployment {name}: v{version} rolling out (v{made['version']} serves); {where}")
@@ -98,9 +104,10 @@ def deploy(
         _say(made, as_json, f"deployment {name}: {made['state']}, v{made['version']}; {where}")
 
 
-def _wait_for(client, name: str, version: int | None) -> dict:
-    """The deployment once ready (a new version: once it serves, or a GpuforgeError saying why not)."""
-    deadline = time.monotonic() + ROLLOUT_WAIT_S
+def _wait_for(client, name: str, version: int | None, timeout_s: float) -> dict:
+    """The deployment once ready (a new version: once it serves, or a GpuforgeError saying why not); what
+    it is doing goes to stderr as it changes, and past `timeout_s` a GpuforgeError says where it stands."""
+    deadline, said = time.monotonic() + timeout_s, None
     while True:
         made = client.deployment(name)
         if version is None and made["state"] != "starting":
@@ -112,9 +119,36 @@ def _wait_for(client, name: str, version: int | None) -> dict:
             if mine["state"] != "serving":
                 raise GpuforgeError(f"deployment {name}: v{version} {mine['state']}: {mine.get('reason')}")
             return made
+        now = _progress(made)
+        if now != said:
+            console.print(f"deployment {name}: {now}", highlight=False, markup=False)
+            said = now
         if time.monotonic() > deadline:
-            raise GpuforgeError(f"deployment {name}: still {made['state']} after {ROLLOUT_WAIT_S:g} s")
+            raise GpuforgeError(
+                f"deployment {name}: gave up waiting after {timeout_s:g} s ({now}); it goes on in the "
+                f"server: `gpuforge deployments {name}` shows it, `gpuforge rollback {name}` or "
+                f"`gpuforge undeploy {name}` ends it"
+            )
         time.sleep(0.5)
+
+
+def _progress(d: dict) -> str:
+    """Where a starting deployment or a rollout stands, one line: each replica's state, and why one waits."""
+    parts = []
+    for w in d["workers"]:
+        if w.get("waiting"):
+            state = f"waiting ({w['waiting']})"
+        elif w.get("draining"):
+            state = "stopping"
+        elif w.get("ready"):
+            state = f"serving on {w['device']}"
+        elif w.get("pid"):
+            state = f"loading on {w['device']}"
+        else:
+            state = "to start"
+        parts.append(f"replica {w['index']} (v{w['version']}) {state}")
+    rolling = f"v{d['rolling_version']} rolling out; " if d.get("rolling_version") else ""
+    return rolling + ("; ".join(parts) or "no replica yet")
 
 
 def _say(made: dict, as_json: bool, line: str) -> None:
@@ -164,7 +198,8 @@ def deployments(
 
 
 def _version_cells(v: dict) -> tuple[str, ...]:
-    return f"v{v['version']}", str(v["job_id"]), v["state"], _metric(v["metric"]), v.get("reason") or ""
+    metric = _metric(v["metric"], v["state"])
+    return f"v{v['version']}", str(v["job_id"]), v["state"], metric, v.get("reason") or ""
 
 
 def _event_cells(e: dict) -> tuple[str, ...]:
@@ -176,7 +211,7 @@ def _replica_cells(w: dict) -> tuple[str, ...]:
     return (
         str(w["index"]),
         f"v{w['version']}",
-        w["device"] or "",
+        w["device"] or (f"waiting: {w['waiting']}" if w.get("waiting") else ""),
         ready,
         str(w["restarts"]),
         ", ".join(w["adapters"]),
@@ -201,9 +236,9 @@ def _table(rows, as_json: bool, title: str, columns: tuple[str, ...], cells) -> 
     out_console.print(table)
 
 
-def _metric(metric: dict | None) -> str:
+def _metric(metric: dict | None, state: str) -> str:
     if not metric:
-        return "(not measured yet)"
+        return "(not measured yet)" if state == "rolling" else "(not measured)"
     if metric.get("value") is None:
         return metric.get("note", "none")
     return f"{metric['metric']} {metric['value']:.4f} ({metric.get('examples', '?')} examples)"

@@ -20,6 +20,7 @@ from gpuforge.cli.app import (
     run_announced,
 )
 from gpuforge.cli.profile import ProfileSteps, profile_overrides
+from gpuforge.cli.server import KeyFile, Url, client_for
 from gpuforge.errors import GpuforgeError
 
 if TYPE_CHECKING:
@@ -91,7 +92,9 @@ def train(
     if summary.signal:
         raise typer.Exit(128 + summary.signal)
     if summary.status == "paused":
-        out_console.print(f"paused: {summary.reason}; raise cost.budget_usd and rerun to go on")
+        from gpuforge.launch.script import budget_hint  # a server's job: `gpuforge resume`, not a rerun
+
+        out_console.print(f"paused: {summary.reason}; {budget_hint(summary.cost_usd)}", markup=False)
         raise typer.Exit(EXIT_PAUSED)
     _compress_after(job, out, summary)
 
@@ -111,9 +114,13 @@ def _run_script(spec: Path, out: Path | None, overrides: list[str], max_steps: i
     if max_steps:
         raise GpuforgeError("--max-steps: a script job counts its own steps (pass them in script.command)")
     _, out, summary = _run_script_job(spec, out, overrides)
+    from gpuforge.launch.script import budget_hint
+
+    spent = summary.status == "paused" and (summary.reason or "").startswith("cost.budget_usd")
     out_console.print(
         f"{summary.status}: {summary.steps} steps reported, {summary.wall_s:.1f} s"
         + (f", {summary.reason}" if summary.reason else "")
+        + (f"; {budget_hint(summary.cost_usd)}" if spent else "")
         + f"\nrun directory: {out}",
         highlight=False,
         markup=False,
@@ -217,7 +224,7 @@ def demo(
 def plan(
     spec: SpecPath,
     measure: Annotated[
-        bool, typer.Option("--measure", help="time a few real steps (else: FLOPs / peak, or the roofline)")
+        bool, typer.Option("--measure", help="time real steps (shown beside the roofline estimate)")
     ] = False,
     compare: Annotated[
         str | None,
@@ -258,9 +265,10 @@ def plan(
         return
     if link_gbps is not None:
         raise GpuforgeError("--link-gbps: only with --compare")
-    from gpuforge.plan import make_plan, table
+    from gpuforge.plan import make_plan, process_age_s, table
 
-    result = make_plan(load_train_spec(spec, overrides, "plan"), measure=measure)
+    launched = process_age_s()  # the interpreter and imports, which `gpuforge train` pays alike
+    result = make_plan(load_train_spec(spec, overrides, "plan"), measure=measure, launched_s=launched)
     if as_json:
         out_console.print_json(json.dumps(result.as_dict()))
     else:
@@ -369,6 +377,9 @@ def export(
 
 
 def _export_table(report: dict) -> Table:
+    from gpuforge.compress.report import size_text
+    from gpuforge.export.parity import latency_rows
+
     quantized = f", {report['quantize']}" if report["quantize"] else ""
     title = f"ONNX export ({report['exporter']} exporter, opset {report['opset']}{quantized}) against torch"
     table = Table(title=title)
@@ -387,13 +398,9 @@ def _export_table(report: dict) -> Table:
         table.add_row(f"decode |logit difference| ({steps})", "", f"{decode['max_abs_diff']:.2e}")
         table.add_row("decode: same token picked", "", f"{decode['same_token']:.1%}")
     size = report["bytes"]
-    table.add_row(
-        "bytes", f"{size['torch'] / 1e6:.1f} MB", f"{size['onnx'] / 1e6:.1f} MB ({size['ratio']:.2f}x)"
-    )
-    for batch, times in report.get("latency_ms", {}).items():
-        table.add_row(
-            f"latency {batch.replace('_', ' ')}", f"{times['torch']:.1f} ms", f"{times['onnx']:.1f} ms"
-        )
+    table.add_row("bytes", size_text(size["torch"]), f"{size_text(size['onnx'])} ({size['ratio']:.2f}x)")
+    for row in latency_rows(report):  # each with its spread, or "unreliable"; a batch's also per sample
+        table.add_row(*row)
     for check, met in report["checks"].items():
         table.add_row(check, "", "unmeasured" if met is None else "yes" if met else "NO")
     return table
@@ -426,7 +433,8 @@ def hw(
     device = select_device("auto")
     precision = choose_precision("auto", device)
     out_console.print(
-        f"a job runs on {device_name(device)} ({device.type}); precision auto: {precision.reason}"
+        f"a job runs on {device_name(device)} ({device.type}); precision auto picks {precision.name}: "
+        f"{precision.reason.removeprefix('auto: ')}"  # the reason says "auto:" for the run's log
     )
 
 
@@ -469,13 +477,24 @@ app.add_typer(prices_app, name="prices")
 @prices_app.command("list")
 def prices_list(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    url: Url = None,
+    key_file: KeyFile = None,
+    here: Annotated[
+        bool,
+        typer.Option("--local", help="this machine's $GPUFORGE_HOME/prices.yaml, even with a server URL"),
+    ] = False,
 ) -> None:
-    """Each priced device (a name as the server lists it, or a kind: cuda, cpu), its hourly cost and parts."""
+    """Each priced device (a name as the server lists it, or a kind: cuda, cpu), its hourly cost and parts:
+    the server's (--url or $GPUFORGE_URL: each of its devices, priced or not), else this machine's file."""
     import json
+    import os
 
     from gpuforge.prices import load_prices, prices_path
     from gpuforge.settings import current
 
+    if not here and (url or os.environ.get("GPUFORGE_URL")):
+        _server_prices(client_for(url, key_file).prices(), as_json)
+        return
     path = prices_path(current().home)
     prices = load_prices(path)
     if as_json:
@@ -491,6 +510,25 @@ def prices_list(
         parts = ", ".join(f"{part} ${usd:.4f}" for part, usd in price.parts().items())
         table.add_row(name, f"{price.hourly():.4f}", parts)
     out_console.print(table)
+
+
+def _server_prices(answer: dict, as_json: bool) -> None:
+    """A server's prices: a row a device, "no price set" with the command that sets one where none is."""
+    import json
+
+    if as_json:
+        out_console.print(json.dumps(answer), highlight=False, soft_wrap=True, markup=False)
+        return
+    table = Table("device", "name", "$/hour", "from", title="the server's prices")
+    for d in answer["devices"]:
+        priced = d["usd_per_hour"] is not None
+        table.add_row(
+            d["id"], d["name"], f"{d['usd_per_hour']:.4f}" if priced else "no price set", d["source"] or ""
+        )
+    out_console.print(table)
+    for command in sorted({d["set_price"] for d in answer["devices"] if d["set_price"]}):
+        out_console.print(f"no price set: its jobs and replicas are not costed; set one with {command}",
+                          highlight=False, markup=False, soft_wrap=True)  # fmt: skip
 
 
 @prices_app.command("set")

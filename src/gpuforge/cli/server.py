@@ -3,7 +3,7 @@
     gpuforge server [--host 127.0.0.1] [--port 8600] [--db URL | --db-file PATH]
     gpuforge submit SPEC.yaml [--priority N] [--name NAME] [--set k=v]... [--json]
     gpuforge jobs [--state S] [--json] | job ID [--json] | logs ID [--follow] [--tail N]
-    gpuforge cancel ID | resume ID --budget USD | wait ID...
+    gpuforge cancel ID [--no-wait] | resume ID [--budget USD | --no-budget] | wait ID...
     gpuforge deploy ... | deployments ... | rollback ... | undeploy ... | predict ...  (cli/deployments.py)
     gpuforge costs [--project P] [--by day|key|project] [--since DATE] [--json]
     gpuforge keys create NAME [--admin | --project P] [--max-queued N] [--max-running N]
@@ -31,7 +31,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from gpuforge.cli.app import Overrides, SpecPath, app, out_console, run_announced
+from gpuforge.cli.app import Overrides, SpecPath, app, console, out_console, run_announced
 from gpuforge.errors import GpuforgeError
 from gpuforge.secret_files import read_secret_file, url_with_password_masked
 from gpuforge.store.quotas import QUOTAS
@@ -47,6 +47,7 @@ KeyFile = Annotated[
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 STOPPED = ("finished", "failed", "cancelled", "paused")
+CANCEL_WAIT_S = 60.0  # a running job stops at its next step, after a checkpoint
 
 
 def client_for(url: str | None, key_file: Path | None):
@@ -57,6 +58,27 @@ def client_for(url: str | None, key_file: Path | None):
 
 def _print_json(value) -> None:
     out_console.print(json.dumps(value), highlight=False, soft_wrap=True, markup=False)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A GpuforgeError naming the port when something listens on it already: said before anything is
+    written, not as uvicorn's [Errno 98] after a home and an admin key were made for nothing."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # the socket uvicorn binds
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise GpuforgeError(
+                    f"port {port} is in use on {host}: another server listens there; stop it, or start this "
+                    "one with --port N (or GPUFORGE_PORT)"
+                ) from None
+            why = err.strerror or str(err)
+            raise GpuforgeError(f"--host {host} --port {port}: cannot listen there ({why})") from None
 
 
 @app.command()
@@ -116,6 +138,7 @@ def server(
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as err:
         raise GpuforgeError(format_validation_error(err)) from None
+    check_port_free(settings.host, settings.port)  # before the home, the store or a key is made
     check_store_and_bind(settings)
     check_executor(settings)
     run_announced(create_app(settings), "server", settings.host, settings.port, f"home {settings.home}")
@@ -138,6 +161,11 @@ def submit(
 
     overrides = list(set_ or [])
     job_spec = load_spec(spec, overrides)
+    if job_spec.kind == "script":  # what it uses from its folder but does not send: here, not on the server
+        from gpuforge.launch.shipped import check_sent
+
+        for warning in check_sent(job_spec):
+            console.print(f"warning: {warning}", highlight=False, markup=False)
     written = spec_as_written(spec, overrides)  # a missing file is named as the user wrote it
     job = client_for(url, key_file).submit(job_spec, priority, name, as_written=written)
     if as_json:
@@ -171,7 +199,8 @@ def jobs_table(rows: list[dict], title: str = "gpuforge jobs") -> Table:
         table.add_column(column)
     now = datetime.now(UTC)
     for j in rows:
-        step = f"{j['step']}/{j['total_steps']}" if j["step"] is not None else "-"
+        total = f"/{j['total_steps']}" if j["total_steps"] else ""  # a script job may not say its total
+        step = "-" if j["step"] is None else f"{j['step']}{total}"
         devices = j["devices"] or f"{j['devices_wanted']} {j['device_type']}"
         age = (now - datetime.fromisoformat(j["created_at"])).total_seconds()
         state = j["state"] + (f" #{j['queue_position']}" if j.get("queue_position") else "")
@@ -215,21 +244,52 @@ def job(
 
 
 @app.command()
-def cancel(job_id: int, url: Url = None, key_file: KeyFile = None) -> None:
-    """Cancel a job (a running one checkpoints first)."""
-    j = client_for(url, key_file).cancel(job_id)
-    out_console.print(f"job {j['id']}: {j['state']}", highlight=False)
+def cancel(
+    job_id: int,
+    wait: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="wait (a minute at most) for a running job to stop")
+    ] = True,
+    url: Url = None,
+    key_file: KeyFile = None,
+) -> None:
+    """Cancel a job: a queued or paused one at once, a running one at its next step, after a checkpoint
+    (`gpuforge resume` goes on from it)."""
+    client = client_for(url, key_file)
+    j = client.cancel(job_id)
+    if j["state"] != "running":
+        out_console.print(f"job {j['id']}: {j['state']}", highlight=False)
+        return
+    out_console.print(f"job {j['id']}: cancelling at its next step, after a checkpoint", highlight=False)
+    if not wait:
+        return
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while j["state"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        j = client.job(job_id)
+    if j["state"] == "running":
+        out_console.print(f"job {job_id}: still stopping after {CANCEL_WAIT_S:g} s", highlight=False)
+        return
+    at = f" at step {j['step']}" if j.get("step") is not None else ""
+    then = f"; `gpuforge resume {job_id}` goes on from its checkpoint" if j["state"] == "cancelled" else ""
+    out_console.print(f"job {job_id}: {j['state']}{at}{then}", highlight=False, markup=False)
 
 
 @app.command()
 def resume(
     job_id: int,
-    budget: Annotated[float, typer.Option("--budget", help="new cost.budget_usd, above what it spent")],
+    budget: Annotated[
+        float | None,
+        typer.Option("--budget", help="a new cost.budget_usd above what it spent (else its own)"),
+    ] = None,
+    no_budget: Annotated[bool, typer.Option("--no-budget", help="lift its cost budget")] = False,
     url: Url = None,
     key_file: KeyFile = None,
 ) -> None:
-    """Queue a job paused by its cost budget again, with a higher budget."""
-    j = client_for(url, key_file).resume(job_id, budget)
+    """Queue a paused job again (its cost budget spent: with a higher --budget), or a cancelled one that
+    left a checkpoint; it goes on from its last checkpoint."""
+    if budget is not None and no_budget:
+        raise GpuforgeError("resume: --budget or --no-budget, not both")
+    j = client_for(url, key_file).resume(job_id, budget, no_budget)
     out_console.print(f"job {j['id']}: {j['state']} ({j['reason']})", highlight=False, markup=False)
 
 
@@ -318,12 +378,26 @@ def costs(
         table.add_column(column, justify="left" if column == by else "right")
     for g in answer["groups"]:
         name = g[by] or ("(no project)" if by == "project" else "-")
-        table.add_row(
-            name, f"{g['usd']:.4f}", f"{g['device_hours']:.3f}", str(g["jobs"]), str(g["deployments"])
-        )
+        usd = _usd_cell(g["usd"], g.get("unpriced", 0))
+        table.add_row(name, usd, f"{g['device_hours']:.3f}", str(g["jobs"]), str(g["deployments"]))
     table.add_section()
-    table.add_row("total", f"{answer['total_usd']:.4f}", f"{answer['total_device_hours']:.3f}", "", "")
+    unpriced = answer.get("unpriced", [])
+    total = _usd_cell(answer["total_usd"], len(unpriced))
+    table.add_row("total", total, f"{answer['total_device_hours']:.3f}", "", "")
     out_console.print(table)
+    for u in unpriced:
+        out_console.print(f"no price set: {u['kind']} {u['id']} {u['name'] or ''} ran "
+                          f"{u['device_hours']:.3f} {u['device_type']} device-hours, not costed",
+                          highlight=False, markup=False, soft_wrap=True)  # fmt: skip
+    for command in answer.get("set_price", []):
+        out_console.print(f"set a price with: {command}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _usd_cell(usd: float, unpriced: int) -> str:
+    """Dollars, never a bare $0 for time nobody priced: "no price set", or the priced part "+ N unpriced"."""
+    if not unpriced:
+        return f"{usd:.4f}"
+    return "no price set" if usd == 0 else f"{usd:.4f} + {unpriced} unpriced"
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys and their quotas (an admin key makes them).")

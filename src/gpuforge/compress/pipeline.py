@@ -36,6 +36,7 @@ from gpuforge.compress.options import CompressError, CompressOptions
 from gpuforge.compress.prune import magnitude_prune, prune_channels
 from gpuforge.compress.recover import recover
 from gpuforge.errors import GpuforgeError
+from gpuforge.hardware.timing import Timing
 from gpuforge.models.base import BuiltModel
 from gpuforge.spec import JobSpec
 from gpuforge.weights.merge import merge_adapter
@@ -150,13 +151,28 @@ def _opened(model_dir, spec_path) -> Source:
     return source
 
 
-def _original_row(source: Source) -> dict[str, Any]:
+def _original_row(source: Source) -> tuple[dict[str, Any], dict[int, Timing]]:
+    """The original's row and its latencies, to compare with the same model timed after the variants."""
     module, _, manifest = load_artifact(source.model_dir)
     built = built_from(module, manifest)
-    return report.measure(
+    module.eval()
+    timings = report.latencies(built, source.spec.model.task, source.data.eval)
+    row = report.measure(
         "original", built, source.spec.model.task, source.data.eval, report.count_parameters(module),
-        report.directory_bytes(source.model_dir), {"adapter": source.is_adapter},
+        report.directory_bytes(source.model_dir), {"adapter": source.is_adapter}, timings,
     )  # fmt: skip
+    return row, timings
+
+
+def _front(source: Source, rows: list[dict[str, Any]], first: dict[int, Timing]) -> None:
+    """The original timed again, reloaded rather than held beside every variant (how far the machine
+    moved meanwhile widens every spread), then the deltas and the front, which decides nothing on a
+    difference inside a spread."""
+    module, _, manifest = load_artifact(source.model_dir)
+    module.eval()
+    again = report.latencies(built_from(module, manifest), source.spec.model.task, source.data.eval)
+    report.add_drift(rows, first, again)
+    report.add_deltas_and_front(rows)
 
 
 def compress(
@@ -166,8 +182,9 @@ def compress(
     out = Path(out)
     _check_out(out, force)
     source = _opened(model_dir, spec_path)
-    rows = [_original_row(source), _variant_row(source, options, out)]
-    report.add_deltas_and_front(rows)
+    original, first = _original_row(source)
+    rows = [original, _variant_row(source, options, out)]
+    _front(source, rows, first)
     (out / "report.json").write_text(json.dumps({"variants": rows}, indent=2) + "\n")
     return rows
 
@@ -253,7 +270,8 @@ def run_variants(
 ) -> list[dict[str, Any]]:
     """The original and each variant (under out/<name>/), measured; out/report.json with the front.
     A variant that fails is reported with its error and the others go on."""
-    rows = [_original_row(source)]
+    original, first = _original_row(source)
+    rows = [original]
     failed = []
     for options in variants:
         log.info("variant %s", options.name)
@@ -270,7 +288,7 @@ def run_variants(
         except GpuforgeError as err:
             failed.append({"name": name, "error": str(err)})
             log.warning("variant %s failed: %s", name, err)
-    report.add_deltas_and_front(rows)
+    _front(source, rows, first)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps({"variants": rows, "failed": failed}, indent=2) + "\n")
     return rows

@@ -2,19 +2,22 @@
 
 report.json (contract):
   {"variants": [{"name", "params", "nonzero_params", "disk_bytes", "memory_bytes", "latency_ms_b1",
-                 "latency_ms_b32", "latency_spread_b1", "latency_spread_b32", "metric": {"name", "value"},
-                 ...}, ...]}  the original first
-Latency is timed in LATENCY_REPEATS repeats: the figure is the median of the repeats' medians, the spread
-half the range between the fastest and slowest repeat, relative to the figure (0.05: +-5%). A shared
-machine moves latency by more than a variant's gain at times, so latency only counts as better beyond
-both spreads. Deltas are against the original; `pareto` marks the variants no other variant beats: as
-good on memory, batch-32 latency and the metric, and better on one of them.
+                 "latency_ms_b32", "latency_spread_b1", "latency_spread_b32", "latency_waited_b1",
+                 "latency_waited_b32", "latency_reliable_b1", "latency_reliable_b32",
+                 "metric": {"name", "value"}, ...}, ...]}  the original first,
+  which also has "latency_drift_b1", "latency_drift_b32" once it is timed again after the variants
+Latency at each batch size is timed as hardware/timing.py times everything: runs repeated until their
+spread is small or a time cap is reached; the figure is their median, the spread says whether to trust it.
+A shared machine also speeds up and slows down between variants: the original, timed again after them,
+shows by how much (its drift), and every spread is widened to at least that. A spread over NOISY, or
+threads that waited for a CPU over BUSY of the time, make a figure unreliable, and the table says so.
+Deltas are against the original; `pareto` marks the variants no other variant beats: as small in memory,
+as good on the metric, not slower at either batch size, and better on one of these, where latency counts
+only between reliable figures that differ beyond both spreads.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +26,22 @@ from rich import box
 from rich.table import Table
 from torch import nn
 
+from gpuforge.hardware.timing import (
+    BUSY,
+    NOISY,
+    Timing,
+    is_reliable,
+    spread_between,
+    time_until_steady,
+    unreliable,
+)
 from gpuforge.models.base import BuiltModel
 from gpuforge.runtime import tasks
 from gpuforge.runtime.evaluate import evaluate
 from gpuforge.runtime.precision import Precision
 from gpuforge.weights.quantize import tensor_bytes
 
-LATENCY_REPEATS = 5
-LATENCY_REPEAT_SECONDS = 0.1  # each repeat runs at least once and until this much time has passed
+BATCHES = (1, 32)
 FP32 = Precision("fp32", "compressed models are measured with fp32 activations")
 
 
@@ -47,22 +58,39 @@ def count_parameters(module: nn.Module) -> tuple[int, int]:
     return total, nonzero
 
 
-def latency_ms(built: BuiltModel, task: str, batch: dict[str, torch.Tensor]) -> tuple[float, float]:
-    """(median wall time of one forward pass in ms, its relative spread), over LATENCY_REPEATS repeats
-    after two warm-ups: the median of the repeats' medians, and half their range over that."""
-    medians: list[float] = []
+def latency(built: BuiltModel, task: str, batch: dict[str, torch.Tensor]) -> Timing:
+    """One forward pass over `batch`, timed until its spread is small or the time cap (timing.py's)."""
     with torch.inference_mode():
-        for _ in range(2):
-            tasks.forward(built, task, batch)
-        for _ in range(LATENCY_REPEATS):
-            times: list[float] = []
-            while not times or sum(times) < LATENCY_REPEAT_SECONDS:
-                start = time.perf_counter()
-                tasks.forward(built, task, batch)
-                times.append(time.perf_counter() - start)
-            medians.append(statistics.median(times))
-    median = statistics.median(medians)
-    return 1000 * median, (max(medians) - min(medians)) / 2 / median
+        return time_until_steady(lambda: tasks.forward(built, task, batch))
+
+
+def latencies(built: BuiltModel, task: str, eval_data) -> dict[int, Timing]:
+    """The forward pass at each of BATCHES, held-out rows repeated to fill a batch."""
+    return {n: latency(built, task, batch_of(eval_data, n)) for n in BATCHES}
+
+
+def latency_fields(timings: dict[int, Timing]) -> dict[str, Any]:
+    """A row's latency figures: each batch size's median in ms, its spread, the share of the time its
+    threads waited for a CPU (None: not known here), and whether to trust it."""
+    fields: dict[str, Any] = {}
+    for n, timing in timings.items():
+        fields[f"latency_ms_b{n}"] = 1000 * timing.median_s
+        fields[f"latency_spread_b{n}"] = timing.spread
+        fields[f"latency_waited_b{n}"] = timing.waited
+        fields[f"latency_reliable_b{n}"] = timing.reliable
+    return fields
+
+
+def add_drift(variants: list[dict[str, Any]], first: dict[int, Timing], again: dict[int, Timing]) -> None:
+    """The original (variants[0]), timed `first` before the variants and `again` after them: how far the
+    machine's speed moved meanwhile (the same spread, each timing a window), in place. Any variant timed
+    in between may be off by as much, so every spread is widened to at least that."""
+    for n in first:
+        drift = spread_between(first[n], again[n])
+        variants[0][f"latency_drift_b{n}"] = drift
+        for v in variants:
+            v[f"latency_spread_b{n}"] = max(v[f"latency_spread_b{n}"], drift)
+            v[f"latency_reliable_b{n}"] = _reliable(v, n)
 
 
 def batch_of(data, size: int) -> dict[str, torch.Tensor]:
@@ -78,23 +106,21 @@ def measure(
     counts: tuple[int, int],
     disk_bytes: int,
     extra: dict[str, Any] | None = None,
+    timings: dict[int, Timing] | None = None,
 ) -> dict[str, Any]:
-    """One variant's row of report.json (the model in eval mode on the CPU)."""
+    """One variant's row of report.json (the model in eval mode on the CPU); `timings`: its latencies,
+    where the caller timed them already."""
     built.module.eval()
     metric = evaluate(built, task, eval_data, 32, FP32, torch.device("cpu"))
     metric_name = "accuracy" if "accuracy" in metric else "perplexity"
-    b1, spread_b1 = latency_ms(built, task, batch_of(eval_data, 1))
-    b32, spread_b32 = latency_ms(built, task, batch_of(eval_data, 32))
+    timings = timings or latencies(built, task, eval_data)
     return {
         "name": name,
         "params": counts[0],
         "nonzero_params": counts[1],
         "disk_bytes": disk_bytes,
         "memory_bytes": tensor_bytes(built.module),
-        "latency_ms_b1": b1,
-        "latency_ms_b32": b32,
-        "latency_spread_b1": spread_b1,
-        "latency_spread_b32": spread_b32,
+        **latency_fields(timings),
         "metric": {"name": metric_name, "value": metric[metric_name]},
         **(extra or {}),
     }
@@ -116,50 +142,109 @@ def add_deltas_and_front(variants: list[dict[str, Any]]) -> None:
         om, vm = o["metric"]["value"], v["metric"]["value"]
         if not higher_is_better:
             om, vm = -om, -vm
-        as_good = o["memory_bytes"] <= v["memory_bytes"] and om >= vm and not _clearly_faster(v, o)
-        return as_good and (o["memory_bytes"] < v["memory_bytes"] or om > vm or _clearly_faster(o, v))
+        v_faster = any(clearly_faster(v, o, n) for n in BATCHES)
+        as_good = o["memory_bytes"] <= v["memory_bytes"] and om >= vm and not v_faster
+        o_faster = any(clearly_faster(o, v, n) for n in BATCHES)
+        return as_good and (o["memory_bytes"] < v["memory_bytes"] or om > vm or o_faster)
 
     for v in variants:
         v["pareto"] = not any(beats(o, v) for o in variants if o is not v)
 
 
-def _clearly_faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """a's batch-32 latency is below b's beyond both their spreads (older reports have none: 0)."""
-    a_high = a["latency_ms_b32"] * (1 + a.get("latency_spread_b32", 0))
-    b_low = b["latency_ms_b32"] * (1 - b.get("latency_spread_b32", 0))
-    return a_high < b_low
+def _reliable(v: dict[str, Any], batch: int) -> bool:
+    """Older reports have no spread or wait: reliable as far as they say."""
+    return is_reliable(v.get(f"latency_spread_b{batch}", 0), v.get(f"latency_waited_b{batch}"))
+
+
+def clearly_faster(a: dict[str, Any], b: dict[str, Any], batch: int) -> bool:
+    """a's latency at `batch` is below b's by more than both their spreads, and both figures are reliable:
+    a difference inside a spread, or on a machine too busy to time, is the machine's, not the variant's."""
+    ms, spread = f"latency_ms_b{batch}", f"latency_spread_b{batch}"
+    if ms not in a or ms not in b or not (_reliable(a, batch) and _reliable(b, batch)):
+        return False
+    return a[ms] * (1 + a.get(spread, 0)) < b[ms] * (1 - b.get(spread, 0))
 
 
 def _ms(ms: float) -> str:
     return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
 
 
+def size_text(n: float) -> str:
+    """Bytes in the unit that keeps three figures: a small model's 40.2 KB, not 0.0 MB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _latency_cell(v: dict[str, Any], batch: int) -> str:
+    """The figure and its spread, or '?' after an unreliable one (the caption says why)."""
+    figure = _ms(v[f"latency_ms_b{batch}"])
+    return f"{figure} ±{v.get(f'latency_spread_b{batch}', 0):.0%}" if _reliable(v, batch) else f"{figure} ?"
+
+
+def unreliable_figures(variants: list[dict[str, Any]]) -> dict[str, str]:
+    """The latency figures not to be trusted ('variant bN') and why ('unreliable (spread ±N %)')."""
+    return {
+        f"{v['name']} b{n}": unreliable(v.get(f"latency_spread_b{n}", 0), v.get(f"latency_waited_b{n}"))
+        for v in variants
+        for n in BATCHES
+        if not _reliable(v, n)
+    }
+
+
+def _caption(variants: list[dict[str, Any]]) -> str:
+    """What the star means, and which figures are not to be trusted and why."""
+    lines = [
+        "*: no other variant is as small, as good and as fast, and better on one; latency counts only "
+        "where both figures are reliable and differ beyond both spreads"
+    ]
+    drift = max(variants[0].get(f"latency_drift_b{n}", 0) for n in BATCHES)
+    if drift > NOISY:
+        lines.append(
+            f"the original, timed first and again last, moved ±{drift:.0%}: the machine's load changed, "
+            "every spread is at least that"
+        )
+    doubtful = unreliable_figures(variants)
+    if doubtful:
+        listed = list(doubtful.items())[:4]
+        more = f" and {len(doubtful) - len(listed)} more" if len(doubtful) > len(listed) else ""
+        lines.append(
+            f"?: {len(doubtful)} of {len(BATCHES) * len(variants)} latency figures are unreliable (spread "
+            f"over ±{NOISY:.0%}, or threads waiting for a CPU over {BUSY:.0%} of the time): "
+            + ", ".join(f"{name} {why}" for name, why in listed)
+            + f"{more}; they decide nothing (a busy machine? measure again when it is quieter)"
+        )
+    return "\n".join(lines)
+
+
 def table(variants: list[dict[str, Any]]) -> Table:
-    """The terminal table, narrow enough for 80 columns: one row a variant, sizes in MB, latency with
-    its spread, the ratio of batch-32 latency to the original's, the metric and its change (parameter
-    counts are in report.json)."""
+    """The terminal table, narrow enough for 80 columns: one row a variant, the share of non-zero
+    parameters, sizes in the unit that keeps three figures, latency with its spread (the caption says
+    which figures are unreliable), the metric and its change (parameter counts and ratios to the original
+    are in report.json)."""
     original = variants[0]
     metric_name = original["metric"]["name"]
-    title = "compressed variants (x: ratio to the original; *: on the Pareto front)"
+    title = "compressed variants (*: on the Pareto front; change: against the original)"
     if original.get("adapter"):
         title += "; the original is a LoRA adapter on its base"
-    out = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0))  # one space between columns
+    out = Table(
+        title=title, caption=_caption(variants), caption_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0)
+    )  # padding 0: the box's own space between columns
     out.add_column("variant", overflow="fold", min_width=14)  # a long name wraps, never cut
-    for column in ("nonzero", "disk MB", "mem MB", "b1 ms", "b32 ms", "x b32", metric_name, "change"):
+    for column in ("nonzero", "disk", "mem", "b1 ms", "b32 ms", metric_name, "change"):
         out.add_column(column, justify="right", no_wrap=True)
     out.add_column("*", no_wrap=True)
     for v in variants:
-        d = v.get("delta", {})
         out.add_row(
             v["name"],
             f"{v['nonzero_params'] / v['params']:.0%}",
-            f"{v['disk_bytes'] / 1e6:.1f}",
-            f"{v['memory_bytes'] / 1e6:.1f}",
-            _ms(v["latency_ms_b1"]),
-            f"{_ms(v['latency_ms_b32'])} ±{v.get('latency_spread_b32', 0):.0%}",
-            f"{d.get('latency_b32', 1):.2f}",
+            size_text(v["disk_bytes"]),
+            size_text(v["memory_bytes"]),
+            _latency_cell(v, 1),
+            _latency_cell(v, 32),
             f"{v['metric']['value']:.4f}",
-            f"{d.get('metric', 0):+.3f}",
+            f"{v.get('delta', {}).get('metric', 0):+.3f}",
             "*" if v.get("pareto") else "",
         )
     return out

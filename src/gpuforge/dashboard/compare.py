@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuforge.store.ingest import in_users_names
+
 MAX_COMPARED = 8  # curves beyond this many overlaid are no longer readable
 FINAL_FIGURES = ("final_loss", "samples_per_s", "mfu", "cost_usd", "wall_s")
 
@@ -31,6 +33,16 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     for key, inner in value.items():
         flat.update(flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
     return flat
+
+
+def in_users_spec(value: Any, files: dict[str, str] | None) -> Any:
+    """A spec with each uploaded file's server path (<home>/uploads/<sha256>.py) in the name the user's
+    client gave it (a job's `files`): what a person reads, not a hash."""
+    if isinstance(value, dict):
+        return {key: in_users_spec(inner, files) for key, inner in value.items()}
+    if isinstance(value, list):
+        return [in_users_spec(inner, files) for inner in value]
+    return in_users_names(value, files) if isinstance(value, str) and files else value
 
 
 def spec_diff(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -112,8 +112,8 @@ def describe(job_id: int, run: Path) -> dict[str, Any]:
         "devices_wanted": 1,
         "devices": (started or {}).get("data", {}).get("device"),
         "step": latest.get("step", summary.get("steps")),
-        "total_steps": summary.get("total_steps") or (started or {}).get("data", {}).get("total_steps"),
-        "loss": latest.get("loss"),
+        "total_steps": summary.get("total_steps") or _said_total(events),
+        "loss": latest.get("loss", summary.get("final_loss")),  # a script's last line may be its eval alone
         "samples_per_s": latest.get("samples_per_s"),
         "mfu": latest.get("mfu"),
         "eta_s": latest.get("eta_s") if state == "running" else None,
@@ -127,6 +127,12 @@ def describe(job_id: int, run: Path) -> dict[str, Any]:
         "finished_at": _time(ended["ts"] if ended else None),
         "wall_s": summary.get("wall_s"),
     }
+
+
+def _said_total(events: list[dict]) -> int | None:
+    """The total the runner's `started` or a script's track.total_steps() said last."""
+    said = [e["data"].get("total_steps") for e in events if e["kind"] in ("started", "total_steps")]
+    return next((total for total in reversed(said) if isinstance(total, int) and total > 0), None)
 
 
 def _last_write(run: Path) -> float:

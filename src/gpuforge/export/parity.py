@@ -4,6 +4,12 @@ of each), bytes, and latency at batch 1 and 32 on this machine. Written as expor
 exported with its key/value cache is also run as generation runs it (decode): held-out prompts of different
 lengths, left-padded, then greedy steps with each side's own cache, the logits compared at every step.
 
+Latency is timed as hardware/timing.py times everything (repeated until its spread is small, or a time
+cap): `latency_ms` holds each figure (ms for the whole batch), `latency_spread` its spread, widened to at
+least `latency_drift`, how far torch at batch 1 moved between first and last (the machine's load), and
+`latency_waited` the share of the time its threads waited for a CPU; a figure timing.py calls unreliable
+is shown as such.
+
 Floors the report checks (and says where they are missed): an fp32 export agrees to 1e-4; an int8 one stays
 within 1 point of the task metric in at most 0.3x the bytes.
 """
@@ -11,8 +17,6 @@ within 1 point of the task metric in at most 0.3x the bytes.
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ from gpuforge.artifact.origin import open_source
 from gpuforge.data.batches import micro_batches
 from gpuforge.errors import GpuforgeError
 from gpuforge.export.onnx import GRAPH, REPORT, decode_gap
+from gpuforge.hardware.timing import MAX_SECONDS, Timing, said, spread_between, time_until_steady
 from gpuforge.runtime import tasks
 
 FP32_TOLERANCE = 1e-4
@@ -33,9 +38,10 @@ DECODE_PROMPTS, DECODE_STEPS = 8, 8
 
 
 def measure_parity(
-    model_dir: Path, export_dir: Path, torch_built, manifest: Manifest, repeats: int = 10
+    model_dir: Path, export_dir: Path, torch_built, manifest: Manifest, max_seconds: float = MAX_SECONDS
 ) -> dict:
-    """The report for the export in `export_dir` of the model in `model_dir` (loaded as `torch_built`)."""
+    """The report for the export in `export_dir` of the model in `model_dir` (loaded as `torch_built`);
+    `max_seconds`: the cap on timing each latency figure."""
     onnx_module, _, exported = load_artifact(export_dir)
     onnx_built = built_from(onnx_module, exported)
     task = manifest.task
@@ -61,13 +67,7 @@ def measure_parity(
     report["bytes"] = {"torch": _state_bytes(torch_built.module), "onnx": graph_bytes(export_dir)}
     report["bytes"]["ratio"] = report["bytes"]["onnx"] / max(1, report["bytes"]["torch"])
     if data is not None:
-        report["latency_ms"] = {
-            f"batch_{n}": {
-                "torch": _latency_ms(torch_built, task, data, n, repeats),
-                "onnx": _latency_ms(onnx_built, task, data, n, repeats),
-            }
-            for n in (1, BATCH)
-        }
+        report.update(_latencies({"torch": torch_built, "onnx": onnx_built}, task, data, max_seconds))
     report["checks"] = _checks(report)
     (export_dir / REPORT).write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -135,18 +135,45 @@ def _full(built, task: str, batch) -> torch.Tensor:
     return tasks.forward(built, task, batch).float()
 
 
-def _latency_ms(built, task: str, data, n: int, repeats: int) -> float:
-    """Median milliseconds of one forward pass over the first `n` held-out rows (repeated when fewer)."""
-    rows = [i % len(data) for i in range(n)]
-    batch = data.collate(rows)
+def _latencies(sides: dict[str, Any], task: str, data, max_seconds: float) -> dict[str, Any]:
+    """Each side's forward pass over the first 1 and BATCH held-out rows (repeated when fewer), then torch
+    at batch 1 again: how far the machine moved in between widens every spread."""
+    timings: dict[str, dict[str, Timing]] = {}
+    for n in (1, BATCH):
+        batch = data.collate([i % len(data) for i in range(n)])
+        timings[f"batch_{n}"] = {
+            side: _timed(built, task, batch, max_seconds) for side, built in sides.items()
+        }
+    again = _timed(sides["torch"], task, data.collate([0]), max_seconds)
+    drift = spread_between(timings["batch_1"]["torch"], again)
+    return {
+        "latency_ms": {b: {side: 1000 * t.median_s for side, t in by.items()} for b, by in timings.items()},
+        "latency_spread": {
+            b: {side: max(t.spread, drift) for side, t in by.items()} for b, by in timings.items()
+        },
+        "latency_waited": {b: {side: t.waited for side, t in by.items()} for b, by in timings.items()},
+        "latency_drift": drift,
+    }
+
+
+def _timed(built, task: str, batch, max_seconds: float) -> Timing:
     with torch.inference_mode():
-        tasks.forward(built, task, batch)  # warm-up: lazy set-up is not latency
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            tasks.forward(built, task, batch)
-            times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+        return time_until_steady(lambda: tasks.forward(built, task, batch), max_seconds=max_seconds)
+
+
+def latency_rows(report: dict) -> list[tuple[str, str, str]]:
+    """The export table's latency rows (label, torch, onnxruntime): each batch's time with its spread, or
+    'unreliable (spread ±N %)', and for a batch over 1 a row per sample beside it (a batch of 32 takes
+    longer than a batch of 1, but less a sample: read apart, the figures look inverted)."""
+    spreads, waits = report.get("latency_spread", {}), report.get("latency_waited", {})
+    rows = []
+    for batch, times in report.get("latency_ms", {}).items():
+        n = int(batch.removeprefix("batch_"))
+        trust = {s: said(spreads.get(batch, {}).get(s, 0.0), waits.get(batch, {}).get(s)) for s in times}
+        rows.append((f"latency, batch of {n}", *(f"{times[s]:.3g} ms {trust[s]}" for s in ("torch", "onnx"))))
+        if n > 1:
+            rows.append((f"per sample, batch of {n}", *(f"{times[s] / n:.3g} ms" for s in ("torch", "onnx"))))
+    return rows
 
 
 def _state_bytes(module: torch.nn.Module) -> int:

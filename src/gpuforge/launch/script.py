@@ -121,12 +121,14 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
     if spec.cost.budget_usd and spent_before >= spec.cost.budget_usd:
         raise GpuforgeError(
             f"cost.budget_usd: {spec.cost.budget_usd:g} spent already (${spent_before:.4f} so far): "
-            "raise it to go on"
+            f"{budget_hint(spent_before)}"
         )
     run.spec_path.write_text(spec.to_yaml())
     (run.root / track.STOP_FILE).unlink(missing_ok=True)  # an earlier attempt's stop is not this one's
     unbuffered = {} if "PYTHONUNBUFFERED" in spec.script.env else {"PYTHONUNBUFFERED": "1"}  # live output
     given = {**unbuffered, **spec.script.env, **_device_env(spec), track.RUN_DIR_VARIABLE: str(run.root)}
+    if (job_id := track.job_id()) is not None:  # a server's job: track.job_id() in the script too
+        given[track.JOB_ID_VARIABLE] = str(job_id)
     env = child_environment(given)
     log_path = run.logs_dir / LOG_NAME
     started = time.monotonic()
@@ -180,6 +182,15 @@ def run_script(spec: ScriptJobSpec, out: Path) -> RunSummary:
     fields = {"reason": summary.reason} if summary.reason else {}
     run.event(summary.status, exit_code=code, **fields)
     return summary
+
+
+def budget_hint(spent: float) -> str:
+    """How to go on with a job its cost budget paused: on a server, `gpuforge resume` with a higher
+    budget (the server keeps the spec); run by hand, a higher cost.budget_usd and the same command."""
+    job_id = track.job_id()
+    if job_id is None:
+        return "raise cost.budget_usd and rerun to go on"
+    return f"`gpuforge resume {job_id} --budget USD` (more than ${spent:.4f}) goes on from its checkpoint"
 
 
 def _check_limits(spec: ScriptJobSpec, stop: _Stop, started: float, spent_before: float, usd_per_hour: float):
@@ -506,19 +517,22 @@ def _summary(
     evaluated = next((m for m in reversed(metrics) if any(k.startswith("eval_") for k in m)), {})
     evaluation = {k[5:]: v for k, v in evaluated.items() if k.startswith("eval_") and isinstance(v, float)}
     steps = max((m["step"] for m in metrics), default=-1) + 1
+    declared = track.declared_total_steps(run.root)  # track.total_steps(), where the script said it
     if stopped:  # as asked (saved, or killed after its grace)
         status, reason = stop.status, stop.reason
     elif code == 0:
         status, reason = "finished", None
     else:  # a crash, also one while saving: its resume point is not to be trusted
-        status, reason = "failed", _failure(run.logs_dir / LOG_NAME, code, log_start)
+        workdir = working_copy(spec, run.root)
+        sent = not spec.script.workdir  # the copy a server made of the files sent
+        status, reason = "failed", _failure(run.logs_dir / LOG_NAME, code, log_start, workdir, sent)
     device_type = "cuda" if _device_env(spec).get("CUDA_VISIBLE_DEVICES") else "cpu"
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: KiB
     return RunSummary(
         status=status,
         reason=reason,
         steps=steps,
-        total_steps=steps,
+        total_steps=declared or steps,
         resumed_from=resume or None,
         samples_per_s=None,
         tokens_per_s=None,
@@ -558,10 +572,42 @@ def _log_part(log_path: Path, start: int) -> str:
         return ""
 
 
-def _failure(log_path: Path, code: int, start: int) -> str:
-    """The end of this attempt's part of the log, as one line."""
+def _failure(log_path: Path, code: int, start: int, workdir: Path | None = None, sent: bool = False) -> str:
+    """The end of this attempt's part of the log, as one line: a Python traceback's error and where in
+    the job's files it was raised (the traceback itself stays in the log), else the last lines."""
     text = _log_part(log_path, start)
     lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
     died = f"killed by {_signal_name(-code)}" if code < 0 else f"exited {code}"
-    tail = " | ".join(lines[-FAILURE_LINES:]) or "no output"
-    return f"the script {died}: {tail}"
+    raised = _raised(lines, workdir)
+    if raised is None:
+        return f"the script {died}: {' | '.join(lines[-FAILURE_LINES:]) or 'no output'}"
+    error, where = raised
+    said = f"the script {died}: {error}{where}; its traceback is in logs/{LOG_NAME}"
+    if sent and error.startswith(NOT_SENT_ERRORS):  # the server's copy: what the spec's folder has, it lacks
+        said += "; a server's copy of the job holds only the files script.files names"
+    return said
+
+
+TRACEBACK = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^\s+File "(.+)", line (\d+)')
+NOT_SENT_ERRORS = ("ModuleNotFoundError", "ImportError", "FileNotFoundError")
+
+
+def _raised(lines: list[str], workdir: Path | None) -> tuple[str, str] | None:
+    """(the error, " (at FILE line N)") of a Python traceback that ends the log, the frame the innermost
+    in the job's own files (else the innermost of all); None where the log does not end in one."""
+    header = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(TRACEBACK)), None)
+    if header is None:
+        return None
+    body = lines[header + 1 :]
+    error_at = next((i for i, line in enumerate(body) if not line[:1].isspace()), None)
+    if error_at is None or len(body) - error_at > FAILURE_LINES:
+        return None  # no error line, or more output after it: not what ended the script
+    frames = [(m.group(1), m.group(2)) for line in body[:error_at] if (m := _FRAME.match(line))]
+    root = workdir.resolve() if workdir is not None else None
+    own = [(f, n) for f, n in frames if root is not None and Path(f).is_relative_to(root)]
+    frame = (own or frames or [None])[-1]
+    if frame is None:
+        return " | ".join(body[error_at:]), ""
+    name = Path(frame[0]).relative_to(root).as_posix() if own else frame[0]
+    return " | ".join(body[error_at:]), f" (at {name} line {frame[1]})"

@@ -4,13 +4,17 @@
 
 Memory is measured, not guessed: two trial forward+backward passes on the longest examples give the
 activation bytes per sample (train/batch.py); weights, gradients and AdamW state are counted from the
-model. Step time comes from a few real training steps with --measure, otherwise from the FLOP count and
-the device's measured matmul peak (a lower bound: it assumes 100% of that peak). `gpuforge train` holds
-a job with resources.max_memory to the same memory estimate before it starts (train/batch.py).
+model. Step time is plan/estimate.py's, the one `--compare` gives this device: the job's traced step on
+the roofline `gpuforge hw` measured here (an estimate), the median of real steps with --measure, and FLOPs
+over the measured matmul peak (a lower bound, said so) only for a device `hw` has no figures for. The total
+is the run's: its start-up (timed here: the same data and model), its steps and its evaluations; its
+checkpoint writes are counted, not timed. `gpuforge train` holds a job with resources.max_memory to the
+same memory estimate before it starts (train/batch.py).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,7 +24,10 @@ import torch
 from rich.table import Table
 
 from gpuforge.hardware.bench import peak_flops
+from gpuforge.hardware.machine import machine
 from gpuforge.hardware.probe import device_name, proc_status_bytes, synchronize
+from gpuforge.hardware.timing import NOISY, Timing
+from gpuforge.plan.estimate import Traces, evaluations, local_evaluations_s, local_step
 from gpuforge.runtime.precision import MixedPrecision
 from gpuforge.spec import JobSpec, parse_bytes
 from gpuforge.train.batch import (
@@ -40,34 +47,15 @@ from gpuforge.train.step import forward_backward, make_optimizer
 MEASURED_STEPS = 8  # at least, after one warm-up step: two in each window
 MEASURED_SECONDS = 2.0  # short steps run until this much time is measured: one stall must not decide
 MAX_MEASURED_STEPS = 200
-WINDOWS = 4  # the measured steps, cut in this many runs of consecutive steps, each with its median
-NOISY = 0.15  # window medians further than this (±, of the median) apart: too noisy to trust as it is
 MORE_SECONDS = 3.0  # a noisy measurement goes on up to this many times MEASURED_SECONDS: a burst may pass
 
 
 @dataclass(frozen=True)
-class StepTiming:
-    """Real optimizer steps, timed: the median is the estimate; the spread says whether to trust it."""
+class StepTiming(Timing):
+    """Real optimizer steps, timed (times_s: each measured step's, the warm-up step left out): the median
+    is the estimate; the spread (hardware/timing.py, one definition) says whether to trust it."""
 
-    times_s: tuple[float, ...]  # each measured step's, in order (the warm-up step left out)
     peak_bytes: int  # the memory the steps reached
-
-    @property
-    def median_s(self) -> float:
-        return statistics.median(self.times_s)
-
-    @property
-    def spread(self) -> float:
-        """Half the range of the windows' medians, as a fraction of the median (0.1: ±10 %): a neighbour's
-        burst moves one window, not all of them."""
-        size = max(1, len(self.times_s) // WINDOWS)
-        windows = [self.times_s[i : i + size] for i in range(0, len(self.times_s) - size + 1, size)]
-        medians = [statistics.median(w) for w in windows]
-        return (max(medians) - min(medians)) / (2 * self.median_s) if self.median_s > 0 else 0.0
-
-    @property
-    def reliable(self) -> bool:
-        return self.spread <= NOISY
 
     def method(self) -> str:
         said = f"median of {len(self.times_s)} measured steps, ±{self.spread:.0%} between windows"
@@ -96,7 +84,7 @@ class Plan:
     step_time_s: float
     step_time_method: str
     total_steps: int
-    total_time_s: float
+    total_time_s: float  # the run's: start-up + steps + evaluations (checkpoint writes not timed)
     usd_per_hour: float
     cost_usd: float
     measured_peak_bytes: int | None = None
@@ -105,6 +93,17 @@ class Plan:
     step_time_spread: float | None = None
     step_time_reliable: bool | None = None
     step_time_fastest_s: float | None = None
+    # what step_time_s is ("estimate", "measured", "lower bound"), and the figures beside it: the estimate
+    # `--compare` gives this device (None where `gpuforge hw` has none for it) and the FLOP bound
+    step_time_kind: str = ""
+    step_time_estimate_s: float | None = None
+    step_time_bound_s: float = 0.0
+    steps_time_s: float = 0.0  # total_steps x step_time_s
+    startup_s: float = 0.0  # process, device, data, model, batch search: timed here, as the run starts alike
+    evaluations: int = 0  # passes over the eval set (train.eval_every and the last step)
+    evaluation_s: float = 0.0  # all of them, on the step's roofline (scaled as the step is with --measure)
+    checkpoints: int = 0  # writes the run makes (train.checkpoint_every and the end's), not in the total
+    checkpoint_bytes: int = 0  # each: weights (or the adapter) and optimizer state
     verdict: str = ""  # one line when it does not fit: by how much, and what would (or why nothing can)
     suggestions: list[str] = field(default_factory=list)  # options that fit, each with its predicted peak
 
@@ -112,8 +111,12 @@ class Plan:
         return asdict(self)
 
 
-def make_plan(spec: JobSpec, measure: bool = False) -> Plan:
+def make_plan(spec: JobSpec, measure: bool = False, launched_s: float = 0.0) -> Plan:
+    """`launched_s`: what this process took to get here (interpreter, imports: `process_age_s()` from the
+    CLI), which `gpuforge train` pays alike before its set-up; it is part of the plan's start-up."""
+    started = time.perf_counter()
     job = build_job(spec)
+    startup = launched_s + time.perf_counter() - started
     module, device = job.module, job.device
     max_memory = parse_bytes(spec.resources.max_memory) if spec.resources.max_memory else None
     probe = MemoryProbe(job.built, job.task, job.data.train, job.precision, device)
@@ -126,11 +129,12 @@ def make_plan(spec: JobSpec, measure: bool = False) -> Plan:
     flops = FlopModel(job.built, job.task, _sample_batch(job), job.precision).step_flops(samples, tokens)
     peak = peak_flops(device, job.precision.name)
     timing = _measure_steps(job) if measure else None
-    if timing is not None:
-        step_time, method = timing.median_s, timing.method()
-    else:
-        step_time, method = flops / peak, "FLOPs / measured matmul peak (a lower bound)"
-    total_time = step_time * job.total_steps
+    traces = Traces(job)
+    here = machine()  # cached per machine; measured once (gpuforge hw) on the first plan
+    local = local_step(job, traces, here, flops / peak, timing)
+    step_time = local.seconds
+    evaluation = local_evaluations_s(job, traces, here) * local.factor
+    total_time = startup + step_time * job.total_steps + evaluation
     plan = Plan(
         job=spec.name,
         device=device_name(device),
@@ -148,7 +152,7 @@ def make_plan(spec: JobSpec, measure: bool = False) -> Plan:
         flops_per_step=flops,
         device_peak_flops=peak,
         step_time_s=step_time,
-        step_time_method=method,
+        step_time_method=local.method(),
         total_steps=job.total_steps,
         total_time_s=total_time,
         usd_per_hour=spec.cost.usd_per_hour,
@@ -157,6 +161,15 @@ def make_plan(spec: JobSpec, measure: bool = False) -> Plan:
         step_time_spread=timing.spread if timing else None,
         step_time_reliable=timing.reliable if timing else None,
         step_time_fastest_s=min(timing.times_s) if timing else None,
+        step_time_kind=local.kind,
+        step_time_estimate_s=local.roofline_s,
+        step_time_bound_s=local.bound_s,
+        steps_time_s=step_time * job.total_steps,
+        startup_s=startup,
+        evaluations=evaluations(job),
+        evaluation_s=evaluation,
+        checkpoints=_checkpoints(job),
+        checkpoint_bytes=_checkpoint_bytes(job, breakdown),
     )
     if not plan.fits:
         plan.suggestions = what_would_fit(job, memory, breakdown, capacity)
@@ -172,6 +185,29 @@ def _capacity(device: torch.device, max_memory: int | None) -> tuple[int, str]:
     with open("/proc/meminfo") as f:
         total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
     return min(total, available_cpu_bytes() + memory_in_use()), "the RAM this process can have"
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux's /proc); 0 where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _checkpoints(job: Job) -> int:
+    """Checkpoints the run writes: every train.checkpoint_every steps before the last, and the end's."""
+    every = job.spec.train.checkpoint_every
+    return ((job.total_steps - 1) // every if every else 0) + 1
+
+
+def _checkpoint_bytes(job: Job, breakdown: dict[str, int]) -> int:
+    saved = [p for p in job.module.parameters() if p.requires_grad or not job.built.adapter]
+    return sum(p.numel() * p.element_size() for p in saved) + breakdown["optimizer_state"]
 
 
 def memory_in_use() -> int:
@@ -277,14 +313,29 @@ def table(p: Plan) -> Table:
             f"{'fits' if p.fits else 'DOES NOT FIT'}",
         ),
         ("step time", f"{duration(p.step_time_s)} ({p.step_time_method})"),
-        (
-            "total",
-            f"{p.total_steps} steps, {duration(p.total_time_s)}, {dollars(p.cost_usd)} "
-            f"at ${p.usd_per_hour:g}/h",
-        ),
+        *_time_rows(p),
     ]
     if p.measured_peak_bytes:
         rows.insert(8, ("memory: measured peak", f"{size(p.measured_peak_bytes)} (in the measured steps)"))
     for row in rows:
         out.add_row(*row)
     return out
+
+
+def _time_rows(p: Plan) -> list[tuple[str, str]]:
+    """What the run's wall time is made of, then the total: what it holds and what it leaves out."""
+    rows = [("time: start-up", f"{duration(p.startup_s)} (the process, data, model and batch, timed here)")]
+    rows.append(("time: steps", f"{p.total_steps} x {duration(p.step_time_s)} = {duration(p.steps_time_s)}"))
+    if p.evaluations:
+        rows.append(("time: evaluations", f"{p.evaluations} x {duration(p.evaluation_s / p.evaluations)}"))
+    held = "start-up, steps" + (" and evaluations" if p.evaluations else "")
+    left = f"{p.checkpoints} checkpoint write{'s' if p.checkpoints > 1 else ''} of {size(p.checkpoint_bytes)}"
+    bound = " at least" if p.step_time_kind == "lower bound" else ""
+    rows.append(
+        (
+            "total",
+            f"{p.total_steps} steps,{bound} {duration(p.total_time_s)}, {dollars(p.cost_usd)} at "
+            f"${p.usd_per_hour:g}/h ({held}; not timed: {left})",
+        )
+    )
+    return rows

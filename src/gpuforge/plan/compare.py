@@ -12,8 +12,12 @@ One real step of the job runs here, traced op by op (hardware/roofline.py); each
   several devices, its gradients' all-reduce over the link between them;
 - with --measure, every estimate is scaled by what this machine measured for this job over what the
   roofline said for it here (and says so);
-- **total time and cost**: steps x step time, at the target's $/h (the catalog's, your devices.yaml's, or
-  prices.yaml's for the CPU) times the devices the job uses.
+- **total time and cost**: steps x step time and the run's evaluations (a traced eval batch on the same
+  roofline), at the target's $/h (the catalog's, your devices.yaml's, or prices.yaml's for the CPU) times
+  the devices the job uses; not the start-up or the checkpoint writes (`gpuforge plan` times the start-up
+  here).
+
+This machine's row is plan/estimate.py's figure, the one `gpuforge plan` prints: one owner for it.
 """
 
 from __future__ import annotations
@@ -25,13 +29,13 @@ from typing import Any
 import torch
 from rich.table import Table
 
-from gpuforge.errors import GpuforgeError, SpecError
+from gpuforge.errors import SpecError
 from gpuforge.hardware.catalog import CatalogDevice, datasheet_for, load_catalog, resolve
 from gpuforge.hardware.machine import DeviceFigures, Machine, machine
-from gpuforge.hardware.roofline import OpTrace, Roof, saturating_efficiency
+from gpuforge.hardware.roofline import Roof, saturating_efficiency
 from gpuforge.plan import NOISY, _capacity, _measure_steps, dollars, duration
+from gpuforge.plan.estimate import Traces, evaluations, local_step, require_local_figures
 from gpuforge.prices import load_prices, price_of, prices_path
-from gpuforge.runtime.precision import MixedPrecision
 from gpuforge.settings import current
 from gpuforge.spec import JobSpec, parse_bytes
 from gpuforge.train.batch import (
@@ -45,10 +49,8 @@ from gpuforge.train.batch import (
     size,
 )
 from gpuforge.train.setup import Job, build_job
-from gpuforge.train.step import forward_backward, make_optimizer
 
 LOCAL = "cpu"  # the one target that is not in the catalog: this machine's CPU, as measured
-TRACED_MICRO_STEPS = 3  # micro-batches of different lengths: the estimate is their mean
 CALIBRATION_SECONDS = (
     4.0  # of measured steps for --measure: the factor scales every target, so it is timed long
 )
@@ -79,7 +81,8 @@ class TargetPlan:
     capacity_bytes: int
     step_s: float
     step_parts: dict[str, float]  # compute_s, memory_s, overhead_s (the roofline's), allreduce_s
-    total_time_s: float
+    evaluation_s: float  # every pass over the eval set the run makes, on the same roofline
+    total_time_s: float  # steps and evaluations: not the start-up, not the checkpoint writes
     usd_per_hour: float | None
     total_cost_usd: float | None
     cheapest: bool = False
@@ -131,19 +134,17 @@ def compare(
     job = build_job(spec)
     memory = _memory(job, spec)
     breakdown = memory_breakdown(job.module, memory, job.micro)
-    traces = _Traces(job)
+    traces = Traces(job)
     calibration = None
     if measure:
-        timing = _measure_steps(job, calibration_s)
-        measured = timing.median_s
-        local = _local_device(here, job)
-        accum = math.ceil(job.order.global_batch / job.micro)
-        predicted = traces.step_s(local.roof(job.precision.name), job.micro, accum)
+        require_local_figures(here, job)
+        # the same figure `gpuforge plan --measure` gives: one owner of this device's step (estimate.py)
+        local = local_step(job, traces, here, 0.0, _measure_steps(job, calibration_s))
         calibration = {
-            "measured_step_s": measured,
-            "roofline_step_s": predicted,
-            "factor": measured / predicted,
-            "spread": timing.spread,  # the measured steps' (plan.StepTiming): over NOISY, not to be trusted
+            "measured_step_s": local.seconds,
+            "roofline_step_s": local.roofline_s,
+            "factor": local.factor,
+            "spread": local.timing.spread,  # the measured steps' (plan.StepTiming): over NOISY, not trusted
         }
     targets = {}
     for name, entry in entries.items():
@@ -170,65 +171,6 @@ def _memory(job: Job, spec: JobSpec):
     max_memory = parse_bytes(spec.resources.max_memory) if spec.resources.max_memory else None
     probe = MemoryProbe(job.built, job.task, job.data.train, job.precision, job.device)
     return job.search or measure_memory(probe, job.order.global_batch, max_memory)
-
-
-def _local_device(here: Machine, job: Job) -> DeviceFigures:
-    for d in here.devices:
-        if d.type == job.device.type:
-            return d
-    raise GpuforgeError(f"gpuforge hw has no figures for this job's device ({job.device.type})")
-
-
-class _Traces:
-    """One optimizer update and a few micro-batches of the job, traced here once, at the job's precision
-    (a LoRA base is already cast to it): every target's time comes from these same operations."""
-
-    def __init__(self, job: Job):
-        self.job = job
-        self._traced: tuple[list[OpTrace], OpTrace] | None = None
-
-    def get(self) -> tuple[list[OpTrace], OpTrace]:
-        if self._traced is None:
-            self._traced = self._trace()
-        return self._traced
-
-    def _trace(self) -> tuple[list[OpTrace], OpTrace]:
-        job = self.job
-        amp = MixedPrecision(job.precision, job.device)
-        module = job.module
-        optimizer = make_optimizer(module, job.spec.train.lr, job.spec.train.weight_decay, job.device)
-        params = list(module.parameters())
-
-        def micro_step(step: int) -> None:
-            indices = job.order.batch(step)[: job.micro]
-            forward_backward(job.built, job.task, job.data.train, indices, job.micro, amp)
-
-        def update() -> None:
-            amp.step(optimizer, module.parameters(), job.spec.train.grad_clip)
-            optimizer.zero_grad(set_to_none=True)
-
-        # the weights change here: the plan's job is its own copy, never trained on afterwards
-        with torch.random.fork_rng(devices=[job.device] if job.device.type == "cuda" else []):
-            micro_step(0)
-            update()  # warm-up: kernels' first use; the optimizer's state exists before its update is traced
-            micros = [OpTrace.of(lambda s=s: micro_step(s), params) for s in range(1, 1 + TRACED_MICRO_STEPS)]
-            optimizer_step = OpTrace.of(update, params, batch_free=True)
-        return micros, optimizer_step
-
-    def parts(self, roof: Roof, micro: int, grad_accum: int) -> dict[str, float]:
-        """Seconds of one optimizer step on `roof`, in the roofline's parts (each over its efficiency)."""
-        micros, update = self.get()
-        scale = micro / self.job.micro
-        out = dict.fromkeys(("compute_s", "memory_s", "overhead_s"), 0.0)
-        for t in micros:
-            for k, v in t.parts(roof, scale).items():
-                out[k] += v * grad_accum / len(micros) / roof.step_efficiency
-        for k, v in update.parts(roof).items():
-            out[k] += v / roof.step_efficiency
-        return out
-
-    def step_s(self, roof: Roof, micro: int, grad_accum: int) -> float:
-        return sum(self.parts(roof, micro, grad_accum).values())
 
 
 class _Target:
@@ -296,7 +238,7 @@ class _Target:
             + breakdown["activations_per_sample"] * micro
         )
 
-    def plan(self, spec, breakdown, traces: _Traces, calibration, link_gbps) -> TargetPlan:
+    def plan(self, spec, breakdown, traces: Traces, calibration, link_gbps) -> TargetPlan:
         job = self.job
         precision, precision_note = self.precision(spec)
         roof = self.roof(precision)
@@ -323,7 +265,10 @@ class _Target:
         compute = sum(parts.values())
         parts["allreduce_s"], advice = self._allreduce(spec, devices, link_gbps, compute)
         step = compute + parts["allreduce_s"]
-        total = step * job.total_steps
+        evaluation = evaluations(job) * traces.evaluation_s(roof, micro)
+        if calibration:
+            evaluation *= calibration["factor"]
+        total = step * job.total_steps + evaluation
         usd = self._usd_per_hour(spec)
         fits = need <= capacity
         notes = [precision_note] if precision_note else []
@@ -345,6 +290,7 @@ class _Target:
             capacity_bytes=capacity,
             step_s=step,
             step_parts=parts,
+            evaluation_s=evaluation,
             total_time_s=total,
             usd_per_hour=usd,
             total_cost_usd=None if usd is None else total / 3600 * usd * machines,
@@ -486,4 +432,9 @@ def notes(c: Comparison) -> list[str]:
             + (f" + all-reduce {duration(p['allreduce_s'])}" if p.get("allreduce_s") else "")
             + f"; figures: {t.source}"
         )
+    evaluated = any(t.evaluation_s for t in c.targets.values())
+    lines.append(
+        "total: the steps" + (" and the evaluations" if evaluated else "") + "; not the start-up or the "
+        "checkpoint writes (`gpuforge plan` without --compare times the start-up here)"
+    )
     return lines

@@ -6,8 +6,11 @@ Low in the layers (runtime/), so that the scheduler, the launchers and the deplo
 from __future__ import annotations
 
 import os
+import random
 import socket
 from pathlib import Path
+
+from gpuforge.errors import GpuforgeError
 
 
 def usable_cores() -> int:
@@ -15,10 +18,34 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(within: range | None = None) -> int:
+    """A loopback port nothing listens on: any, or the first free one of `within` from a random place (so
+    that two launches at once seldom try the same one); GpuforgeError when all of `within` are taken."""
+    if within is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    start = random.randrange(len(within))
+    for port in (*within[start:], *within[:start]):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise GpuforgeError(f"no free port in {within.start}-{within.stop - 1} (GPUFORGE_REPLICA_PORTS)")
+
+
+def port_range(text: str | None) -> range | None:
+    """GPUFORGE_REPLICA_PORTS' FIRST-LAST as a range (None: any port); GpuforgeError naming what is wrong."""
+    if not text:
+        return None
+    first, last = (int(p) for p in text.split("-"))
+    if not 1024 <= first <= last <= 65535:
+        raise GpuforgeError(
+            f"GPUFORGE_REPLICA_PORTS: {text!r}: FIRST-LAST with 1024 <= FIRST <= LAST <= 65535"
+        )
+    return range(first, last + 1)
 
 
 def is_alive(pid: int | None, run_dir: str | None = None) -> bool:

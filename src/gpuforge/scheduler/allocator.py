@@ -38,8 +38,17 @@ def inventory(cpu_slots: int | None = None) -> list[DeviceInfo]:
     cores = usable_cores()
     per_slot = max(1, cores // slots)
     for i in range(slots):
-        devices.append(DeviceInfo(f"cpu:{i}", "cpu", f"{per_slot} of {cores} CPU cores", None, per_slot))
+        devices.append(
+            DeviceInfo(f"cpu:{i}", "cpu", cpu_slot_name(i, slots, per_slot, cores), None, per_slot)
+        )
     return devices
+
+
+def cpu_slot_name(index: int, slots: int, per_slot: int, cores: int) -> str:
+    """What a CPU slot is, in words that do not read as a usage ("2 of 2" looked like cores taken)."""
+    if slots == 1:
+        return f"the whole CPU: {cores} core{'s' if cores != 1 else ''}"
+    return f"CPU slot {index + 1} of {slots}: {per_slot} core{'s' if per_slot != 1 else ''} of the {cores}"
 
 
 def cluster_inventory(cluster: dict) -> list[DeviceInfo]:

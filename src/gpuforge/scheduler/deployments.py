@@ -9,7 +9,9 @@ A tick (in the loop's transaction) walks the deployments that are starting, read
 - a version being rolled out (store/versions.py) first gets one replica, which measures the eval metric
   at load: more than `max_metric_drop` below the serving version's and the version is refused. Then new
   replicas replace old ones one by one: an old one is drained only once a new one is ready (or, with no
-  device free for a new one, while another ready replica still serves). A drained replica leaves the
+  device free for a new one, while another ready replica still serves; a lone one gives its device up,
+  and the forwarder holds requests meanwhile as at a cold start). A replica no device is free for waits,
+  and its entry says who holds each one ("waiting"). A drained replica leaves the
   forwarder's picks at once and gets SIGTERM DRAIN_DELAY_S later, so no request is sent to a closing
   port; the forwarder retries on another replica where one was anyway;
 - the adapters added to the deployment (`deploy --into`) are registered on each loaded replica that lacks
@@ -41,6 +43,7 @@ import httpx
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from gpuforge.errors import GpuforgeError
 from gpuforge.runtime.host import free_port, is_alive
 from gpuforge.scheduler import replica_calls
 from gpuforge.scheduler.allocator import DeviceInfo
@@ -67,19 +70,30 @@ class Keeper:
     replica_key: Callable[[Deployment], str]
     adapters_root: Path
     autoscaler: Autoscaler
+    ports: range | None = None  # where replicas listen (GPUFORGE_REPLICA_PORTS); None: any free port
 
 
 def held_devices(s: Session, but: int | None = None) -> set[str]:
     """Devices the replicas of live deployments (`but` one) hold (a draining one too, until it has gone)."""
-    held = set()
-    query = select(Deployment.workers).where(Deployment.state.in_(LIVE), Deployment.id != (but or -1))
-    for (workers,) in s.execute(query):
-        held |= {w["device"] for w in workers or [] if w.get("pid") and w.get("device")}
+    return set(replica_holders(s, but))
+
+
+def replica_holders(s: Session, but: int | None = None) -> dict[str, str]:
+    """held_devices(), each with who holds it: "replica 0 (v1) of deployment topics"."""
+    held = {}
+    query = select(Deployment.name, Deployment.workers).where(
+        Deployment.state.in_(LIVE), Deployment.id != (but or -1)
+    )
+    for name, workers in s.execute(query):
+        for w in workers or []:
+            if w.get("pid") and w.get("device"):
+                held[w["device"]] = f"replica {w['index']} (v{w.get('version', 1)}) of deployment {name}"
     return held
 
 
-def keep(s: Session, held: set[str], keeper: Keeper) -> None:
-    """One pass over the live deployments (see the module's docstring). `held`: devices jobs hold.
+def keep(s: Session, held: dict[str, str], keeper: Keeper) -> None:
+    """One pass over the live deployments (see the module's docstring). `held`: devices jobs hold, each
+    with its holder ("job 4").
 
     The loop alone writes `workers` and `replicas`; the API writes `state` (undeploy: `stopping`). So a
     state is written only by a move of store/states.py, which leaves from the state this pass read alone:
@@ -105,9 +119,12 @@ def keep(s: Session, held: set[str], keeper: Keeper) -> None:
 class _Pass:
     """One deployment's replicas, for one tick."""
 
-    def __init__(self, s: Session, d: Deployment, state: DeploymentState, held: set[str], keeper: Keeper):
+    def __init__(
+        self, s: Session, d: Deployment, state: DeploymentState, held: dict[str, str], keeper: Keeper
+    ):
         self.s, self.d, self.state, self.keeper = s, d, state, keeper
-        self.taken = held | held_devices(s, but=d.id)  # and this one's live replicas', once watched
+        self.holders = held | replica_holders(s, but=d.id)  # device -> who holds it (a job, a replica)
+        self.taken = set(self.holders)  # and this one's live replicas', once watched
         self.workers = [dict(w) for w in d.workers or []]
         for w in self.workers:  # entries written before versions existed
             w.setdefault("version", d.version)
@@ -120,7 +137,10 @@ class _Pass:
     def run(self) -> None:
         self._scale()
         self._watch()
-        self.taken |= {w["device"] for w in self.workers if w.get("pid") and w.get("device")}
+        for w in self.workers:
+            if w.get("pid") and w.get("device"):
+                self.taken.add(w["device"])
+                self.holders[w["device"]] = f"replica {w['index']} (v{w['version']}) of this deployment"
         if self.failure is None:
             self._measure()
             self._push_adapters()
@@ -241,9 +261,15 @@ class _Pass:
         if self._fill(self._active(target), n, target, model_dir, measure) and lacking is None:
             lacking = target
         ready = [w for w in self._active() if w["ready"]]
-        if lacking is not None and len(ready) >= 2 and not any(w.get("draining") for w in self.workers):
-            # free a device from a replica of another version, while another ready one serves on
-            spare = [w for w in ready if w["version"] != lacking]
+        spare = [w for w in ready if w["version"] != lacking]
+        if lacking is not None and spare and not any(w.get("draining") for w in self.workers):
+            # free a device from a replica of another version, while another ready one serves on; with
+            # one ready replica, it gives its device up: requests wait for the new one, as at a cold start
+            if len(ready) == 1:
+                versions.record(self.s, self.d.id, "replaced_in_place", version=lacking,
+                                replica=spare[0]["index"], why=self._no_device())  # fmt: skip
+                log.info("deployment %s: replica %d (v%d) gives its device up to v%d (%s)", self.d.name,
+                         spare[0]["index"], spare[0]["version"], lacking, self._no_device())  # fmt: skip
             self._drain(sorted(spare, key=first_to_go)[:1])
 
     def _fill(self, group: list[dict], want: int, version: int, model_dir: str, measure: bool) -> int:
@@ -262,11 +288,19 @@ class _Pass:
             device = self._free_device(w.get("device"))
             if device is None:
                 short += 1
-                continue  # waits for a device, like a queued job
+                w["waiting"] = self._no_device()  # waits for a device, like a queued job, and says why
+                continue
+            w.pop("waiting", None)
             measuring = measure and not any(x.get("eval") and x.get("pid") for x in self._active(version))
             env = self.keeper.replica_env(self.s, self.d, device)
-            w.update(_launch(self.d, w, device, self.keeper, env, measuring), device=device.id, loaded=False,
-                     ready=False, eval=measuring, adapters=[], adapter_refusals={})  # fmt: skip
+            try:
+                launched = _launch(self.d, w, device, self.keeper, env, measuring)
+            except GpuforgeError as err:  # every port of GPUFORGE_REPLICA_PORTS taken: it waits, saying so
+                self.taken.discard(device.id)
+                w["waiting"], short = str(err), short + 1
+                continue
+            w.update(launched, device=device.id, loaded=False, ready=False, eval=measuring, adapters=[],
+                     adapter_refusals={})  # fmt: skip
             w["restarts"] += 1
             _write_workers(self.s, self.d, self.workers)
             self.s.commit()  # the pid is in the store before anything else can fail
@@ -280,6 +314,13 @@ class _Pass:
             return None
         self.taken.add(free[0].id)
         return free[0]
+
+    def _no_device(self) -> str:
+        """Why a replica waits: "no cpu device free: cpu:0 held by job 4"."""
+        kind = self.d.device_type
+        held = [f"{d.id} held by {self.holders.get(d.id, 'a replica')}"
+                for d in self.keeper.devices if d.kind == kind]  # fmt: skip
+        return f"no {kind} device free: " + "; ".join(held) if held else f"this server has no {kind} device"
 
     def _drain(self, workers: list[dict]) -> None:
         """Out of the forwarder's picks now; SIGTERM once DRAIN_DELAY_S has passed (one not running:
@@ -408,7 +449,7 @@ def _settle(
 
 
 def _launch(d: Deployment, w: dict, device: DeviceInfo, keeper: Keeper, env: dict, measure: bool) -> dict:
-    port = free_port()
+    port = free_port(keeper.ports)
     command = [sys.executable, "-m", "gpuforge", "serve", w["model_dir"], "--port", str(port),
                "--host", "127.0.0.1", "--device", device.kind]  # fmt: skip
     options: dict[str, Any] = {

@@ -64,6 +64,7 @@ from gpuforge.store.models import (
     utcnow,
 )
 from gpuforge.store.quotas import running_limits
+from gpuforge.track import JOB_ID_VARIABLE
 
 log = logging.getLogger("gpuforge.scheduler")
 TICK_S = 0.5
@@ -98,6 +99,7 @@ class Scheduler:
         runs_dir: Path | None = None,
         devices_source: Callable[[], list[DeviceInfo]] | None = None,
         holding_source: Callable[[], set[str] | None] | None = None,
+        replica_ports: range | None = None,
     ):
         self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
         self.runner_env = dict(runner_env or {})  # where jobs' processes run (Settings.runner_environment)
@@ -127,7 +129,7 @@ class Scheduler:
             devices, deployments_dir, self.replica_env,
             replica_key=lambda d: replicas_key(self.worker_secret, d),
             adapters_root=runs_dir or deployments_dir.parent / "runs",  # where jobs' models lie
-            autoscaler=Autoscaler(self.traffic),
+            autoscaler=Autoscaler(self.traffic), ports=replica_ports,
         )  # fmt: skip
         self._usage_read: tuple[float, tuple[dict, dict]] | None = None
         self._last_tick: float | None = None
@@ -216,7 +218,7 @@ class Scheduler:
                 for job_id in said.keys() - alive.keys():
                     del said[job_id]
             jobs_hold = {
-                d
+                d: f"job {job.id}"
                 for job in running
                 if job.state == JobState.RUNNING and job.devices
                 for d in job.devices.split(",")
@@ -490,7 +492,8 @@ class Scheduler:
                     ends_in_s=ends,
                 )
             )
-        held = {d for r in running_jobs for d in r.device_ids} | deployments.held_devices(s)
+        replicas = deployments.replica_holders(s)
+        held = {d for r in running_jobs for d in r.device_ids} | set(replicas)
         free: dict[str, list[str]] = {}
         every: dict[str, list[str]] = {}
         for d in self.devices:
@@ -524,6 +527,7 @@ class Scheduler:
             max_devices=self.budgets.caps,
             spent=self.budgets.spent,
             names=self.budgets.names,
+            replicas=replicas,
         )
         labels = {d.id: d.labels for d in self.devices if d.labels}
         plan = plan_starts(queued, free, every, limits, fairness, running_jobs, labels)
@@ -559,7 +563,8 @@ class Scheduler:
             spec_path = run_dir.with_name(run_dir.name + ".yaml")
             spec_path.parent.mkdir(parents=True, exist_ok=True)
             spec_path.write_text(job.spec_yaml)
-            launched = launch(spec_path, run_dir, self.child_env(s, job.owner_id, device_ids))
+            env = self.child_env(s, job.owner_id, device_ids) | {JOB_ID_VARIABLE: str(job.id)}  # its id
+            launched = launch(spec_path, run_dir, env)
             self.launched[job.id] = launched
             states.start(s, job.id, launched.pid)
             s.commit()

@@ -75,6 +75,7 @@ class Limits:
     max_devices: Mapping[int | None, int] = field(default_factory=dict)  # project -> its cap (absent: none)
     spent: Mapping[int | None, str] = field(default_factory=dict)  # project -> why its budget stops it
     names: Mapping[int | None, str] = field(default_factory=dict)  # project -> its name, for reasons
+    replicas: Mapping[str, str] = field(default_factory=dict)  # device -> the replica holding it, for reasons
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,7 @@ def plan_starts(
         victims = _victims(job, open_, usable, holders, set(plan.preempt))
         for victim in victims:
             plan.preempt[victim.id] = job.id
-        plan.blocked[job.id] = _waiting_reason(job, candidates, usable, holders, victims, limits.names)
+        plan.blocked[job.id] = _waiting_reason(job, candidates, usable, holders, victims, limits)
         pool.reserve(open_, _earliest_start(job, open_, usable, holders, set(plan.preempt)))
         group.closed = True
     return plan
@@ -389,15 +390,17 @@ def _waiting_reason(
     free_now: list[str],
     holders: Mapping[str, RunningJob],
     victims: list[RunningJob],
-    names: Mapping[int | None, str],
+    limits: Limits,
 ) -> str:
     """Why a blocked job waits, naming who holds its devices: "waiting for 2 cuda devices (1 free); 1
-    held by job 17 of project vision, not preemptible"."""
+    held by job 17 of project vision, not preemptible; cuda:1 held by replica 0 (v2) of deployment
+    topics (gpuforge undeploy topics frees it)"."""
+    names = limits.names
     where = "".join(f" {k}={v}" for k, v in job.placement)
     head = f"{HELD} for {job.devices} {job.device_type}{where} device(s) ({len(free_now)} free)"
     if victims:
         return head + "; preempting job(s) " + ", ".join(str(v.id) for v in victims)
-    parts: dict[int, str] = {}
+    parts: dict[int | str, str] = {}  # job id or deployment name -> what it holds
     for d in candidates:
         r = holders.get(d)
         if r is None or r.id in parts:
@@ -413,6 +416,13 @@ def _waiting_reason(
             note = "preemptible"
         held = sum(1 for x in r.device_ids if x in candidates)
         parts[r.id] = f"{held} held by job {r.id}{of}, {note}"
+    by_replicas: dict[str, list[str]] = {}  # deployment -> what its replicas hold here
+    for d in candidates:
+        if d not in holders and d in limits.replicas:
+            replica, name = limits.replicas[d].rsplit(" of deployment ", 1)
+            by_replicas.setdefault(name, []).append(f"{d} held by {replica} of deployment {name}")
+    for name, held in by_replicas.items():
+        parts[name] = "; ".join(held) + f" (`gpuforge undeploy {name}` frees it)"
     shown = list(parts.values())[:3]
     more = f"; and {len(parts) - 3} more" if len(parts) > 3 else ""
     return head + ("; " + "; ".join(shown) if shown else "") + more

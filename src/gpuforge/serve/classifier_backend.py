@@ -32,7 +32,9 @@ from gpuforge.policy import Policy
 from gpuforge.serve.adapters import OWN, AdapterConflict, Adapters, check_adapters
 from gpuforge.serve.batcher import Batcher, BatchStats, QueueFull
 from gpuforge.serve.endpoint import AdapterAdd, AdapterList, Info, LoadState, PredictRequest, freeze_garbage
+from gpuforge.serve.generator_backend import COMPLETION_PATHS
 from gpuforge.serve.metrics import ServeMetrics
+from gpuforge.serve.openai_api import error_response
 from gpuforge.serve.options import ServeOptions
 from gpuforge.serve.predict import InputError, Predictor, load_predictor
 from gpuforge.serve.profile import MAX_SECONDS, ServeProfile
@@ -66,6 +68,17 @@ class ClassifierBackend:
             "/admin/adapters/{name}", self.remove_adapter, methods=["DELETE"], response_model=AdapterList
         )
         app.add_api_route("/admin/profile", self.record_profile, methods=["POST"])
+        for path in sorted(COMPLETION_PATHS):  # a client that took this for a causal LM: told what it is
+            app.add_api_route(path, self.no_completions, methods=["POST"], include_in_schema=False)
+
+    def no_completions(self) -> JSONResponse:
+        """404 on the completion routes, in the shape OpenAI clients read, saying what to call instead."""
+        task = self.predictor.task if self.predictor is not None else "a classification task"
+        return error_response(
+            status.HTTP_404_NOT_FOUND,
+            f"this model is a classifier ({task}), not a causal LM: it completes no text; POST /predict "
+            '{"inputs": ["some text"]} for its labels',
+        )
 
     async def record_profile(
         self, seconds: Annotated[float, Query(gt=0, le=MAX_SECONDS, description="the window")] = 5.0

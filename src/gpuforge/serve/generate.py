@@ -518,12 +518,18 @@ class GenerationEngine:
         return seq.cancelled
 
     def _detokenize(self, seq: _Sequence, flush: bool = False) -> str:
-        """The text the newest tokens add; held back while it ends inside a multi-byte character."""
+        """The text the newest tokens add; held back while it ends inside a multi-byte character (never sent
+        as U+FFFD: at the end, bytes that make no whole character are left out)."""
         with self._tokenizer_lock:
             before = self.tokenizer.decode(
                 seq.ids[seq.prefix_offset : seq.read_offset], skip_special_tokens=True
             )
             after = self.tokenizer.decode(seq.ids[seq.prefix_offset :], skip_special_tokens=True)
+        held = after[len(before) :]
+        if flush and held.endswith("\ufffd") and not held[:-1].endswith("\ufffd"):
+            # the answer ends inside a character: no token will complete its first bytes, so none is sent
+            # (a run of them is bytes that are no UTF-8 at all: shown, as decode() shows them)
+            after = after[:-1]
         if len(after) > len(before) and (flush or not after.endswith("\ufffd")):
             seq.prefix_offset, seq.read_offset = seq.read_offset, len(seq.ids)
             return after[len(before) :]

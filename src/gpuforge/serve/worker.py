@@ -5,7 +5,8 @@
     app = create_worker(Path("runs/<id>/model"), ServeOptions(max_batch=8))   # in process (tests)
 
     POST /predict   {"inputs": ["great film", ...]}  ->  {"model", "outputs": [{"label", "score", "scores"}]}
-    POST /v1/completions, /v1/chat/completions     a causal LM instead (serve/openai_api.py)
+    POST /v1/completions, /v1/chat/completions     a causal LM instead (serve/openai_api.py); a
+                    classifier answers them 404, saying it is one and to POST /predict
     GET  /info      what is served (task, labels or context length, precision, batching, adapters, and
                     with --eval-at-load the eval metric as served, measured before /readyz turns 200)
     POST /admin/adapters, DELETE /admin/adapters/{name}   LoRA adapters added to a running classifier or

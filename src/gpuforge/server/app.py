@@ -23,6 +23,7 @@ from sqlalchemy import func, select, text
 
 from gpuforge.dashboard.pages import add_pages
 from gpuforge.errors import GpuforgeError
+from gpuforge.runtime.host import port_range
 from gpuforge.scheduler.allocator import cluster_inventory, inventory, parse_labels, with_labels
 from gpuforge.scheduler.loop import Scheduler
 from gpuforge.scheduler.worker_keys import load_secret
@@ -52,6 +53,7 @@ UPLOADS_PREFIX = uploads.router.prefix + "/"
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    replica_ports = port_range(settings.replica_ports)  # a bad range stops the server before it starts
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -76,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # a Slurm partition's nodes come and go (drained, down, added): read again while serving
             devices_source=(lambda: devices_of(settings)) if settings.executor == "slurm" else None,
             holding_source=holding_source(settings),
+            replica_ports=replica_ports,
         )
         if settings.schedule:
             app.state.scheduler.start()

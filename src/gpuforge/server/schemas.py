@@ -96,6 +96,11 @@ class EventPublic(BaseModel):
 class JobSpecPublic(BaseModel):
     yaml: str = Field(description="the resolved spec, as the run directory stores it")
     spec: dict[str, Any]
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="{server path: the user's name for it} of the uploads the spec names: a page shows the "
+        "name, not the upload's hash",
+    )
 
 
 class Series(BaseModel):
@@ -123,7 +128,9 @@ class JobResume(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     budget_usd: float | None = Field(
-        None, gt=0, description="the new cost.budget_usd, above what the job has spent; null: no budget"
+        None,
+        gt=0,
+        description="a new cost.budget_usd above what the job has spent; null: no budget; left out: its own",
     )
 
 
@@ -284,13 +291,19 @@ class ReplicaPublic(BaseModel):
     device: str | None = None
     ready: bool = False
     draining: bool = False
-    restarts: int = 0
+    restarts: int = Field(0, description="times its process was started again (0: not yet, or once)")
     adapters: list[str] = Field(default_factory=list)
+    waiting: str | None = Field(None, description="why it has not started: no device free, who holds each")
 
     @field_validator("draining", mode="before")
     @classmethod
     def _since(cls, value: Any) -> bool:
         return value is not None and value is not False  # the loop keeps when it was drained
+
+    @field_validator("restarts", mode="before")
+    @classmethod
+    def _started_again(cls, value: Any) -> int:
+        return max(0, value or 0)  # the loop counts -1 for a replica never started yet
 
 
 class DeploymentPublic(BaseModel):
@@ -313,6 +326,7 @@ class DeploymentPublic(BaseModel):
     state: str
     reason: str | None
     url: str = Field("", description="where clients send requests: POST {url}/predict")
+    note: str | None = Field(None, description="at deploy: the queue loses every device of its kind")
     workers: list[ReplicaPublic]
     options: dict[str, Any]
     created_at: datetime
@@ -378,8 +392,11 @@ class DevicePublic(BaseModel):
     held_by: str | None = Field(description="job, replica, or null when free")
     job: dict[str, Any] | None = Field(description="{id, name, owner} when the key may see that job")
     deployment: dict[str, Any] | None = Field(description="{name, replica} when the key may see it")
-    busy_s_last_hour: float
-    busy_seconds: float = Field(description="since the server first counted it")
+    busy_s_last_hour: float = Field(description="held by a job or a replica in the last 60 minutes")
+    busy_seconds: float = Field(description="in all, since the ledger first charged time on it")
+    usd_per_hour: float | None = Field(None, description="its price an hour; null: no price set")
+    price_source: str | None = Field(None, description="where the price comes from: prices.yaml, the catalog")
+    set_price: str | None = Field(None, description="when no price is set: the command that sets one")
 
 
 class CostGroup(BaseModel):
@@ -392,6 +409,19 @@ class CostGroup(BaseModel):
     device_hours: float
     jobs: int = Field(description="jobs that ran in it")
     deployments: int = Field(description="deployments whose replicas ran in it")
+    unpriced: int = Field(0, description="of those, how many ran with no price set (none of usd is theirs)")
+
+
+class UnpricedSubject(BaseModel):
+    """A job or deployment that ran with no price set: its time is in the ledger, at a rate of 0."""
+
+    subject: str = Field(description="job:12 | deployment:3")
+    kind: str
+    id: int
+    name: str | None
+    device_type: str
+    device_hours: float
+    set_price: str = Field(description="the command that prices its kind of device")
 
 
 class CostsPublic(BaseModel):
@@ -405,3 +435,25 @@ class CostsPublic(BaseModel):
     rows: list[CostGroup] = Field(description="one a day and key that spent (the dashboard's table)")
     total_usd: float
     total_device_hours: float
+    unpriced: list[UnpricedSubject] = Field(
+        default_factory=list, description="jobs and deployments that ran with no price set: not $0, unknown"
+    )
+    set_price: list[str] = Field(default_factory=list, description="the commands that would price them")
+
+
+class DevicePricePublic(BaseModel):
+    id: str
+    kind: str
+    name: str
+    usd_per_hour: float | None = Field(description="null: no price set")
+    source: str | None = Field(description="prices.yaml's entry or the device catalog's model")
+    set_price: str | None = Field(description="when no price is set: the command that sets one")
+
+
+class PricesPublic(BaseModel):
+    """The server's prices (GET /api/v1/prices)."""
+
+    devices: list[DevicePricePublic]
+    entries: dict[str, dict[str, Any]] | None = Field(
+        description="the server's prices.yaml with each entry's parts; for an admin key alone"
+    )

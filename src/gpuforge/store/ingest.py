@@ -50,6 +50,8 @@ FIGURES: dict[str, tuple[type, float, float]] = {
     "mfu": (float, 0, 1),  # a fraction of the device's measured peak
     "eta_s": (float, 0, math.inf),
 }
+# the events that say how many steps a job has: the engine's `started`, a script's track.total_steps()
+TOTAL_EVENTS = ("started", "total_steps")
 
 
 @dataclass
@@ -161,7 +163,7 @@ def _event(record: dict[str, Any]) -> tuple[str, float, dict[str, Any]] | str:
         return "`reason` is not text"
     if reason is not None:
         record["reason"] = reason[:MAX_REASON]
-    if kind == "started" and "total_steps" in record:
+    if kind in TOTAL_EVENTS and "total_steps" in record:
         if record["total_steps"] is not None and _number(record["total_steps"], int, 1, INT_LIMIT) is None:
             return "`total_steps` is not a count of steps"
     return kind, ts, record
@@ -224,7 +226,7 @@ def ingest(s: Session, job: Job) -> list[Event]:
             continue
         kind, ts, data = found
         new.append(_new_event(job, ts, kind, data))
-        if kind == "started" and data.get("total_steps"):
+        if kind in TOTAL_EVENTS and data.get("total_steps"):
             job.total_steps = data["total_steps"]
     new += unreadable.events()
     job.events_offset, job.events_lines = events.offset, events.line_count
@@ -234,16 +236,17 @@ def ingest(s: Session, job: Job) -> list[Event]:
     unreadable = _Unreadable(job, "metrics.jsonl", now)
     if metrics.refused:
         unreadable.add(job.metrics_lines + 1, metrics.refused)
-    latest: dict[str, float | int] | None = None
+    # each figure's last value: a script may log its loss and its eval on lines of their own, and a line
+    # without a loss must not leave an older line's loss standing for this look's last step
+    latest: dict[str, float | int] = {}
     for number, line in metrics.lines:
         figures = _figures(line) if isinstance(line, dict) else line
         if isinstance(figures, str):
             unreadable.add(number, figures)
         else:
-            latest = figures
-    if latest is not None:
-        for key, value in latest.items():
-            setattr(job, key, value)
+            latest.update(figures)
+    for key, value in latest.items():
+        setattr(job, key, value)
     told = unreadable.events()
     job.metrics_offset, job.metrics_lines = metrics.offset, metrics.line_count
     s.add_all(told)

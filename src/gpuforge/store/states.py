@@ -18,7 +18,7 @@ Jobs (the API submits them `queued`):
     running  --preempt-->          preempted (stopped for a job of higher priority: back in the queue,
                                               resumed from its checkpoint at its turn)
     running  --pause-->            paused    (its project's budget spent, or its max_time run)
-    paused   --resume-->           queued
+    paused | cancelled --resume--> queued    (from its last checkpoint: a cancelled one must have one)
 
 The queue is queued and preempted jobs (QUEUE_JOB_STATES): a preempted job waits like a queued one and
 only says what happened to it.
@@ -235,11 +235,16 @@ def cancel(s: Session, job_id: int, reason: str) -> bool:
     return _move_job(s, job_id, _RUNNING, cancel_requested=True, reason=reason)  # claimed since it was read
 
 
-def resume(s: Session, job_id: int, spec_yaml: str, reason: str) -> bool:
-    """paused → queued with `spec_yaml` (its new budget) and all its restarts again."""
+def resume(s: Session, job_id: int, spec_yaml: str, reason: str, seen: JobState = JobState.PAUSED) -> bool:
+    """paused or cancelled (`seen`: the state the one who resumes it read) → queued with `spec_yaml` (its
+    new budget) and all its restarts again; it goes on from its last checkpoint. A job cancelled since it
+    was read paused stays cancelled: a resume never undoes a cancel it did not see."""
+    if seen not in (JobState.PAUSED, JobState.CANCELLED):
+        raise ValueError(f"{seen}: only a paused or cancelled job resumes")
     return _move_job(
-        s, job_id, _PAUSED, state=JobState.QUEUED, spec_yaml=spec_yaml, restarts=0, reason=reason
-    )
+        s, job_id, (seen,), state=JobState.QUEUED, spec_yaml=spec_yaml, restarts=0, reason=reason,
+        finished_at=None, cancel_requested=False,
+    )  # fmt: skip
 
 
 # --- deployments ---

@@ -120,7 +120,8 @@ export function costChart(div, days, totals) {
   const x = days.map((d) => Date.parse(`${d}T00:00:00Z`) / 1000);
   const opts = {
     title: "spend per day",
-    scales: { x: { time: true } },
+    // half a day either side: a bar is centred on its day, so the first and the last are drawn whole
+    scales: { x: { time: true, range: (u, lo, hi) => [(lo ?? hi) - 43200, (hi ?? lo) + 43200] } },
     series: [
       { label: "day", value: (u, v) => (v === null || v === undefined ? "—" : new Date(v * 1000).toISOString().slice(0, 10)) },
       {

@@ -1,6 +1,8 @@
 // Costs (/costs): spend per key per day over a period (the last 30 days unless the URL says otherwise),
 // from the server's cost ledger (charged minute by minute as jobs and replicas run), as a table with
-// totals and a bar a day; a cell's title gives its jobs and device time.
+// totals and a bar a day; a cell's title gives its jobs and device time. The table lists the days that spent
+// (the chart shows the whole period); time nobody priced reads "no price set", with the command that sets
+// one, never $0.
 
 import { api, onLeave, SignedOut } from "/static/app.js";
 import { costChart } from "/static/charts.js";
@@ -43,12 +45,19 @@ export async function render(root, { params }) {
       return;
     }
     error.textContent = "";
-    const { keys = [], days = [], rows = [], total_usd: total, total_device_hours: hours } = answer.data;
+    const { keys = [], days = [], rows = [], total_usd: total, total_device_hours: hours, unpriced = [], set_price: setPrice = [] } = answer.data;
     const cell = new Map(rows.map((r) => [`${r.day}\n${r.key}`, r]));
     const dayTotal = (day) => keys.reduce((n, k) => n + (cell.get(`${day}\n${k}`)?.usd ?? 0), 0);
     const keyTotal = (key) => rows.filter((r) => r.key === key).reduce((n, r) => n + (r.usd ?? 0), 0);
     const ran = (r) => [r.jobs && `${r.jobs} job${r.jobs === 1 ? "" : "s"}`, r.deployments && `${r.deployments} deployment${r.deployments === 1 ? "" : "s"}`, `${f.duration(r.device_hours * 3600)} of device time`].filter(Boolean).join(", ");
-    const money = (r) => el("td", { class: "num", text: r?.usd ? f.dollars(r.usd) : "—", title: r ? ran(r) : null });
+    const usdText = (usd, unpricedCount) => {
+      if (!unpricedCount) return usd ? f.dollars(usd) : "—";
+      return usd ? `${f.dollars(usd)} + ${unpricedCount} unpriced` : "no price set";
+    };
+    const money = (r) => el("td", { class: r?.unpriced ? "num no-price" : "num", text: r ? usdText(r.usd, r.unpriced) : "—", title: r ? ran(r) : null });
+    const dayUnpriced = (day) => keys.reduce((n, k) => n + (cell.get(`${day}\n${k}`)?.unpriced ?? 0), 0);
+    const keyUnpriced = (key) => rows.filter((r) => r.key === key).reduce((n, r) => n + (r.unpriced ?? 0), 0);
+    const spentDays = days.filter((day) => keys.some((k) => cell.has(`${day}\n${k}`)));
 
     const table = el(
       "table",
@@ -58,27 +67,28 @@ export async function render(root, { params }) {
         "tbody",
         {},
         // newest first: today's spend is what a reader looks for (the chart keeps time left to right)
-        [...days].reverse().map((day) =>
+        [...spentDays].reverse().map((day) =>
           el(
             "tr",
             { "data-day": day },
             el("th", { scope: "row", text: day }),
             keys.map((k) => money(cell.get(`${day}\n${k}`))),
-            el("td", { class: "num total", text: dayTotal(day) ? f.dollars(dayTotal(day)) : "—" }),
+            el("td", { class: "num total", text: usdText(dayTotal(day), dayUnpriced(day)) }),
           ),
         ),
       ),
       el(
         "tfoot",
         {},
-        el("tr", { class: "total" }, el("th", { scope: "row", text: "total" }), keys.map((k) => el("td", { class: "num", text: f.dollars(keyTotal(k)) })), el("td", { class: "num", "data-field": "total_usd", text: f.dollars(total ?? keys.reduce((n, k) => n + keyTotal(k), 0)) })),
+        el("tr", { class: "total" }, el("th", { scope: "row", text: "total" }), keys.map((k) => el("td", { class: "num", text: usdText(keyTotal(k), keyUnpriced(k)) })), el("td", { class: "num", "data-field": "total_usd", text: usdText(total ?? keys.reduce((n, k) => n + keyTotal(k), 0), unpriced.length) })),
       ),
     );
     const div = el("div", { class: "chart wide", "data-metric": "costs", "data-points": days.length });
     fill(out,
       keys.length ? el("p", { class: "muted", "data-field": "total_device_hours", text: `${f.duration((hours ?? 0) * 3600)} of device time in all` }) : el("p", { class: "muted", text: "nothing spent in this period" }),
+      unpriced.length ? notPriced(unpriced, setPrice) : null,
       days.length ? el("div", { class: "charts" }, div) : null,
-      el("div", { class: "table-wrap" }, table),
+      spentDays.length ? el("div", { class: "table-wrap" }, table) : null,
     );
     if (days.length) chart = costChart(div, days, days.map(dayTotal));
   }
@@ -90,4 +100,15 @@ export async function render(root, { params }) {
     });
   });
   await load();
+}
+
+// What ran with no price set: its time is counted, its dollars are not known (not $0); and how to price it.
+function notPriced(unpriced, commands) {
+  const what = unpriced.map((u) => `${u.kind} ${u.id}${u.name ? ` ${u.name}` : ""} (${f.duration(u.device_hours * 3600)} on ${u.device_type})`);
+  return el(
+    "div",
+    { class: "no-price", id: "no-price", role: "note" },
+    el("p", { text: `No price set for ${what.join(", ")}: not costed, so the dollars here leave them out.` }),
+    el("p", {}, "Set one with ", ...commands.flatMap((c, i) => [i ? " or " : "", el("code", { text: c })])),
+  );
 }

@@ -15,8 +15,8 @@ export async function render(root) {
     el(
       "thead",
       {},
-      el("tr", {}, ["name", "state", "job", "replicas ready", "req/s", "p50 / p99 ms", "refused", "actions"].map((h, i) =>
-          el("th", { text: h, class: i >= 3 && i <= 6 ? "num" : null }),
+      el("tr", {}, ["name", "version", "state", "job", "replicas ready", "req/s", "p50 / p99 ms", "refused", "actions"].map((h, i) =>
+          el("th", { text: h, class: i >= 4 && i <= 7 ? "num" : null }),
         )),
     ),
     el("tbody"),
@@ -78,6 +78,7 @@ export async function render(root) {
       "tr",
       { "data-deployment": d.name },
       td("name"),
+      td("version"),
       td("state"),
       td("job"),
       td("replicas", "num"),
@@ -93,6 +94,7 @@ export async function render(root) {
     const { cells } = row;
     setText(cells.name, d.name);
     cells.name.title = d.model_dir ?? "";
+    setText(cells.version, versionText(d));
     const ready = (d.workers || []).filter((w) => w.ready).length;
     setText(cells.replicas, `${ready}/${d.replicas}`);
     const replicas = stats?.replicas ?? [];
@@ -104,12 +106,15 @@ export async function render(root) {
     setText(cells.requests_per_s, f.num(sum("requests_per_s")));
     setText(cells.latency, `${f.num(worst("p50_ms"))} / ${f.num(worst("p99_ms"))}`);
     setText(cells.refused, f.num(sum("refused")));
-    if (row.state !== d.state || row.reason !== d.reason) {
-      cells.state.replaceChildren(badge(d.state), d.reason ? el("div", { class: "reason", text: d.reason }) : "");
+    // a replica with no device free says who holds each one: shown where the deployment's reason would be
+    const waiting = (d.workers || []).map((w) => w.waiting).find(Boolean);
+    const why = d.reason || (waiting ? `replica waiting: ${waiting}` : null);
+    if (row.state !== d.state || row.reason !== why) {
+      cells.state.replaceChildren(badge(d.state), why ? el("div", { class: "reason", text: why }) : "");
       cells.job.replaceChildren(d.job_id ? el("a", { href: `/jobs/${d.job_id}`, text: `job ${d.job_id}` }) : "—");
       drawActions(cells.actions, d);
       row.state = d.state;
-      row.reason = d.reason;
+      row.reason = why;
     }
   }
 
@@ -187,7 +192,7 @@ function tryForm() {
     out.textContent = "…";
     try {
       const answer = await api(`/api/v1/deployments/${encodeURIComponent(pick.value)}/predict`, { method: "POST", body });
-      out.textContent = answer.ok ? JSON.stringify(answer.data, null, 2) : `${answer.status}: ${detailText(answer)}`;
+      out.textContent = answer.ok ? JSON.stringify(answer.data, rounded, 2) : `${answer.status}: ${detailText(answer)}`;
     } catch (err) {
       if (!(err instanceof SignedOut)) out.textContent = `cannot reach the server (${err.message})`;
     } finally {
@@ -195,6 +200,17 @@ function tryForm() {
     }
   });
   return { form, offer };
+}
+
+// The version serving, and the one rolling out beside it: "v2", "v2 (v3 rolling out)".
+function versionText(d) {
+  if (d.version == null) return "—";
+  return d.rolling_version != null ? `v${d.version} (v${d.rolling_version} rolling out)` : `v${d.version}`;
+}
+
+// A JSON.stringify replacer: a score reads 0.9731, not 0.97312045097351074.
+function rounded(key, value) {
+  return typeof value === "number" && !Number.isInteger(value) ? Number(value.toPrecision(4)) : value;
 }
 
 // Lines → {"inputs": [lines]}; a JSON list → {"inputs": list}; a JSON object → the request as it is.

@@ -1,4 +1,6 @@
-// Devices (/devices): each device, who holds it, how busy it was in the last hour, its memory. Polled.
+// Devices (/devices): each device, who holds it, how busy it was in the last hour and in all (the server's
+// ledger: jobs and replicas alike), what it costs an hour (or "no price set" and the command), its memory.
+// Polled.
 
 import { api, poll } from "/static/app.js";
 import { detailText, el } from "/static/dom.js";
@@ -10,7 +12,7 @@ export async function render(root) {
   const table = el(
     "table",
     { id: "devices" },
-    el("thead", {}, el("tr", {}, ["id", "kind", "name", "held by", "busy, last hour", "memory used / total"].map((h) => el("th", { text: h })))),
+    el("thead", {}, el("tr", {}, ["id", "kind", "name", "held by", "busy, last hour", "busy in all", "price an hour", "memory used / total"].map((h) => el("th", { text: h })))),
     el("tbody"),
   );
   const error = el("p", { class: "error", role: "alert" });
@@ -40,6 +42,8 @@ export async function render(root) {
         el("td", { "data-field": "name", text: d.name ?? "—" }),
         el("td", { "data-field": "holder" }, holder(d)),
         el("td", { "data-field": "busy" }, busy(d.busy_s_last_hour)),
+        el("td", { "data-field": "busy_in_all", class: "num", text: f.duration(d.busy_seconds ?? 0) }),
+        el("td", { "data-field": "price" }, price(d)),
         el("td", { "data-field": "memory", class: "num", text: memory(d) }),
       );
     });
@@ -78,6 +82,14 @@ function busy(seconds) {
     el("span", { class: "bar", role: "img", "aria-label": `${Math.round(share * 100)}% busy` }, fill),
     ` ${Math.round(share * 100)}% · ${(seconds / 60).toFixed(seconds < 600 ? 1 : 0)} min`,
   );
+}
+
+// What it costs an hour, and from where; unpriced: said so, with the command that prices it, never $0.
+function price(d) {
+  if (d.usd_per_hour == null) {
+    return el("span", { class: "no-price", title: d.set_price ?? "" }, "no price set", d.set_price ? el("code", { class: "muted", text: ` ${d.set_price}` }) : "");
+  }
+  return el("span", { title: d.price_source ?? "" }, f.dollars(d.usd_per_hour));
 }
 
 function memory(d) {

@@ -11,6 +11,12 @@ export function num(x) {
   return n.toLocaleString("en-US", { maximumFractionDigits: digits, minimumFractionDigits: digits });
 }
 
+// A job's progress: "37/400", or "37" where it declared no total (a script job may not).
+export function steps(step, total) {
+  if (step == null && total == null) return NONE;
+  return total == null ? `${step}` : `${step ?? 0}/${total}`;
+}
+
 // A loss or metric: 4 significant digits, exponent form when far from 1.
 export function sig4(x) {
   if (!known(x)) return NONE;
@@ -78,7 +84,7 @@ export function byKey(key, value) {
   if (value === null || value === undefined) return NONE;
   if (typeof value === "boolean") return value ? "yes" : "no";
   if (typeof value !== "number") return typeof value === "string" ? value : JSON.stringify(value);
-  if (/(^|_)bytes$|bytes_|_mem/.test(key)) return bytes(value);
+  if (/(^|_)bytes($|[._])|_mem/.test(key)) return bytes(value); // process_state_bytes.params too
   if (/usd/.test(key)) return dollars(value);
   if (/(^|\.)mfu$|_frac$/.test(key)) return pct(value);
   if (/(^|_)s$/.test(key) && !/per_s$/.test(key)) return value >= 60 ? duration(value) : `${sig4(value)} s`;

@@ -4,7 +4,7 @@
 
 import { api, jobEnded, onLeave, poll } from "/static/app.js";
 import { chartedMetrics, lineChart, reportChart } from "/static/charts.js";
-import { badge, detailText, el, notFound, setText } from "/static/dom.js";
+import { badge, detailText, el, setText } from "/static/dom.js";
 import * as f from "/static/format.js";
 import { profileSection } from "/static/profile.js";
 
@@ -14,7 +14,7 @@ const REPORTED = "as the job reports it (range-checked), not measured by the ser
 
 export async function render(root, { id }) {
   const first = await api(`/api/v1/jobs/${id}`);
-  if (first.status === 404 || first.status === 422) return notFound(root); // 422: an id past int32
+  if (first.status === 404 || first.status === 422) return noJob(root, id); // 422: an id past int32
   if (!first.ok) {
     root.replaceChildren(el("p", { class: "error", text: detailText(first) }));
     return;
@@ -54,6 +54,8 @@ export async function render(root, { id }) {
   let lastState = null;
   let report = null; // {chart} while drawn
   let script = false; // a script job (kind: script): every figure it logs is charted
+  let files = {}; // {server path: the user's name} of its uploads: the spec and summary show the name
+  let charged = null; // the ledger's cost: the summary's cost row shows this one number, as the header does
   onLeave(() => {
     for (const c of charts.values()) c.chart.destroy();
     report?.chart.destroy();
@@ -66,7 +68,7 @@ export async function render(root, { id }) {
   async function refresh() {
     const answer = await api(`/api/v1/jobs/${id}`);
     if (answer.status === 404) {
-      notFound(root); // deleted, or no longer this key's to see
+      noJob(root, id); // deleted, or no longer this key's to see
       return false;
     }
     if (!answer.ok) throw new Error(detailText(answer));
@@ -81,6 +83,9 @@ export async function render(root, { id }) {
   }
 
   function drawHead(job) {
+    charged = job.cost_usd;
+    const costCell = summary.querySelector("tr[data-key=cost_usd] td");
+    if (costCell && charged != null) setText(costCell, f.dollars(charged));
     setText(title, job.name);
     document.title = `${job.name} · gpuforge`;
     const owner = job.owner && typeof job.owner === "object" ? job.owner.name : job.owner;
@@ -88,7 +93,7 @@ export async function render(root, { id }) {
       ["state", badge(job.state)],
       ["owner", owner ?? "—"],
       ["devices", job.devices || (job.devices_wanted ? `${job.devices_wanted} × ${job.device_type}` : "—")],
-      ["step", job.step == null && job.total_steps == null ? "—" : `${job.step ?? 0}/${job.total_steps ?? "?"}`],
+      ["step", f.steps(job.step, job.total_steps)],
       ["loss", f.sig4(job.loss), REPORTED],
       ["cost", f.dollars(job.cost_usd), "charged by the server's ledger"],
       ["ETA", jobEnded(job.state) ? "—" : f.duration(job.eta_s), REPORTED],
@@ -165,7 +170,8 @@ export async function render(root, { id }) {
 
   async function loadSpec() {
     const answer = await api(`/api/v1/jobs/${id}/spec`);
-    spec.textContent = answer.ok ? answer.data.yaml : detailText(answer);
+    files = (answer.ok && answer.data.files) || {};
+    spec.textContent = answer.ok ? inUsersNames(answer.data.yaml, files) : detailText(answer);
     script = answer.ok && answer.data.spec?.kind === "script";
   }
 
@@ -174,9 +180,14 @@ export async function render(root, { id }) {
     if (answer.status === 404) {
       summary.replaceChildren(el("p", { class: "muted", text: "no summary yet" }));
     } else if (answer.ok) {
-      const rows = flatten(answer.data).map(([k, v]) =>
-        el("tr", { "data-key": k }, el("th", { scope: "row", text: k }), el("td", { text: f.byKey(k, v), title: v === null ? "" : typeof v === "object" ? JSON.stringify(v) : String(v) })),
-      );
+      const rows = flatten(answer.data).map(([k, raw]) => {
+        const v = typeof raw === "string" ? inUsersNames(raw, files) : raw;
+        // the run's own cost differs from the ledger's in the last digit: one figure, the ledger's
+        const shown = k === "cost_usd" && charged != null ? f.dollars(charged) : f.byKey(k, v);
+        const exact = v === null ? "" : typeof v === "object" ? JSON.stringify(v) : String(v);
+        const title = k === "cost_usd" && charged != null ? "charged by the server's ledger" : exact;
+        return el("tr", { "data-key": k }, el("th", { scope: "row", text: k }), el("td", { text: shown, title }));
+      });
       summary.replaceChildren(el("table", { class: "kv" }, el("tbody", {}, rows)));
     }
   }
@@ -257,6 +268,21 @@ function flatten(obj, prefix = "") {
       ? flatten(v, `${prefix}${k}.`)
       : [[`${prefix}${k}`, v]],
   );
+}
+
+// `text` with each upload's server path (<home>/uploads/<sha256>.py) in the name the user's client gave it.
+function inUsersNames(text, files) {
+  const longestFirst = Object.entries(files).sort(([a], [b]) => b.length - a.length);
+  return longestFirst.reduce((t, [server, name]) => t.split(server).join(name), String(text));
+}
+
+// The page of a job that is not there (or not this key's to see): which one, and the way back.
+function noJob(root, id) {
+  root.replaceChildren(
+    el("p", { class: "crumbs" }, el("a", { href: "/", text: "Jobs" }), ` / job ${id}`),
+    el("p", { id: "not-found" }, `no job ${id} (or not one this key may see) · `, el("a", { href: "/", text: "back to the jobs" })),
+  );
+  document.title = `no job ${id} · gpuforge`;
 }
 
 // Whether a scrolled box shows its end (then new lines keep it there).

@@ -15,7 +15,7 @@ const FIELDS = {
   project: (j) => j.project ?? "—",
   queue: (j) => (j.queue_position ? `#${j.queue_position}` : "—"), // its place: 1 starts next
   devices: (j) => j.devices || (j.devices_wanted ? `${j.devices_wanted} × ${j.device_type}` : "—"),
-  step: (j) => (j.step == null && j.total_steps == null ? "—" : `${j.step ?? 0}/${j.total_steps ?? "?"}`),
+  step: (j) => f.steps(j.step, j.total_steps),
   loss: (j) => f.sig4(j.loss),
   samples_per_s: (j) => f.num(j.samples_per_s),
   mfu: (j) => f.pct(j.mfu),
@@ -323,6 +323,16 @@ export async function render(root, { me, params }) {
   const list = poll(refresh);
 }
 
+// A file the spec names that lies on the user's machine, not under the server's data roots: this page
+// sends the spec's text alone, while `gpuforge submit` uploads the files a spec names.
+const OUTSIDE_ROOTS = /is outside the server's data roots/;
+const UPLOAD_HINT =
+  "A file on your own machine? Submit this spec with `gpuforge submit SPEC.yaml`: it uploads the files " +
+  "the spec names (this page sends the spec's text alone). Or name a file under one of those roots.";
+function withHint(message) {
+  return OUTSIDE_ROOTS.test(message) ? `${message}\n\n${UPLOAD_HINT}` : message;
+}
+
 // The submit form: a spec pasted, or read from a file into the same box; the API's refusal beside it.
 function submitForm(submitted) {
   const spec = el("textarea", {
@@ -358,7 +368,7 @@ function submitForm(submitted) {
         done.replaceChildren("queued ", el("a", { href: `/jobs/${answer.data.id}`, text: `job ${answer.data.id}` }));
         submitted();
       } else {
-        error.textContent = detailText(answer); // 422 (the spec), 413 (too large), 429 (quota)
+        error.textContent = withHint(detailText(answer)); // 422 (the spec), 413 (too large), 429 (quota)
       }
     } catch (err) {
       if (!(err instanceof SignedOut)) error.textContent = `cannot reach the server (${err.message})`;

@@ -75,10 +75,10 @@ KEPT_BY_A_NEW_VERSION = (
 def public(s, d: Deployment) -> DeploymentPublic:
     """The deployment as the API shows it, with the version it is rolling out, if any: both read in one
     statement, so a rollout that ends between two reads never shows as neither rolling nor served."""
-    rolling = aliased(DeploymentVersion)
+    rolling, ROLLING = aliased(DeploymentVersion), VersionState.ROLLING  # noqa: N806
     row = s.execute(
         select(Deployment, rolling.version)
-        .outerjoin(rolling, (rolling.deployment_id == Deployment.id) & (rolling.state == VersionState.ROLLING))
+        .outerjoin(rolling, (rolling.deployment_id == Deployment.id) & (rolling.state == ROLLING))
         .where(Deployment.id == d.id)
         .order_by(rolling.version.desc())
         .limit(1)
@@ -216,7 +216,15 @@ def _first_version(s, request, key, job, model_dir, body, existing) -> Deploymen
         raise HTTPException(status.HTTP_409_CONFLICT, f"a deployment named {body.name!r} exists") from err
     deployment.worker_key = digest(worker_key(request.app.state.worker_secret, deployment))
     versions.add(s, deployment, job.id, str(model_dir), VersionState.SERVING)
-    return public(s, deployment)
+    shown = public(s, deployment)
+    if high >= have:  # nothing is left for jobs: said now, not found later in a queued job's reason
+        kind = job.device_type
+        more = " (GPUFORGE_CPU_SLOTS)" if kind == "cpu" else ""
+        shown.note = (
+            f"its replicas can take every {kind} device this server has ({have}): {kind} jobs wait while "
+            f"they hold them; `gpuforge undeploy {body.name}` frees them, or start the server with more{more}"
+        )
+    return shown
 
 
 def _next_version(s, deployment: Deployment, job: Job, model_dir: Path, body: DeploymentCreate) -> None:

@@ -21,6 +21,7 @@ from starlette.background import BackgroundTask
 from gpuforge.admission import check_script, check_spec
 from gpuforge.data.columns import check_columns
 from gpuforge.errors import GpuforgeError, ModelError, SpecError
+from gpuforge.launch.shipped import entry_not_sent
 from gpuforge.run_files import log_tail, metrics_page, read_report, series, small_text
 from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
@@ -132,6 +133,8 @@ def _parse_script(spec: ScriptJobSpec, body: JobCreate, request: Request, key: A
     for name in spec.script.files:
         if not any(rel == name or rel.startswith(name.rstrip("/") + "/") for rel in sent):
             raise SpecError(f"script.files: {name} was not sent")
+    if (unsent := entry_not_sent(spec, set(sent))) is not None:  # it would fail at its start, not here
+        raise SpecError(unsent)
     _check_uploads(request, key, [(f"script_files: {rel}", Path(path)) for rel, path in sent.items()])
     return spec
 
@@ -398,26 +401,44 @@ def cancel_job(job_id: JobId, request: Request, key: Key) -> Job:
     return job
 
 
+ONLY_THESE_RESUME = "only a paused or cancelled job resumes"
+
+
 @router.post("/{job_id}/resume", response_model=JobPublic)
 def resume_job(job_id: JobId, body: JobResume, request: Request, key: Key) -> Job:
-    """Queue a paused job again, from its last checkpoint, with a new cost budget (its owner or an admin)."""
+    """Queue a paused job again, or a cancelled one that left a checkpoint, from its last checkpoint (its
+    owner or an admin). `budget_usd` given: its new cost budget (null: none); left out: the one it had."""
     with session(request.app.state.engine) as s:
         job = changeable_job(s, key, job_id)
-        if job.state != JobState.PAUSED:
-            raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}, not paused")
-        spent = job.cost_usd or 0.0
-        if body.budget_usd is not None and body.budget_usd <= spent:
+        if job.state not in (JobState.PAUSED, JobState.CANCELLED):
+            raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}: {ONLY_THESE_RESUME}")
+        if job.state == JobState.CANCELLED and RunDir(job.run_dir).latest_checkpoint() is None:
             raise HTTPException(
-                status.HTTP_422_UNPROCESSABLE_CONTENT,
-                f"budget_usd: {body.budget_usd:g} is not above the ${spent:.4f} job {job_id} has spent",
+                status.HTTP_409_CONFLICT,
+                f"job {job_id} was cancelled before its first checkpoint: nothing to resume from; submit its "
+                f"spec again (`gpuforge submit`; its spec: GET /api/v1/jobs/{job_id}/spec)",
             )
         spec = yaml.safe_load(job.spec_yaml)
-        spec.setdefault("cost", {})["budget_usd"] = body.budget_usd
-        budget = f"${body.budget_usd:g}" if body.budget_usd is not None else "no budget"
-        reason = f"resumed by {key.name} with {budget}"
-        if not states.resume(s, job.id, yaml.safe_dump(spec, sort_keys=False), reason):
-            s.refresh(job)  # cancelled since it was read
-            raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}, not paused")
+        spent = job.cost_usd or 0.0
+        if "budget_usd" in body.model_fields_set:
+            if body.budget_usd is not None and body.budget_usd <= spent:
+                raise HTTPException(
+                    status.HTTP_422_UNPROCESSABLE_CONTENT,
+                    f"budget_usd: {body.budget_usd:g} is not above the ${spent:.4f} job {job_id} has spent",
+                )
+            spec.setdefault("cost", {})["budget_usd"] = body.budget_usd
+        budget = (spec.get("cost") or {}).get("budget_usd")
+        if budget is not None and budget <= spent:
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                f"job {job_id} has spent ${spent:.4f} of its cost.budget_usd {budget:g}: give a higher "
+                "budget_usd (`gpuforge resume ID --budget USD`), or null for none",
+            )
+        said = f"${budget:g}" if budget is not None else "no budget"
+        reason = f"resumed by {key.name} with {said}"
+        if not states.resume(s, job.id, yaml.safe_dump(spec, sort_keys=False), reason, seen=job.state):
+            s.refresh(job)  # resumed or cancelled since it was read
+            raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}: {ONLY_THESE_RESUME}")
     wake_scheduler(request)
     return job
 
@@ -499,8 +520,9 @@ def job_slurm_script(job_id: JobId, request: Request, key: Key) -> PlainTextResp
 def job_spec(job_id: JobId, request: Request, key: Key) -> JobSpecPublic:
     """The resolved spec the job runs (defaults filled in, paths absolute)."""
     with session(request.app.state.engine) as s:
-        text = visible_job(s, key, job_id).spec_yaml
-    return JobSpecPublic(yaml=text, spec=yaml.safe_load(text) or {})
+        job = visible_job(s, key, job_id)
+        text, files = job.spec_yaml, job.files or {}
+    return JobSpecPublic(yaml=text, spec=yaml.safe_load(text) or {}, files=files)
 
 
 @router.get("/{job_id}/series", response_model=Series, responses={304: {"description": "unchanged"}})

@@ -11,14 +11,16 @@ import yaml
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from sqlalchemy import or_, select
 
-from gpuforge.dashboard.compare import finals, parse_ids, spec_diff
+from gpuforge.dashboard.compare import finals, in_users_spec, parse_ids, spec_diff
 from gpuforge.run_files import last_record
 from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
-from gpuforge.server.schemas import Comparison, CostsPublic, DevicePublic, WhoAmI
+from gpuforge.server.pricing import prices_of, server_prices, set_price_command
+from gpuforge.server.schemas import Comparison, CostsPublic, DevicePublic, PricesPublic, WhoAmI
 from gpuforge.server.visibility import may_read
 from gpuforge.store import ledger
 from gpuforge.store.db import session
+from gpuforge.store.device_busy import device_busy
 from gpuforge.store.models import (
     LIVE_DEPLOYMENT_STATES,
     ApiKey,
@@ -31,9 +33,9 @@ from gpuforge.store.models import (
 )
 
 router = APIRouter(prefix="/api/v1", tags=["overview"])
-HOUR = timedelta(hours=1)
 MAX_COST_DAYS = 366  # the costs answer for a year back at most (and for a period of a year at most)
 CostBy = Literal["day", "key", "project"]
+SUBJECTS = {"job": Job, "deployment": Deployment}  # the ledger's subjects, "job:12" | "deployment:3"
 
 
 @router.get("/whoami", response_model=WhoAmI)
@@ -61,7 +63,7 @@ def compare(
             if job is None or not may_read(key, job):
                 raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
         rows = [jobs[i] for i in wanted]
-        specs = [yaml.safe_load(j.spec_yaml) or {} for j in rows]
+        specs = [in_users_spec(yaml.safe_load(j.spec_yaml) or {}, j.files) for j in rows]  # names, not hashes
     return {
         "jobs": [{"id": j.id, "name": j.name, "state": j.state, "owner": j.owner} for j in rows],
         "spec_diff": spec_diff(specs),
@@ -78,33 +80,25 @@ def _latest(job: Job) -> dict[str, Any]:
 
 @router.get("/devices", response_model=list[DevicePublic])
 def devices(request: Request, key: Key) -> list[dict[str, Any]]:
-    """Each device: the job or replica holding it (named where the key may read it), the seconds jobs held
-    it in the last hour (from their start and end times), and the memory its job peaked at where it
-    reports it."""
-    now = utcnow()
+    """Each device this server has now: the job or replica holding it (named where the key may read it),
+    how long it was busy in the last hour and in all (store/device_busy.py: from the cost ledger, which
+    charges jobs and replicas alike), its price an hour or null with the command that sets one, and the
+    memory its job peaked at where it reports it."""
+    inventory = list(request.app.state.devices)
+    prices = prices_of(request.app.state.settings.home, inventory)
     with session(request.app.state.engine) as s:
-        rows = list(s.scalars(select(Device).order_by(Device.kind.desc(), Device.id)))
-        recent = s.scalars(
-            select(Job).where(
-                Job.devices.is_not(None),
-                Job.started_at.is_not(None),
-                or_(Job.finished_at.is_(None), Job.finished_at > now - HOUR),
-            )
-        ).all()
+        holding = dict(s.execute(select(Device.id, Device.job_id).where(Device.job_id.is_not(None))).all())
+        holders = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_(set(holding.values()))))}
         replicas = {
             w["device"]: (d.name, w["index"], may_read(key, d))
             for d in s.scalars(select(Deployment).where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES)))
             for w in d.workers or []
             if w.get("device")
         }
-    busy: dict[str, float] = {}
-    for job in recent:
-        start, end = max(job.started_at, now - HOUR), job.finished_at or now
-        for device_id in (job.devices or "").split(","):
-            busy[device_id] = busy.get(device_id, 0.0) + max(0.0, (end - start).total_seconds())
-    holders = {j.id: j for j in recent}
+        busy = device_busy(s)
     answer = []
-    for device in rows:
+    for device in inventory:
+        price, spent = prices.get(device.id), busy.get(device.id)
         entry = {
             "id": device.id,
             "kind": device.kind,
@@ -114,13 +108,16 @@ def devices(request: Request, key: Key) -> list[dict[str, Any]]:
             "held_by": None,
             "job": None,
             "deployment": None,
-            "busy_s_last_hour": min(busy.get(device.id, 0.0), HOUR.total_seconds()),
-            "busy_seconds": device.busy_seconds or 0.0,
+            "busy_s_last_hour": spent.last_hour_s if spent else 0.0,
+            "busy_seconds": spent.in_all_s if spent else 0.0,
+            "usd_per_hour": price.usd_per_hour if price else None,
+            "price_source": price.source if price else None,
+            "set_price": None if price else set_price_command(device.kind),
         }
-        if device.job_id is not None:
+        job = holders.get(holding.get(device.id))
+        if job is not None:
             entry["held_by"] = "job"
-            job = holders.get(device.job_id)
-            if job is not None and may_read(key, job):
+            if may_read(key, job):
                 entry["job"] = {"id": job.id, "name": job.name, "owner": job.owner}
                 latest = last_record(Path(job.run_dir) / "metrics.jsonl") or {}
                 entry["memory_used_bytes"] = latest.get("peak_mem_bytes")
@@ -130,6 +127,36 @@ def devices(request: Request, key: Key) -> list[dict[str, Any]]:
             entry["deployment"] = {"name": name, "replica": index} if visible else None
         answer.append(entry)
     return answer
+
+
+@router.get("/prices", response_model=PricesPublic)
+def prices(request: Request, key: Key) -> dict[str, Any]:
+    """The server's prices (`gpuforge prices list` against a server): each device's price an hour and
+    where it comes from, or null with the command that sets one; and, for an admin key, the entries of
+    the server's prices.yaml with their parts (what an owned device was bought for is the admin's)."""
+    home = request.app.state.settings.home
+    inventory = list(request.app.state.devices)
+    found = prices_of(home, inventory)
+    entries = None
+    if key.admin:
+        entries = {
+            name: {"usd_per_hour": p.hourly(), "parts": p.parts(), **p.model_dump(exclude_none=True)}
+            for name, p in server_prices(home).items()
+        }
+    return {
+        "devices": [
+            {
+                "id": d.id,
+                "kind": d.kind,
+                "name": d.name,
+                "usd_per_hour": found[d.id].usd_per_hour if found[d.id] else None,
+                "source": found[d.id].source if found[d.id] else None,
+                "set_price": None if found[d.id] else set_price_command(d.kind),
+            }
+            for d in inventory
+        ],
+        "entries": entries,
+    }
 
 
 @router.get("/costs", response_model=CostsPublic)
@@ -183,15 +210,16 @@ def costs(
         spent = ledger.spend(s, start, end, *where)
         key_names = _names(s, ApiKey, {r.key_id for r in spent})
         project_names = _names(s, Project, {r.project_id for r in spent})
+        unpriced = _unpriced(s, spent)
 
     labelled = [
         ({"day": r.day, "key": key_names.get(r.key_id, "?"), "project": project_names.get(r.project_id)}, r)
         for r in spent
     ]
-    groups = _sums(labelled, (by,))
+    groups = _sums(labelled, (by,), {u["subject"] for u in unpriced})
     if by != "day":
         groups.sort(key=lambda g: -g["usd"])  # the biggest spender first; days stay in order
-    rows = _sums(labelled, ("day", "key"))
+    rows = _sums(labelled, ("day", "key"), {u["subject"] for u in unpriced})
     return {
         "since": since_day.isoformat(),
         "until": until_day.isoformat(),
@@ -205,7 +233,42 @@ def costs(
         "rows": rows,
         "total_usd": sum(r.usd for r in spent),
         "total_device_hours": sum(r.device_seconds for r in spent) / 3600.0,
+        "unpriced": unpriced,
+        "set_price": sorted({u["set_price"] for u in unpriced}),
     }
+
+
+def _unpriced(s, spent: list[ledger.Spent]) -> list[dict[str, Any]]:
+    """The jobs and deployments that ran in the period with no price set (the ledger charged their time at
+    a rate of 0: pricing.py), each with its device-hours and the command that prices its kind of device."""
+    usd: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    for r in spent:
+        usd[r.subject] = usd.get(r.subject, 0.0) + r.usd
+        seconds[r.subject] = seconds.get(r.subject, 0.0) + r.device_seconds
+    wanted = sorted(x for x, spent_usd in usd.items() if spent_usd == 0 and seconds[x] > 0)
+    ids = {kind: [int(x.split(":", 1)[1]) for x in wanted if x.startswith(f"{kind}:")] for kind in SUBJECTS}
+    found = {}
+    for kind, table in SUBJECTS.items():
+        if ids[kind]:
+            query = select(table.id, table.name, table.device_type).where(table.id.in_(ids[kind]))
+            found |= {f"{kind}:{i}": (name, device_type) for i, name, device_type in s.execute(query)}
+    answer = []
+    for subject in wanted:
+        name, device_type = found.get(subject, (None, "cpu"))
+        kind, subject_id = subject.split(":", 1)
+        answer.append(
+            {
+                "subject": subject,
+                "kind": kind,
+                "id": int(subject_id),
+                "name": name,
+                "device_type": device_type,
+                "device_hours": seconds[subject] / 3600.0,
+                "set_price": set_price_command(device_type),
+            }
+        )
+    return answer
 
 
 def _day_param(name: str, value: str | None) -> date | None:
@@ -227,9 +290,12 @@ def _names(s, table: type[ApiKey | Project], ids: set[int | None]) -> dict[int, 
     return {row_id: name for row_id, name in rows}
 
 
-def _sums(labelled: list[tuple[dict[str, str | None], ledger.Spent]], fields: tuple[str, ...]) -> list[dict]:
+def _sums(
+    labelled: list[tuple[dict[str, str | None], ledger.Spent]], fields: tuple[str, ...], unpriced: set[str]
+) -> list[dict]:
     """The ledger's daily sums summed again over `fields` (day, key, project), in their order; a job or a
-    deployment counts once in a group however many days it ran."""
+    deployment counts once in a group however many days it ran; `unpriced`: those that ran unpriced, counted
+    apart (their time is in device_hours, nothing in usd)."""
     sums: dict[tuple, tuple[list[float], set[str]]] = {}
     for labels, r in labelled:
         figures, subjects = sums.setdefault(tuple(labels[f] for f in fields), ([0.0, 0.0], set()))
@@ -244,6 +310,7 @@ def _sums(labelled: list[tuple[dict[str, str | None], ledger.Spent]], fields: tu
             "device_hours": seconds / 3600.0,
             "jobs": sum(1 for x in subjects if x.startswith("job:")),
             "deployments": sum(1 for x in subjects if x.startswith("deployment:")),
+            "unpriced": len(subjects & unpriced),
         }
         for group, ((usd, seconds), subjects) in ordered
     ]
