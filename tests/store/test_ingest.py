@@ -122,6 +122,8 @@ def test_a_link_or_a_fifo_is_refused_and_a_long_line_is_skipped_whole(engine, jo
         ("unreadable", "events.jsonl", "a link, not a file gpuforge wrote"),
         ("unreadable", "metrics.jsonl", "not a plain file"),
     ]
+    with session(engine) as s:
+        assert ingest(s, s.get(Job, job_id)) == []  # told once, not at every look
     (run / "events.jsonl").unlink()
     (run / "metrics.jsonl").unlink()
     long = b'{"ts": 1.0, "event": "x", "pad": "' + b"a" * (MAX_LINE + 10)

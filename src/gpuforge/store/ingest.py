@@ -41,6 +41,7 @@ MAX_LINE = 256 * 2**10  # a runner's lines are a few hundred bytes; a longer one
 UNREADABLE_PER_LOOK = 10  # unreadable events a file a look; past it, one event counts the rest
 MAX_KIND = 32  # Event.kind's column
 MAX_REASON = 4000  # characters of an ending's reason kept
+REFUSED = -1  # a file's offset once it was refused (a link, a FIFO) and said so
 INT_LIMIT = 2**31 - 1  # integer columns (step, total_steps) hold no more on PostgreSQL
 # the metrics figures the store keeps (Job columns), each with what a value must be to be shown
 FIGURES: dict[str, tuple[type, float, float]] = {
@@ -80,7 +81,11 @@ def read_new_lines(path: Path, offset: int, lines_before: int) -> _Read:
     and is read again from the top."""
     f, refused = _open_plain(path)
     if f is None:
-        return _Read(offset=offset, line_count=lines_before, refused=refused)
+        if refused is None:
+            return _Read(offset=offset, line_count=lines_before)
+        # said once (its offset marks it told): a link left in place must not add an event every tick
+        return _Read(offset=REFUSED, line_count=lines_before, refused=None if offset == REFUSED else refused)
+    offset = 0 if offset == REFUSED else offset  # a plain file again: read from the top
     with f:
         if os.fstat(f.fileno()).st_size < offset:
             offset, lines_before = 0, 0
