@@ -4,6 +4,7 @@ layer of pyproject.toml, or `lint-imports` would let it import anything and be i
 from __future__ import annotations
 
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,38 @@ def test_the_cli_starts_without_pydantic():
     code = f"import sys, gpuforge.cli\nprint(sorted(m for m in {wanted} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+ARCHITECTURE = PYPROJECT.parent / "docs" / "architecture.md"
+SOURCE = PYPROJECT.parent / "src" / "gpuforge"
+
+
+def _top_level() -> set[str]:
+    return {m.name for m in pkgutil.iter_modules(gpuforge.__path__)}
+
+
+def test_docs_architecture_places_every_top_level_module_in_its_drawing_and_its_table():
+    text = ARCHITECTURE.read_text()
+    drawing = text.split("```\n", 2)[1]  # the first block: the layers
+    table = text.split("## What each package owns", 1)[1].split("\n## ", 1)[0]
+    for name in sorted(_top_level()):
+        is_package = (SOURCE / name).is_dir()
+        assert re.search(rf"(?<![\w/]){re.escape(name)}{'/' if is_package else ''}(?![\w])", drawing), (
+            f"docs/architecture.md's drawing lacks {name}"
+        )
+        if name != "__main__":
+            shown = f"`{name}/`" if is_package else f"`{name}.py`"
+            assert shown in table, f"docs/architecture.md's table lacks {shown}"
+
+
+def test_every_module_docs_architecture_names_exists():
+    """A `path.py` the page names is a file of the project: from its root, from src/gpuforge, or (named
+    in a package's row) within that package."""
+    files = [p.relative_to(SOURCE).as_posix() for p in SOURCE.rglob("*.py")]
+    missing = []
+    for named in sorted(set(re.findall(r"`([\w/.]+\.py)`", ARCHITECTURE.read_text()))):
+        if (PYPROJECT.parent / named).is_file() or (SOURCE / named).is_file():
+            continue
+        if not any(f == named or f.endswith(f"/{named}") for f in files):
+            missing.append(named)
+    assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
