@@ -12,6 +12,7 @@ from rich.console import Console
 
 from gpuforge.compress.report import add_deltas_and_front, add_drift, latency_fields, size_text, table
 from gpuforge.hardware.timing import Timing
+from tests.helpers.output import OWN_LINE
 from tests.helpers.runs import train_text_run as _text_run
 
 
@@ -136,12 +137,15 @@ def test_a_machine_that_slowed_down_during_the_sweep_makes_every_figure_unreliab
     assert [v["name"] for v in rows if v["pareto"]] == ["original", "int4"]  # "faster" no longer counts
     console = Console(width=80, record=True, color_system=None)
     console.print(table(rows))
-    shown = " ".join(console.export_text().split())  # the caption wraps at 80 columns
+    text = console.export_text()
+    shown = " ".join(text.split())  # the caption wraps at 80 columns
     assert "moved ±50%: the machine's load changed" in shown
     assert "6 of 6 latency figures are unreliable" in shown
     assert "original b1 unreliable (spread ±50%), original b32 unreliable (spread ±33%)" in shown
     assert "original 100% 120 KB 120 KB 1 ? 90 ? 0.9000" in shown  # figures with '?', no spread
     assert "120 KB" in shown and "21 KB" in shown and " MB" not in shown  # a small model in KB
+    printed = [line.rstrip() for line in text.splitlines() if line.strip()]
+    assert [line for line in printed if not OWN_LINE.fullmatch(line)] == []  # the caption, as the table's
 
 
 def test_sizes_keep_three_figures_in_their_unit():

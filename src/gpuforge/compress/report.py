@@ -23,7 +23,10 @@ from typing import Any
 
 import torch
 from rich import box
+from rich.console import Group
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 from torch import nn
 
 from gpuforge.hardware.timing import (
@@ -218,19 +221,17 @@ def _caption(variants: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def table(variants: list[dict[str, Any]]) -> Table:
+def table(variants: list[dict[str, Any]]) -> Group:
     """The terminal table, narrow enough for 80 columns: one row a variant, the share of non-zero
     parameters, sizes in the unit that keeps three figures, latency with its spread (the caption says
     which figures are unreliable), the metric and its change (parameter counts and ratios to the original
     are in report.json)."""
     original = variants[0]
     metric_name = original["metric"]["name"]
-    title = "compressed variants (*: on the Pareto front; change: against the original)"
+    title = "compressed variants (*: Pareto front; change: against the original)"
     if original.get("adapter"):
         title += "; the original is a LoRA adapter on its base"
-    out = Table(
-        title=title, caption=_caption(variants), caption_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0)
-    )  # padding 0: the box's own space between columns
+    out = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0))  # 0: the box's own space between columns
     out.add_column("variant", overflow="fold", min_width=14)  # a long name wraps, never cut
     for column in ("nonzero", "disk", "mem", "b1 ms", "b32 ms", metric_name, "change"):
         out.add_column(column, justify="right", no_wrap=True)
@@ -247,4 +248,5 @@ def table(variants: list[dict[str, Any]]) -> Table:
             f"{v.get('delta', {}).get('metric', 0):+.3f}",
             "*" if v.get("pareto") else "",
         )
-    return out
+    # the caption below the table, indented like its rows: every line of it reads as the table's own
+    return Group(out, Padding(Text(_caption(variants)), (0, 0, 0, 1)))
