@@ -33,6 +33,14 @@ def set_price_command(kind: str) -> str:
     return SET_PRICE.format(kind=kind)
 
 
+def shown_price(price: Price | None, kind: str) -> tuple[float | None, str | None, str | None]:
+    """(USD an hour, where it comes from, the command that sets one) as the devices and prices answers
+    show a device's price: the first two null, the third given, where none is set."""
+    if price is None:
+        return None, None, set_price_command(kind)
+    return price.usd_per_hour, price.source, None
+
+
 def server_prices(home: Path) -> dict[str, DevicePrice]:
     """The server's prices.yaml; 503 while it cannot be read: nothing is priced $0 by a typo."""
     try:

@@ -15,7 +15,7 @@ from gpuforge.dashboard.compare import finals, in_users_spec, parse_ids, spec_di
 from gpuforge.run_files import last_record
 from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
-from gpuforge.server.pricing import prices_of, server_prices, set_price_command
+from gpuforge.server.pricing import prices_of, server_prices, set_price_command, shown_price
 from gpuforge.server.schemas import Comparison, CostsPublic, DevicePublic, PricesPublic, WhoAmI
 from gpuforge.server.visibility import may_read
 from gpuforge.store import ledger
@@ -98,7 +98,8 @@ def devices(request: Request, key: Key) -> list[dict[str, Any]]:
         busy = device_busy(s)
     answer = []
     for device in inventory:
-        price, spent = prices.get(device.id), busy.get(device.id)
+        usd, source, set_price = shown_price(prices.get(device.id), device.kind)
+        spent = busy.get(device.id)
         entry = {
             "id": device.id,
             "kind": device.kind,
@@ -110,9 +111,9 @@ def devices(request: Request, key: Key) -> list[dict[str, Any]]:
             "deployment": None,
             "busy_s_last_hour": spent.last_hour_s if spent else 0.0,
             "busy_seconds": spent.in_all_s if spent else 0.0,
-            "usd_per_hour": price.usd_per_hour if price else None,
-            "price_source": price.source if price else None,
-            "set_price": None if price else set_price_command(device.kind),
+            "usd_per_hour": usd,
+            "price_source": source,
+            "set_price": set_price,
         }
         job = holders.get(holding.get(device.id))
         if job is not None:
@@ -143,20 +144,12 @@ def prices(request: Request, key: Key) -> dict[str, Any]:
             name: {"usd_per_hour": p.hourly(), "parts": p.parts(), **p.model_dump(exclude_none=True)}
             for name, p in server_prices(home).items()
         }
-    return {
-        "devices": [
-            {
-                "id": d.id,
-                "kind": d.kind,
-                "name": d.name,
-                "usd_per_hour": found[d.id].usd_per_hour if found[d.id] else None,
-                "source": found[d.id].source if found[d.id] else None,
-                "set_price": None if found[d.id] else set_price_command(d.kind),
-            }
-            for d in inventory
-        ],
-        "entries": entries,
-    }
+    shown = []
+    for d in inventory:
+        usd, source, set_price = shown_price(found[d.id], d.kind)
+        shown.append({"id": d.id, "kind": d.kind, "name": d.name, "usd_per_hour": usd, "source": source,
+                      "set_price": set_price})  # fmt: skip
+    return {"devices": shown, "entries": entries}
 
 
 @router.get("/costs", response_model=CostsPublic)
