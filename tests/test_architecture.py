@@ -46,8 +46,11 @@ def test_the_rules_the_design_names_are_contracts():
     )
     sources, targets = forbidden["store-below-service"]
     assert sources == ["gpuforge.store"] and {"gpuforge.server", "gpuforge.scheduler"} <= set(targets)
+    sources, targets = forbidden["executor-chosen-once"]  # the rest asks the Executor protocol
+    assert targets == ["gpuforge.executors"] and {"gpuforge.scheduler", "gpuforge.launch"} <= set(sources)
 
 
+@pytest.mark.slow
 def test_the_server_and_the_cli_start_without_torch():
     """The API process answers from the store: torch (seconds to import, hundreds of MB) stays out of it,
     and out of a CLI verb that only talks to a server. A lazy import moved up a layer shows here."""

@@ -19,6 +19,7 @@ def _one_line_error(result, *fragments):
         assert fragment in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_train_with_overrides_fills_out_and_says_where(tmp_path):
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=50))
     result = run_cli(
@@ -101,6 +102,7 @@ def _bad_inputs(tmp_path):
         "out under a file",
     ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, case):
     text, extra, fragments = _bad_inputs(tmp_path)[case]
     spec = tmp_path / "job.yaml"
@@ -115,10 +117,12 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, case):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_missing_spec_file(tmp_path):
     _one_line_error(run_cli("train", str(tmp_path / "nope.yaml")), "no such spec file")
 
 
+@pytest.mark.slow
 def test_nan_loss_exits_1_with_one_line(tmp_path):
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=8, options={"nan_after": 2}))
     result = run_cli("train", str(spec), "--out", str(tmp_path / "run"))
@@ -126,6 +130,7 @@ def test_nan_loss_exits_1_with_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_spent_budget_exits_3_and_says_how_to_go_on(tmp_path):
     raw = {**image_spec(tmp_path, max_steps=50), "cost": {"usd_per_hour": 1e6, "budget_usd": 0.5}}
     result = run_cli("train", str(write_spec(tmp_path / "s.yaml", raw)), "--out", str(tmp_path / "run"))
@@ -142,6 +147,7 @@ def _demo_examples(tmp_path):
     return examples
 
 
+@pytest.mark.slow
 def test_demo_runs_every_example_through_a_server_and_tabulates_them(tmp_path):
     examples = _demo_examples(tmp_path)
     result = run_cli("demo", "--examples", str(examples), "--out", str(tmp_path / "out"), "--max-steps", "2")
@@ -154,6 +160,7 @@ def test_demo_runs_every_example_through_a_server_and_tabulates_them(tmp_path):
     assert not (runs[0] / "compressed").exists() and (runs[1] / "compressed" / "report.json").exists()
 
 
+@pytest.mark.slow
 def test_demo_local_trains_every_spec_in_the_folder_and_says_where(tmp_path):
     examples = _demo_examples(tmp_path)
     scripts = examples / "scripts"  # a team's own loop, run as a script job beside the specs
@@ -191,6 +198,7 @@ def test_demo_local_trains_every_spec_in_the_folder_and_says_where(tmp_path):
         ("trian.lr=1", "gpuforge: error: --set trian.lr=1: unknown key (did you mean train?)"),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_set_is_blamed_on_the_set_once_with_a_suggestion(tmp_path, override, line):
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path))
     result = run_cli("train", str(spec), "--out", str(tmp_path / "run"), "--set", override)
@@ -198,6 +206,7 @@ def test_a_bad_set_is_blamed_on_the_set_once_with_a_suggestion(tmp_path, overrid
     assert result.stderr.strip() == line
 
 
+@pytest.mark.slow
 def test_a_typo_in_the_file_is_blamed_on_the_file_with_a_suggestion(tmp_path):
     raw = image_spec(tmp_path)
     raw["train"]["num_epochs"] = raw["train"].pop("max_steps")
@@ -210,6 +219,7 @@ def test_a_typo_in_the_file_is_blamed_on_the_file_with_a_suggestion(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_the_progress_bar_shows_the_latest_eval(tmp_path):
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=4, eval_every=2))
     result = run_cli("train", str(spec), "--out", str(tmp_path / "run"))

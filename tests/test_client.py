@@ -20,6 +20,7 @@ def test_a_relative_path_must_be_here_and_an_absolute_one_may_be_the_servers(tmp
     check_local_files(parse_spec({**on_server, "data": dict(on_server["data"])}, tmp_path), on_server)
 
 
+@pytest.mark.slow
 def test_a_refused_request_reads_as_one_line_naming_the_field_and_its_rule(tmp_path):
     """`gpuforge deploy` against a real server: the API's 422 list comes out as `field: rule`, not a dump."""
     with LocalServer(tmp_path / "home", log=tmp_path / "server.log", GPUFORGE_SCHEDULE="false") as server:

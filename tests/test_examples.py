@@ -18,6 +18,7 @@ def test_there_are_examples_for_each_task():
     assert tasks == {"image-classification", "sequence-classification", "causal-lm"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_runs_a_few_steps(tmp_path, path):
     spec = load_spec(path, ["train.max_steps=2", "data.max_records=400"])

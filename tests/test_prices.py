@@ -42,6 +42,7 @@ def test_the_file_round_trips_and_its_errors_name_the_entry(tmp_path):
         load_prices(path)
 
 
+@pytest.mark.slow
 def test_the_cli_sets_lists_and_removes_prices(tmp_path):
     env = {"GPUFORGE_HOME": str(tmp_path)}
     made = run_cli("prices", "set", "cpu", "--purchase-usd", "3000", "--years", "4", "--watts", "200",

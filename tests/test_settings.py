@@ -9,8 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from gpuforge.errors import GpuforgeError
+from gpuforge.executors import build as build_executor
 from gpuforge.scheduler.allocator import DeviceInfo, cluster_inventory
-from gpuforge.scheduler.loop import Scheduler
+from gpuforge.scheduler.loop import Scheduler, SchedulerOptions
 from gpuforge.server.settings import Settings
 from gpuforge.settings import Environment, as_environment, current, env_name, markdown_table, variables
 from gpuforge.spec import format_validation_error
@@ -169,7 +170,8 @@ def test_the_server_tells_its_runners_where_jobs_run_and_sets_nothing_in_its_own
         (Settings(executor="ray", ray_address="head:6379"), {"ray", "head:6379"}),
         (Settings(), {"local"}),
     ]:
-        scheduler = Scheduler(None, [device], runner_env=settings.runner_environment)
+        options = SchedulerOptions(runner_env=settings.runner_environment)
+        scheduler = Scheduler(None, [device], build_executor(settings), options)
         env = scheduler.child_env(None, None, [device.id])
         assert {v for k, v in env.items() if k in ("GPUFORGE_EXECUTOR", "GPUFORGE_RAY_ADDRESS")} == told
     assert "GPUFORGE_EXECUTOR" not in os.environ

@@ -96,6 +96,7 @@ def test_weights_named_outside_the_directory_are_refused(tmp_path, weights):
     assert inside.weights_path(model_dir) == (model_dir / "quantized.pt").resolve()
 
 
+@pytest.mark.slow
 def test_loading_a_quantized_variant_that_names_weights_outside_is_refused(tmp_path):
     """Through load_artifact: the check holds where the weights would be read."""
     from transformers import BertConfig

@@ -50,6 +50,7 @@ def _logits(module, batch):
     return out.logits if hasattr(out, "logits") else out
 
 
+@pytest.mark.slow
 def test_merge_gives_a_standalone_model_with_the_adapter_outputs(tmp_path, tiny_bert_dir, small_topics):
     model_dir = _text_run(tmp_path, tiny_bert_dir, small_topics, lora={"r": 4})
     rows = compress(model_dir, CompressOptions(merge=True), tmp_path / "merged")
@@ -62,6 +63,7 @@ def test_merge_gives_a_standalone_model_with_the_adapter_outputs(tmp_path, tiny_
     assert rows[1]["metric"]["value"] == pytest.approx(rows[0]["metric"]["value"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_merge_of_a_qlora_adapter_computes_what_the_quantized_base_did(tmp_path, tiny_bert_dir, small_topics):
     pytest.importorskip("bitsandbytes")
     model_dir = _text_run(tmp_path, tiny_bert_dir, small_topics, lora={"r": 4}, quantize_base="nf4")
@@ -72,6 +74,7 @@ def test_merge_of_a_qlora_adapter_computes_what_the_quantized_base_did(tmp_path,
     assert torch.allclose(_logits(merged, batch), _logits(adapter, batch), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_merging_a_full_run_is_refused_and_writes_nothing(tmp_path, tiny_bert_dir, small_topics):
     model_dir = _text_run(tmp_path, tiny_bert_dir, small_topics)
     with pytest.raises(CompressError, match="no adapter to merge"):
@@ -79,6 +82,7 @@ def test_merging_a_full_run_is_refused_and_writes_nothing(tmp_path, tiny_bert_di
     assert not (tmp_path / "merged").exists() or not any((tmp_path / "merged").iterdir())
 
 
+@pytest.mark.slow
 def test_pruning_with_recovery_keeps_the_zeros_and_reports(tmp_path, digits_run):
     options = CompressOptions(prune=0.5, recover_steps=5)
     rows = compress(digits_run, options, tmp_path / "pruned")
@@ -96,6 +100,7 @@ def test_pruning_with_recovery_keeps_the_zeros_and_reports(tmp_path, digits_run)
     assert pruned["metric"]["name"] == "accuracy" and 0 <= pruned["metric"]["value"] <= 1
 
 
+@pytest.mark.slow
 def test_channel_pruning_of_a_python_model_reloads_through_its_builder(tmp_path, digits_run):
     rows = compress(digits_run, CompressOptions(prune=0.3, prune_structure="channel"), tmp_path / "narrow")
     module, _, manifest = load_artifact(tmp_path / "narrow")
@@ -119,6 +124,7 @@ def test_bad_requests_name_what_is_wrong(tmp_path, digits_run):
     assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_the_cli_says_what_is_wrong_in_one_line(tmp_path):
     result = run_cli("compress", str(tmp_path), "--prune", "1.5", "--out", str(tmp_path / "x"))
     assert result.returncode == 2
@@ -130,6 +136,7 @@ def test_the_cli_says_what_is_wrong_in_one_line(tmp_path):
     assert result.returncode == 2 and "nothing to do" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_spec_compress_section_runs_after_training(tmp_path):
     raw = load_spec(ROOT / "examples" / "digits-cnn.yaml").model_dump(mode="json")
     raw["train"].update(max_steps=8, precision="fp32")
@@ -183,6 +190,7 @@ def test_a_spec_section_becomes_the_options_of_its_variant():
     assert get_args(QuantKind) == QUANT_KINDS  # the bound and the kinds weights/quantize.py implements
 
 
+@pytest.mark.slow
 def test_a_bad_compress_section_names_the_field(tmp_path):
     raw = load_spec(ROOT / "examples" / "digits-cnn.yaml").model_dump(mode="json")
     raw["compress"] = {"prune": {"amount": 1.2}}
@@ -202,6 +210,7 @@ def test_a_quantized_variant_reloads_with_the_outputs_it_was_saved_with(tmp_path
     assert torch.equal(_logits(reloaded, x), _logits(built.module, x))
 
 
+@pytest.mark.slow
 def test_a_quantized_transformer_reloads_from_its_config(tmp_path, tiny_bert_dir, small_topics):
     model_dir = _text_run(tmp_path, tiny_bert_dir, small_topics, lora={"r": 4})
     source = open_source(model_dir)
@@ -214,6 +223,7 @@ def test_a_quantized_transformer_reloads_from_its_config(tmp_path, tiny_bert_dir
     assert torch.equal(_logits(reloaded, batch), _logits(built.module, batch))
 
 
+@pytest.mark.slow
 def test_a_sweep_measures_every_variant_marks_the_front_and_reports_what_failed(tmp_path, digits_run):
     rows = sweep(digits_run, tmp_path / "sweep", onnx=True)
     report = json.loads((tmp_path / "sweep" / "report.json").read_text())

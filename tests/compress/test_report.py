@@ -39,6 +39,7 @@ def _in_a_terminal(*args: str, columns: int) -> str:
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode()).replace("\r", "")
 
 
+@pytest.mark.slow
 def test_a_sweep_table_reads_whole_at_80_columns(tmp_path, tiny_bert_dir, small_topics):
     model_dir = _text_run(tmp_path, tiny_bert_dir, small_topics, lora={"r": 4})
     shown = _in_a_terminal("compress", str(model_dir), "--sweep", "--out", str(tmp_path / "s"), columns=80)

@@ -6,7 +6,7 @@ CONFIG_JSON is a list of runs, ``{"kind", "model", "steps", "rank", "bucket_cap_
 trained one after the other in one process group, each from the same seed. Rank 0 writes, per run: the final
 loss on a fixed held-out batch, the bytes counted per step, whether every rank ended with the same parameters.
 A kind ``torch:fp16|bf16|powersgd|batched_powersgd`` registers torch's own hook instead (rank 4, PowerSGD from
-step 2), to reproduce what the module docstring of gpuforge.distributed.compression says of them on gloo.
+step 2), to reproduce what the module docstring of gpuforge.distributed.grad_compression says of them on gloo.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpuforge.distributed.compression import make_hook
+from gpuforge.distributed.grad_compression import make_hook
 from gpuforge.distributed.ranks import leave_process_group
 
 IN, OUT = 256, 16

@@ -17,6 +17,8 @@ from gpuforge.artifact import load_artifact
 from gpuforge.runs import RunDir
 from tests.helpers.ddp_specs import write_ddp_spec as write_spec
 
+pytestmark = pytest.mark.slow  # every test here is slow (docs/testing.md)
+
 
 def gpuforge(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "2"}

@@ -32,6 +32,7 @@ def lora_run(tmp_path_factory, tiny_bert_dir):
     return train_text_run(tmp_path_factory.mktemp("lora"), tiny_bert_dir, TOPICS, lora={"r": 4})
 
 
+@pytest.mark.slow
 def test_a_lora_classifier_exports_merged_with_parity_and_serves_through_onnxruntime(tmp_path, lora_run):
     out = tmp_path / "onnx"
     result = run_cli("export", str(lora_run), "--format", "onnx", "--out", str(out), "--json", timeout=300)
@@ -60,6 +61,7 @@ def test_a_lora_classifier_exports_merged_with_parity_and_serves_through_onnxrun
         assert a["score"] == pytest.approx(b["score"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_the_export_table_gives_latency_per_batch_and_per_sample_and_says_when_it_is_unreliable(
     tmp_path, lora_run
 ):
@@ -87,6 +89,7 @@ def test_the_export_table_gives_latency_per_batch_and_per_sample_and_says_when_i
     assert shown["bytes"][0].endswith(("KB", "MB")) and not shown["bytes"][0].startswith("0.0")
 
 
+@pytest.mark.slow
 def test_an_int8_export_is_smaller_close_in_its_metric_and_a_new_export_replaces_it(tmp_path, lora_run):
     out = tmp_path / "int8"
     manifest, _, built = export_onnx(lora_run, out, quantize="int8")
@@ -100,6 +103,7 @@ def test_an_int8_export_is_smaller_close_in_its_metric_and_a_new_export_replaces
     assert read_manifest(out).onnx.quantize is None
 
 
+@pytest.mark.slow
 def test_an_image_cnn_exports_with_its_dynamic_batch(tmp_path):
     image = train_run(tmp_path, image_spec(tmp_path), "image")
     manifest, _, built = export_onnx(image, tmp_path / "image-onnx")
@@ -112,6 +116,7 @@ def test_an_image_cnn_exports_with_its_dynamic_batch(tmp_path):
     assert int8["bytes"]["onnx"] < 0.7 * report["bytes"]["onnx"]  # a tiny model: the graph's own bytes weigh
 
 
+@pytest.mark.slow
 def test_a_causal_lm_exports_with_its_cache_and_generates_as_the_torch_model_does(tmp_path):
     gpt = {
         "name": "gpt",
@@ -200,6 +205,7 @@ def model(vocab_size, num_labels, **options):
 """
 
 
+@pytest.mark.slow
 def test_a_graph_that_traced_the_mask_away_is_refused(tmp_path):
     module = tmp_path / "masked.py"
     module.write_text(MASK_READ_WHEN_PADDED)
@@ -217,6 +223,7 @@ def test_a_graph_that_traced_the_mask_away_is_refused(tmp_path):
     assert not (tmp_path / "masked-onnx").exists()
 
 
+@pytest.mark.slow
 def test_bad_exports_are_refused_saying_what_is_wrong(tmp_path, lora_run):
     taken = tmp_path / "taken"
     taken.mkdir()

@@ -19,6 +19,7 @@ def figures():
     return json.loads(first.stdout)
 
 
+@pytest.mark.slow
 def test_hw_json_names_each_measured_figure_with_its_unit(figures):
     (cpu,) = [d for d in figures["devices"] if d["type"] == "cpu"]
     assert cpu["cores"] >= 1 and cpu["memory_bytes"] > 2**30
@@ -33,6 +34,7 @@ def test_hw_json_names_each_measured_figure_with_its_unit(figures):
     assert opencl["devices"] or opencl["note"]  # a device list, or one line saying why there is none
 
 
+@pytest.mark.slow
 def test_hw_is_cached_and_its_table_shows_the_articles_columns(figures):
     start = time.perf_counter()
     again = run_cli("hw")

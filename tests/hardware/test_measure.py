@@ -1,5 +1,6 @@
 """The machine's figures: each measurement on the real CPU, small enough to take a fraction of a second."""
 
+import pytest
 import torch
 
 from gpuforge.hardware import measure
@@ -39,6 +40,7 @@ def test_host_device_copies_are_for_gpus_only():
     assert measure.host_device_bandwidth(CPU) == {}
 
 
+@pytest.mark.slow
 def test_the_all_reduce_between_two_local_gloo_processes_is_measured():
     found = measure.allreduce_bandwidth("cpu", size_bytes=2**20, runs=2)
     assert found["backend"] == "gloo" and found["processes"] == 2, found

@@ -50,7 +50,7 @@ def finished_job(client, owner: str, run_dir: Path, manifest: dict | None = None
     manifest = manifest or {"format": "state_dict", "kind": "full", "source": "bundled:tiny",
                             "task": "sequence-classification"}  # fmt: skip
     (run_dir / "model" / "gpuforge.json").write_text(json.dumps(manifest))
-    with session(client.app.state.engine) as s:
+    with session(client.app.state.services.engine) as s:
         key = s.scalar(select(ApiKey).where(ApiKey.name == owner))
         job = Job(name="done", owner_id=key.id, project_id=key.project_id, state="finished", spec_yaml="",
                   run_dir=str(run_dir))  # fmt: skip

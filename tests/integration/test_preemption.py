@@ -14,6 +14,7 @@ import httpx
 import pytest
 import yaml
 
+from gpuforge.executors.local import LocalExecutor
 from gpuforge.runs import RunDir
 from gpuforge.scheduler.allocator import DeviceInfo
 from gpuforge.scheduler.loop import Scheduler
@@ -201,7 +202,7 @@ def test_a_resumed_runner_that_dies_before_its_first_word_restarts_and_is_not_en
     for event in ("started", "checkpoint", "cancelled"):
         run.event(event)
     run.event("preempted", by_job=2, reason="preempted by job 2 (priority 10)")
-    scheduler = Scheduler(engine, [DeviceInfo("cpu:0", "cpu", "a CPU slot", threads=1)])
+    scheduler = Scheduler(engine, [DeviceInfo("cpu:0", "cpu", "a CPU slot", threads=1)], LocalExecutor())
     with session(engine) as s:
         job = Job(
             name="j", spec_yaml="name: j\n", run_dir=str(run.root), state=JobState.RUNNING, devices="cpu:0"

@@ -11,6 +11,8 @@ from gpuforge.runs import RunDir
 from tests.helpers.cli import run_cli
 from tests.helpers.specs import image_spec, write_spec
 
+pytestmark = pytest.mark.slow  # every test here is slow (docs/testing.md)
+
 STEPS, EVERY = 24, 6
 
 

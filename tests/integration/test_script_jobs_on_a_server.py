@@ -14,6 +14,8 @@ from tests.helpers.cli import run_cli
 from tests.helpers.jobs import wait_for_job
 from tests.helpers.specs import image_spec, write_spec
 
+pytestmark = pytest.mark.slow  # every test here is slow (docs/testing.md)
+
 # a loop of a team's own: the loss and the accuracy on lines of their own, the loss first
 COUNT = """
 import sys, time

@@ -24,6 +24,7 @@ def live_server(tmp_path, monkeypatch):
         yield server.url, server.process, server.home
 
 
+@pytest.mark.slow
 def test_submit_list_and_cancel_through_the_cli(live_server):
     url, process, _ = live_server
     submitted = run_cli("submit", str(ROOT / "examples" / "digits-cnn.yaml"), "--priority", "3", "--json")
@@ -51,6 +52,7 @@ def test_client_errors_are_one_line(tmp_path, monkeypatch):
     assert result.returncode == 2 and "server unreachable" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_second_key_sees_and_cancels_only_its_own_jobs(live_server, monkeypatch):
     admin_job = json.loads(run_cli("submit", str(ROOT / "examples" / "digits-cnn.yaml"), "--json").stdout)[
         "id"
@@ -81,6 +83,7 @@ def test_a_second_key_sees_and_cancels_only_its_own_jobs(live_server, monkeypatc
     assert refused.returncode == 2 and "401" in refused.stderr
 
 
+@pytest.mark.slow
 def test_submit_sends_local_data_files_once_by_content(live_server, tmp_path):
     elsewhere = tmp_path / "client-side"  # not under the server's data roots
     elsewhere.mkdir()
@@ -102,6 +105,7 @@ def test_submit_sends_local_data_files_once_by_content(live_server, tmp_path):
     assert refused.returncode == 2 and "data.train" in refused.stderr
 
 
+@pytest.mark.slow
 def test_the_server_will_not_listen_beyond_loopback_without_a_key(tmp_path):
     home = tmp_path / "fresh"
     refused = run_cli(
@@ -111,6 +115,7 @@ def test_the_server_will_not_listen_beyond_loopback_without_a_key(tmp_path):
     assert not (home / "admin.key").exists()
 
 
+@pytest.mark.slow
 def test_a_store_that_cannot_open_is_one_line(tmp_path):
     bad = run_cli(
         "server", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none", env={"GPUFORGE_HOME": str(tmp_path)}
@@ -118,6 +123,7 @@ def test_a_store_that_cannot_open_is_one_line(tmp_path):
     assert bad.returncode == 2 and "cannot open the store" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_logs_follow_prints_log_and_metrics_lines_until_the_job_stops(tmp_path, monkeypatch):
     from tests.helpers.paths import TEST_MODELS
     from tests.helpers.specs import image_spec, write_spec
@@ -141,6 +147,7 @@ def _last_line(result) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_keys_quotas_are_set_shown_changed_and_enforced_through_the_cli(live_server, monkeypatch):
     topics = str(ROOT / "examples" / "minilm-topics.yaml")
     made = run_cli("keys", "create", "alice", "--max-queued", "1", "--max-priority", "5", "--json")
@@ -179,6 +186,7 @@ def test_keys_quotas_are_set_shown_changed_and_enforced_through_the_cli(live_ser
     assert run_cli("submit", topics).returncode == 0  # the new limit holds at once
 
 
+@pytest.mark.slow
 def test_the_api_key_comes_from_the_environment_or_a_file_never_the_command_line(
     live_server, tmp_path, monkeypatch
 ):
@@ -198,6 +206,7 @@ def test_the_api_key_comes_from_the_environment_or_a_file_never_the_command_line
     assert gone.returncode == 2 and "No such option: --key" in gone.stderr
 
 
+@pytest.mark.slow
 def test_a_store_url_with_a_password_is_refused_on_the_command_line_and_never_shown(tmp_path):
     env = {"GPUFORGE_HOME": str(tmp_path / "home"), "GPUFORGE_DB": ""}
     for url in ("postgresql+psycopg://gf:s3cret@127.0.0.1:1/none",
@@ -218,6 +227,7 @@ def test_a_store_url_with_a_password_is_refused_on_the_command_line_and_never_sh
     assert both.returncode == 2 and "give one of them" in both.stderr
 
 
+@pytest.mark.slow
 def test_a_wrong_column_is_refused_at_submit_in_the_users_names(live_server, tmp_path):
     (tmp_path / "sentences.csv").write_text("text,label\nwhat a day,happy\n")
     spec = {
@@ -234,6 +244,7 @@ def test_a_wrong_column_is_refused_at_submit_in_the_users_names(live_server, tmp
     assert json.loads(run_cli("jobs", "--json").stdout) == []
 
 
+@pytest.mark.slow
 def test_a_missing_local_file_is_named_as_written_before_anything_is_sent(live_server, tmp_path):
     (tmp_path / "train.csv").write_text("text,label\nwhat a day,happy\n")
     spec = {
@@ -249,6 +260,7 @@ def test_a_missing_local_file_is_named_as_written_before_anything_is_sent(live_s
     assert _last_line(overridden) == "gpuforge: error: data.eval: ../elsewhere/x.csv: no such file"
 
 
+@pytest.mark.slow
 def test_a_runner_refusing_its_input_fails_its_job_once_with_the_users_file_name(tmp_path, monkeypatch):
     import numpy as np
 
@@ -271,6 +283,7 @@ def test_a_runner_refusing_its_input_fails_its_job_once_with_the_users_file_name
     assert f"job {job_id}: failed (data.train: " in (tmp_path / "server.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_submit_tried_again_across_a_server_restart_queues_one_job(tmp_path):
     import os
     import subprocess

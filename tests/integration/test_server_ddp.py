@@ -2,10 +2,14 @@
 
 import json
 
+import pytest
+
 from gpuforge.runs import RunDir
 from gpuforge.server.local import LocalServer
 from tests.helpers.cli import run_cli
 from tests.helpers.ddp_specs import write_ddp_spec as write_spec
+
+pytestmark = pytest.mark.slow  # every test here is slow (docs/testing.md)
 
 
 def test_a_ddp_job_submitted_to_the_server_runs_on_two_slots(tmp_path, monkeypatch):

@@ -19,6 +19,8 @@ from gpuforge.server.local import LocalServer  # noqa: E402
 from tests.helpers.cli import run_cli  # noqa: E402
 from tests.helpers.ddp_specs import write_ddp_spec as write_spec  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here is slow (docs/testing.md)
+
 MB = 1024 * 1024
 
 

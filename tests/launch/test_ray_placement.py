@@ -17,7 +17,8 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from gpuforge.launch.ray_ranks import RayLaunchError, cluster_devices, connect, run_ranks  # noqa: E402
+from gpuforge.launch.ray_cluster import RayLaunchError, cluster_devices, connect  # noqa: E402
+from gpuforge.launch.ray_ranks import run_ranks  # noqa: E402
 from gpuforge.runs import RunDir  # noqa: E402
 from gpuforge.scheduler.allocator import cluster_inventory  # noqa: E402
 from gpuforge.server.local import LocalServer  # noqa: E402

@@ -1,4 +1,5 @@
-"""gpuforge.launch.ray_ranks on a real local Ray cluster of two nodes, with gloo ranks."""
+"""gpuforge.launch.ray_ranks, and ray_cluster's connect and devices, on a real local Ray cluster of two nodes,
+with gloo ranks."""
 
 from __future__ import annotations
 
@@ -18,12 +19,8 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from gpuforge.launch.ray_ranks import (  # noqa: E402
-    RayLaunchError,
-    cluster_devices,
-    connect,
-    run_ranks,
-)
+from gpuforge.launch.ray_cluster import RayLaunchError, cluster_devices, connect  # noqa: E402
+from gpuforge.launch.ray_ranks import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -203,7 +200,7 @@ def _connect_in_fresh_process(addresses: list[str], timeout_s: float) -> list[tu
     code = textwrap.dedent(
         f"""
         import sys, time
-        from gpuforge.launch.ray_ranks import RayLaunchError, connect
+        from gpuforge.launch.ray_cluster import RayLaunchError, connect
         from gpuforge.errors import GpuforgeError
         for address in {addresses!r}:
             t0 = time.monotonic()

@@ -108,6 +108,7 @@ def test_a_script_runs_in_its_folder_and_reports_metrics_cost_and_a_summary(tmp_
     assert "kind: script" in (run / "spec.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_sigterm_saves_through_track_and_the_same_command_resumes_from_that_checkpoint(tmp_path):
     spec = _job(tmp_path, "python loop.py 400 0.02")
     run = tmp_path / "run"
@@ -131,6 +132,7 @@ def test_sigterm_saves_through_track_and_the_same_command_resumes_from_that_chec
     assert steps == list(range(400))  # each step once: nothing lost, nothing twice
 
 
+@pytest.mark.slow
 def test_a_script_that_ignores_the_stop_is_killed_after_its_grace_and_a_budget_pauses_it(tmp_path):
     stubborn = tmp_path / "work" / "stubborn.py"
     stubborn.parent.mkdir()
@@ -170,6 +172,7 @@ for step in range(track.resume_step(), 6):
 """
 
 
+@pytest.mark.slow
 def test_a_script_killed_by_a_signal_restarts_from_its_checkpoint_until_its_restarts_are_used(tmp_path):
     spec = _job(tmp_path, "python crashing.py", files=["crashing.py"], script={"max_restarts": 1})
     (spec.parent / "crashing.py").write_text(CRASHING)
@@ -280,6 +283,7 @@ def test_track_imports_no_torch_and_does_nothing_outside_a_run(tmp_path):
     assert out.stdout.split() == ["False", "0", "None"]
 
 
+@pytest.mark.slow
 def test_a_server_queues_a_script_job_with_its_files_and_refuses_one_from_a_key_without_user_code(
     tmp_path, monkeypatch
 ):
@@ -335,6 +339,7 @@ for step in range(track.resume_step(), 40):
 """
 
 
+@pytest.mark.slow
 def test_a_server_restarts_a_script_job_whose_runner_was_killed_from_the_script_checkpoint(tmp_path):
     import httpx
 
@@ -360,6 +365,7 @@ def test_a_server_restarts_a_script_job_whose_runner_was_killed_from_the_script_
         assert not _processes_of(run)  # the killed attempt's script died with its runner
 
 
+@pytest.mark.slow
 def test_a_relative_out_a_crash_while_saving_and_workers_left_behind(tmp_path):
     crash = """
 import multiprocessing, signal, sys, time
@@ -393,6 +399,7 @@ def _runs(proc: Path, folder: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_plan_refuses_a_script_job_and_track_takes_numpy_steps(tmp_path):
     spec = _job(tmp_path, "python loop.py 3")
     refused = run_cli("plan", str(spec))
@@ -415,6 +422,7 @@ def test_a_train_spec_is_stored_without_a_kind_so_older_runs_and_servers_read_it
     assert spec.kind == "train" and "kind" not in spec.to_yaml()
 
 
+@pytest.mark.slow
 def test_tensorboard_scalars_a_script_writes_become_its_metrics(tmp_path):
     pytest.importorskip("tensorboard")
     writer = """
@@ -445,6 +453,7 @@ writer.close()
 KERAS_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "scripts" / "keras-digits.yaml"
 
 
+@pytest.mark.slow
 def test_the_keras_example_reports_checkpoints_on_sigterm_and_resumes(tmp_path):
     if os.environ.get("GPUFORGE_REQUIRE_TENSORFLOW") != "1":
         pytest.importorskip(
@@ -465,6 +474,7 @@ def test_the_keras_example_reports_checkpoints_on_sigterm_and_resumes(tmp_path):
     assert metrics[-1]["eval_accuracy"] > 0.9 and metrics[-1]["loss"] < metrics[0]["loss"]
 
 
+@pytest.mark.slow
 def test_the_pytorch_example_under_torchrun_stops_on_sigterm_and_resumes_one_process_a_device(tmp_path):
     spec, run, epochs = KERAS_EXAMPLE.parent / "torch-digits.yaml", tmp_path / "ddp", 150
     command = f"script.command=python torch_digits.py --epochs {epochs}"

@@ -13,6 +13,8 @@ from tests.helpers.cli import run_cli
 from tests.helpers.jobs import wait_for_job
 from tests.helpers.specs import write_spec
 
+pytestmark = pytest.mark.slow  # every test here is slow (docs/testing.md)
+
 # runs by hand in its folder: its package, a folder it puts on sys.path, a config it is given, its data
 TRAIN = """
 import sys

@@ -64,6 +64,7 @@ def test_bandwidth_holds_the_rate():
     assert fast > 3 * slow
 
 
+@pytest.mark.slow
 def test_gloo_all_reduce_across_the_link():
     nfloats = 2_500_000  # 10 MB: ~0.4 s at 200 Mbit/s
     with ThrottledLink(rate_mbit=200) as link:

@@ -49,6 +49,7 @@ def test_each_target_gets_its_fit_batch_step_time_and_cost_and_the_best_are_mark
     assert notes(result)[-1].startswith("total: the steps")  # and what it leaves out
 
 
+@pytest.mark.slow
 def test_with_measure_the_estimate_is_scaled_by_this_machines_measured_step(spec_path):
     result = compare(load_spec(spec_path, []), ["cpu", "l4"], measure=True, calibration_s=0.5)
     calibration = result.calibration
@@ -61,6 +62,7 @@ def test_with_measure_the_estimate_is_scaled_by_this_machines_measured_step(spec
     assert "x" in result.targets["l4"].source and "measured step" in result.targets["l4"].source
 
 
+@pytest.mark.slow
 def test_auto_batch_takes_the_largest_power_of_two_that_fits_and_a_job_that_fits_nowhere_says_by_how_much(
     spec_path, tmp_path
 ):
@@ -92,6 +94,7 @@ def test_auto_batch_takes_the_largest_power_of_two_that_fits_and_a_job_that_fits
     assert "short (needs" in nowhere.stderr
 
 
+@pytest.mark.slow
 def test_a_device_without_the_jobs_precision_is_estimated_at_its_nearest_and_says_so(spec_path, tmp_path):
     _devices_file(tmp_path, {"old-gpu": {"name": "Old GPU", "kind": "cuda", "memory_gb": 16,
                                          "memory_bandwidth_gbs": 900, "tflops": {"fp32": 15}}})  # fmt: skip
@@ -117,6 +120,7 @@ def test_an_unpriced_cpu_has_no_cost_and_is_not_the_cheapest(spec_path):
     assert result["l4"].cheapest and not result["cpu"].cheapest
 
 
+@pytest.mark.slow
 def test_json_has_one_entry_per_target_named_as_asked_and_a_bad_name_lists_the_known_ones(spec_path):
     result = run_cli("plan", str(spec_path), "--compare", "cpu,a100", "--json")
     assert result.returncode == 0, result.stderr
@@ -133,6 +137,7 @@ def test_json_has_one_entry_per_target_named_as_asked_and_a_bad_name_lists_the_k
         compare(load_spec(spec_path, []), [" "])
 
 
+@pytest.mark.slow
 def test_a_distributed_job_pays_its_all_reduce_over_the_link_and_is_told_what_would_cut_it(spec_path):
     spec = load_spec(spec_path, ["resources.devices=2", "distributed.strategy=ddp"])
     slow = compare(spec, ["l4"], link_gbps=0.05).targets["l4"]
@@ -150,6 +155,7 @@ def test_a_distributed_job_pays_its_all_reduce_over_the_link_and_is_told_what_wo
     assert calibrated.step_parts["allreduce_s"] == pytest.approx(slow.step_parts["allreduce_s"])  # the link's
 
 
+@pytest.mark.slow
 def test_ranks_on_this_one_cpu_share_it_and_fsdp_shards_the_state_on_gpus(spec_path):
     one = compare(load_spec(spec_path, []), ["cpu"]).targets["cpu"]
     two = compare(load_spec(spec_path, ["resources.devices=2", "distributed.strategy=ddp"]), ["cpu"]).targets[

@@ -20,6 +20,7 @@ def _plan(*args, env=None):
 
 
 # every example is checked against its real run by benchmarks/plan_accuracy.py; here the quick one
+@pytest.mark.slow
 @pytest.mark.parametrize("example, steps", [("digits-cnn", 200)])  # a run of seconds: a burst ends in it
 def test_plan_is_within_30_percent_of_the_measured_run(tmp_path, example, steps):
     """The machine is shared: a neighbour's burst slows the steps it lands on (a 6 ms step took 0.4 s
@@ -70,6 +71,7 @@ def _mib(text: str) -> float:
     return float(figure) * {"GiB": 1024, "MiB": 1, "KiB": 1 / 1024}[unit]
 
 
+@pytest.mark.slow
 def test_a_job_that_cannot_fit_is_refused_with_only_what_would_fit():
     spec = str(EXAMPLES / "minilm-topics.yaml")
     _, roomy = _plan(spec)
@@ -86,6 +88,7 @@ def test_a_job_that_cannot_fit_is_refused_with_only_what_would_fit():
     assert not any("gradient_checkpointing" in s for s in plan["suggestions"])
 
 
+@pytest.mark.slow
 def test_a_budget_the_runtime_alone_exceeds_is_refused_by_plan_and_train_alike(tmp_path):
     spec = str(EXAMPLES / "minilm-topics.yaml")
     result, plan = _plan(spec, "--set", "resources.max_memory=100MB")
@@ -101,6 +104,7 @@ def test_a_budget_the_runtime_alone_exceeds_is_refused_by_plan_and_train_alike(t
     assert "more than the 95.4 MiB of resources.max_memory" in line  # 100 MB, as plan reads it
 
 
+@pytest.mark.slow
 def test_a_budget_that_fits_trains(tmp_path):
     trained = run_cli(
         "train", str(EXAMPLES / "digits-cnn.yaml"), "--set", "resources.max_memory=8GiB",
@@ -110,6 +114,7 @@ def test_a_budget_that_fits_trains(tmp_path):
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps"] == 2
 
 
+@pytest.mark.slow
 def test_plan_its_compare_row_and_measure_give_one_step_time_and_the_total_says_what_it_holds():
     """One owner of this device's step time (plan/estimate.py): plain `plan` prints the figure `--compare`
     gives this CPU, and `--measure` prints it beside its measured median; all from the one cached

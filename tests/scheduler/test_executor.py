@@ -5,6 +5,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from gpuforge.child_env import child_environment
 from gpuforge.runtime.host import is_alive
 from gpuforge.scheduler.executor import cancel, launch
@@ -23,6 +25,7 @@ def _wait_for_step(run_dir, step: int, timeout: float = 120) -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_cancelled_job_checkpoints_and_its_process_is_gone(tmp_path):
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=400, options={"sleep_s": 0.05}))
     launched = launch(spec, tmp_path / "run", child_environment({"OMP_NUM_THREADS": "1"}))

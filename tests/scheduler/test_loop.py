@@ -10,6 +10,8 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from gpuforge.executors.local import LocalExecutor
+from gpuforge.scheduler.loop import SchedulerOptions
 from gpuforge.server.app import create_app
 from gpuforge.server.settings import Settings
 from tests.helpers.jobs import wait_for_job
@@ -34,6 +36,7 @@ def _submit(api, tmp_path, **train) -> int:
     return response.json()["id"]
 
 
+@pytest.mark.slow
 def test_jobs_run_one_slot_at_a_time_and_their_runs_are_ingested(api, tmp_path):
     first = _submit(api, tmp_path, max_steps=6)
     second = _submit(api, tmp_path, max_steps=4)
@@ -45,6 +48,7 @@ def test_jobs_run_one_slot_at_a_time_and_their_runs_are_ingested(api, tmp_path):
     assert kinds[0] == "started" and kinds[-1] == "finished"
 
 
+@pytest.mark.slow
 def test_cancel_stops_a_running_job_with_a_checkpoint(api, tmp_path):
     job_id = _submit(api, tmp_path, max_steps=500, options={"sleep_s": 0.05})
     wait_for_job(api, job_id, lambda j: j["state"] == "running" and (j["step"] or 0) >= 2)
@@ -54,6 +58,7 @@ def test_cancel_stops_a_running_job_with_a_checkpoint(api, tmp_path):
     assert kinds[-2:] == ["checkpoint", "cancelled"] and job["reason"] == "cancelled by admin"
 
 
+@pytest.mark.slow
 def test_a_cancelled_job_resumes_from_the_checkpoint_its_cancel_wrote(api, tmp_path):
     job_id = _submit(api, tmp_path, max_steps=40, options={"sleep_s": 0.05})
     wait_for_job(api, job_id, lambda j: j["state"] == "running" and (j["step"] or 0) >= 3)
@@ -81,6 +86,7 @@ def test_a_job_cancelled_before_its_first_checkpoint_says_it_cannot_resume(api, 
     api.post(f"/api/v1/jobs/{running}/cancel")
 
 
+@pytest.mark.slow
 def test_a_killed_training_process_is_restarted_from_its_checkpoint(api, tmp_path):
     job_id = _submit(api, tmp_path, max_steps=60, checkpoint_every=5, options={"sleep_s": 0.05})
     running = wait_for_job(api, job_id, lambda j: j["state"] == "running" and (j["step"] or 0) >= 12)
@@ -100,6 +106,7 @@ def _is_runner(pid: int, run_dir: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_spent_budget_pauses_the_job_and_resume_goes_on_from_its_checkpoint(api, tmp_path):
     spec = image_spec(tmp_path, max_steps=40, options={"sleep_s": 0.05})
     spec["cost"] = {"usd_per_hour": 3600.0, "budget_usd": 0.4}  # a dollar a second: paused within a second
@@ -126,6 +133,7 @@ def test_a_spent_budget_pauses_the_job_and_resume_goes_on_from_its_checkpoint(ap
     assert again.status_code == 409
 
 
+@pytest.mark.slow
 def test_metrics_pages_logs_and_the_live_stream_of_a_running_job(api, tmp_path):
     job_id = _submit(api, tmp_path, max_steps=30, options={"sleep_s": 0.05})
     with api.stream("GET", f"/api/v1/jobs/{job_id}/logs/stream", params={"metrics": True}) as response:
@@ -169,7 +177,7 @@ def test_a_cancel_signals_no_process_that_is_not_the_jobs_runner(tmp_path):
             run_dir = str(tmp_path / "run")
             s.add(Job(name="j", state="running", pid=stranger.pid, run_dir=run_dir, spec_yaml="",
                       devices="cpu:0", cancel_requested=True, max_restarts=0))  # fmt: skip
-        Scheduler(engine, inventory()).tick()
+        Scheduler(engine, inventory(), LocalExecutor()).tick()
         time.sleep(0.2)
         assert stranger.poll() is None  # not signalled
         with session(engine) as s:
@@ -180,6 +188,7 @@ def test_a_cancel_signals_no_process_that_is_not_the_jobs_runner(tmp_path):
         engine.dispose()
 
 
+@pytest.mark.slow
 def test_a_runner_that_refuses_its_input_fails_once_with_its_error_in_the_users_names(api, tmp_path):
     import numpy as np
 
@@ -222,7 +231,7 @@ def test_a_re_attached_runner_is_judged_by_its_logs_last_line_and_ends_are_logge
                 s.add(Job(name=name, state="running", run_dir=str(tmp_path / name), spec_yaml="",
                           devices="cpu:0", files={"/srv/up/0f.csv": "mine.csv"}, max_restarts=0))  # fmt: skip
         with caplog.at_level("INFO", logger="gpuforge.scheduler"):
-            Scheduler(engine, inventory()).tick()
+            Scheduler(engine, inventory(), LocalExecutor()).tick()
         with session(engine) as s:
             ended = {j.name: (j.state, j.reason) for j in s.query(Job)}
     finally:
@@ -234,6 +243,7 @@ def test_a_re_attached_runner_is_judged_by_its_logs_last_line_and_ends_are_logge
     assert "job 3: finished" in said and "job 1: failed (data.train: mine.csv: holds no records)" in said
 
 
+@pytest.mark.slow
 def test_a_job_seen_ended_late_is_charged_to_its_end_and_one_found_ended_is_charged_to_its_last_word(
     tmp_path,
 ):
@@ -275,7 +285,7 @@ def test_a_job_seen_ended_late_is_charged_to_its_end_and_one_found_ended_is_char
                 s.add(Job(name=name, state="running", pid=pid, run_dir=str(tmp_path / name), spec_yaml="",
                           devices="cpu:0", usd_per_hour=3600.0, max_restarts=0, run_started_at=began,
                           accrued_at=began))  # fmt: skip
-        scheduler = Scheduler(engine, inventory())
+        scheduler = Scheduler(engine, inventory(), LocalExecutor())
         scheduler.tick()  # "late" runs: charged to now; the others end, each dated as said above
         after_first = utcnow()
         runner.kill()
@@ -331,7 +341,8 @@ def test_a_replica_gets_its_owners_policy_and_a_key_the_store_keeps_only_the_dig
     secret = load_secret(settings.home)
     device = DeviceInfo("cpu:0", "cpu", "a CPU slot", threads=1)
     policy_of = lambda key: job_policy(settings, key)  # noqa: E731 (as the server passes it)
-    scheduler = Scheduler(engine, [device], policy_of=policy_of, worker_secret=secret)
+    options = SchedulerOptions(policy_of=policy_of, worker_secret=secret)
+    scheduler = Scheduler(engine, [device], LocalExecutor(), options)
     with session(engine) as s:
         for admin in (False, True):
             owner = ApiKey(name=f"owner-{admin}", digest=f"{admin:064d}", admin=admin)
@@ -365,11 +376,12 @@ def loop_store(tmp_path, monkeypatch):
         launched.append(int(run_dir.name))
         return Launched(pid=40_000 + len(launched), process=None)
 
-    monkeypatch.setattr(loop, "launch", fake_launch)
+    executor = LocalExecutor()
+    monkeypatch.setattr(executor, "start_runner", fake_launch)
     engine = connect(f"sqlite:///{tmp_path / 'store.db'}")
     migrate(engine)
     slots = [DeviceInfo(f"cpu:{i}", "cpu", "a CPU slot", threads=1) for i in range(3)]
-    yield loop.Scheduler(engine, slots), launched
+    yield loop.Scheduler(engine, slots, executor), launched
     engine.dispose()
 
 
@@ -383,10 +395,7 @@ def _add_job(s, tmp_path, **fields) -> int:
     return job.id
 
 
-def test_a_cancel_landing_between_the_queue_read_and_the_claim_starts_nothing(
-    loop_store, tmp_path, monkeypatch
-):
-    from gpuforge.scheduler import loop
+def test_a_cancel_landing_between_the_queue_read_and_the_claim_starts_nothing(loop_store, tmp_path):
     from gpuforge.store import states
     from gpuforge.store.db import session
     from gpuforge.store.models import Job
@@ -396,15 +405,13 @@ def test_a_cancel_landing_between_the_queue_read_and_the_claim_starts_nothing(
     with session(scheduler.engine) as s:
         first, second = _add_job(s, tmp_path), _add_job(s, tmp_path)
 
-    def plan_then_cancel(*args):
-        plan = real_plan(*args)
+    with session(scheduler.engine) as s:  # the tick's queue pass, phase by phase
+        snapshot = scheduler.read_queue(s)
+        plan = snapshot.plan()
+        assert [job_id for job_id, _ in plan.starts] == [first, second]
         with session(scheduler.engine) as api:  # the API's cancel, after the loop planned to start both
             states.cancel(api, second, "cancelled by admin")
-        return plan
-
-    real_plan = loop.plan_starts
-    monkeypatch.setattr(loop, "plan_starts", plan_then_cancel)
-    scheduler.tick()
+        scheduler.apply(s, snapshot, plan)
     assert launched == [first]
     with session(scheduler.engine) as s:
         started, cancelled = s.get(Job, first), s.get(Job, second)
@@ -474,6 +481,7 @@ def test_a_tick_fails_a_job_that_can_never_start_and_says_once_why_a_held_one_wa
     assert launched == []
 
 
+@pytest.mark.slow
 def test_a_clusters_devices_are_read_again_into_the_list_the_server_shares_and_a_failed_read_keeps_them(
     tmp_path, monkeypatch, caplog
 ):
@@ -500,8 +508,14 @@ def test_a_clusters_devices_are_read_again_into_the_list_the_server_shares_and_a
             assert time.monotonic() < deadline, f"{what}: {devices}; {caplog.text}"
             time.sleep(0.05)
 
+    class NodesComeAndGo(LocalExecutor):  # a partition's nodes drained and added, as sinfo would say
+        rereads_devices = True
+
+        def devices(self):
+            return source()
+
     devices = list(one)
-    scheduler = loop.Scheduler(engine, devices, devices_source=source)
+    scheduler = loop.Scheduler(engine, devices, NodesComeAndGo())
     scheduler.start()
     try:
         until(lambda: len(devices) == 2, "a node with a GPU joined")

@@ -13,7 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
+from gpuforge.executors.local import LocalExecutor
 from gpuforge.store.ingest import READ_LIMIT
+
+pytestmark = pytest.mark.slow  # every test here is slow (docs/testing.md)
 
 KEYS = ["ts", "event", "reason", "total_steps", "step", "loss", "mfu", "eta_s", "samples_per_s", "cost_usd"]
 values = st.recursive(
@@ -47,7 +50,8 @@ def loop(tmp_path, monkeypatch):
         launched.append(run_dir.name)
         return Launched(pid=4_000_000 + len(launched), process=None)
 
-    monkeypatch.setattr(loop_module, "launch", fake_launch)
+    executor = LocalExecutor()
+    monkeypatch.setattr(executor, "start_runner", fake_launch)
     engine = connect(f"sqlite:///{tmp_path / 'store.db'}")
     migrate(engine)
     run = tmp_path / "live"
@@ -58,7 +62,7 @@ def loop(tmp_path, monkeypatch):
                   devices="cpu:0", usd_per_hour=3600.0, run_started_at=utcnow(), max_restarts=0))  # fmt: skip
     slots = [DeviceInfo(f"cpu:{i}", "cpu", "a CPU slot", threads=1) for i in range(3)]
     try:
-        yield loop_module.Scheduler(engine, slots), run, launched
+        yield loop_module.Scheduler(engine, slots, executor), run, launched
     finally:
         runner.kill()
         runner.wait()

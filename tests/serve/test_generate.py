@@ -320,6 +320,7 @@ def _events(response) -> list:
     return [json.loads(line[6:]) for line in lines[:-1]]
 
 
+@pytest.mark.slow
 def test_completions_answer_what_the_model_says(api):
     client, engine = api
     body = {"model": "whatever", "prompt": "def add(a, b):", "max_tokens": 12, "temperature": 0}

@@ -27,6 +27,7 @@ def _ask(client, i: int) -> float:
     return time.perf_counter() - began
 
 
+@pytest.mark.slow
 def test_a_window_splits_the_mean_inputs_latency_into_its_parts(endpoint):
     with concurrent.futures.ThreadPoolExecutor(9) as pool:
         window = pool.submit(endpoint.post, "/admin/profile", params={"seconds": 3})
@@ -69,6 +70,7 @@ def _complete(client, i: int, max_tokens: int = 12) -> tuple[float, int]:
     return time.perf_counter() - began, answer.json()["usage"]["completion_tokens"]
 
 
+@pytest.mark.slow
 def test_a_causal_lms_window_splits_the_mean_requests_time_in_its_continuous_batches(lm_endpoint):
     with concurrent.futures.ThreadPoolExecutor(7) as pool:
         before = pool.submit(_complete, lm_endpoint, 99, 60)  # submitted before the window: not in it

@@ -149,7 +149,7 @@ def test_the_team_server_forwards_a_curl_d_body_to_its_replica(digits_model, tmp
 
     home = tmp_path / "home"
     with TestClient(create_app(Settings(home=home, schedule=False))) as api:  # the replica started here
-        state = api.app.state
+        state = api.app.state.services
         with session(state.engine) as s:
             deployment = Deployment(name="digits", model_dir=str(digits_model), worker_key="", workers=[])
             s.add(deployment)

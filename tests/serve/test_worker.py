@@ -51,6 +51,7 @@ def _offline(model_dir, texts):
     return [manifest["labels"][i] for i in logits.argmax(-1).tolist()], torch.softmax(logits, -1)
 
 
+@pytest.mark.slow
 def test_predict_answers_what_the_model_says_offline(text_endpoint, text_model):
     texts = ["the striker scored twice in the final", "shares fell as the central bank raised rates"]
     response = text_endpoint.post("/predict", json={"inputs": texts})

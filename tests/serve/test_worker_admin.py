@@ -148,6 +148,7 @@ def test_an_input_whose_adapter_went_while_it_waited_is_refused_alone(three_adap
         client.__exit__(None, None, None)
 
 
+@pytest.mark.slow
 def test_what_an_adapter_must_be_to_be_added(three_adapters, root, full_model, tmp_path):
     own, b, _ = three_adapters
     outside = shutil.copytree(b, tmp_path / "outside")

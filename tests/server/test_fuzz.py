@@ -16,6 +16,8 @@ from gpuforge.server.app import create_app
 from gpuforge.server.settings import Settings
 from tests.helpers.paths import ROOT
 
+pytestmark = pytest.mark.slow  # every test here is slow (docs/testing.md)
+
 # Bounded and repeatable: a fixed seed, derandomized generation, up to 25 examples per operation and
 # phase (examples, coverage, fuzzing; positive and negative), no example database on disk.
 CONFIG = schemathesis.Config.from_dict(

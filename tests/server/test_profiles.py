@@ -6,12 +6,15 @@ import gzip
 import json
 
 import httpx
+import pytest
 
 from gpuforge.server.local import LocalServer
 from gpuforge.spec import load_spec
 from tests.helpers.cli import run_cli
 from tests.helpers.jobs import wait_for, wait_for_job
 from tests.helpers.specs import image_spec, write_spec
+
+pytestmark = pytest.mark.slow  # every test here is slow (docs/testing.md)
 
 
 def test_a_running_job_profiles_its_next_steps_when_asked_and_the_report_comes_back(tmp_path, monkeypatch):

@@ -67,7 +67,7 @@ def test_the_admin_makes_lists_and_changes_projects_and_others_may_not(server):
     assert (changed.json()["budget_usd_month"], changed.json()["max_devices"], changed.json()["share"]) == (
         None, 2, 0.5,
     )  # fmt: skip
-    with session(client.app.state.engine) as s:  # stored as the admin said: NULL is no budget
+    with session(client.app.state.services.engine) as s:  # stored as the admin said: NULL is no budget
         stored = s.scalar(select(Project).where(Project.name == "vision"))
         assert (stored.budget_usd_month, stored.max_devices, stored.share) == (None, 2, 0.5)
 
@@ -91,7 +91,7 @@ def test_the_admin_makes_lists_and_changes_projects_and_others_may_not(server):
     for method, path, body in [("post", "", {"name": "mine"}), ("patch", "/vision", {"share": 100})]:
         refused = getattr(client, method)(f"/api/v1/projects{path}", json=body, headers=_auth(alice))
         assert refused.status_code == 403 and "not an admin key" in refused.text
-    with session(client.app.state.engine) as s:
+    with session(client.app.state.services.engine) as s:
         assert s.scalar(select(Project.share).where(Project.name == "vision")) == 0.5
         assert s.scalar(select(Project.id).where(Project.name == "mine")) is None
 
@@ -187,7 +187,8 @@ def test_projects_list_shows_spend_devices_and_jobs_of_each(server):
     running, _queued, preempted = (_submit(client, alice)["id"] for _ in range(3))
     _submit(client, carol)
     now = utcnow()
-    with session(client.app.state.engine) as s:  # as the scheduler leaves them: one running on two devices
+    # as the scheduler leaves them: one running on two devices
+    with session(client.app.state.services.engine) as s:
         vision = s.scalar(select(Project.id).where(Project.name == "vision"))
         s.get(Job, running).state, s.get(Job, running).devices = JobState.RUNNING, "cpu:0,cpu:1"
         s.get(Job, preempted).state = JobState.PREEMPTED
@@ -227,7 +228,7 @@ def test_deployments_carry_their_project_and_price_and_members_read_them(server,
     (tmp_path / "home" / "prices.yaml").unlink()  # none priced: a replica then costs $0
     free = client.post("/api/v1/deployments", json={"job_id": job_id, "name": "dogs"}, headers=_auth(bob))
     assert free.status_code == 201, free.text  # a teammate's model, served as bob's own
-    with session(client.app.state.engine) as s:
+    with session(client.app.state.services.engine) as s:
         vision = s.scalar(select(Project.id).where(Project.name == "vision"))
         rows = {d.name: (d.project_id, d.usd_per_hour) for d in s.scalars(select(Deployment))}
     assert rows == {"cats": (vision, 0.75), "dogs": (vision, 0.0)}
@@ -272,7 +273,7 @@ def test_the_devices_page_names_a_teammates_job_and_hides_another_teams(server):
     alice, bob = _key(client, admin, "alice", "vision"), _key(client, admin, "bob", "vision")
     carol = _key(client, admin, "carol", "nlp")
     job_id = _submit(client, alice)["id"]
-    with session(client.app.state.engine) as s:
+    with session(client.app.state.services.engine) as s:
         job = s.get(Job, job_id)
         job.state, job.devices, job.started_at = JobState.RUNNING, "cpu:0", utcnow()
         s.add(Device(id="cpu:0", kind="cpu", name="cpu", job_id=job_id))
@@ -282,6 +283,7 @@ def test_the_devices_page_names_a_teammates_job_and_hides_another_teams(server):
     assert (hidden["held_by"], hidden["job"]) == ("job", None)
 
 
+@pytest.mark.slow
 def test_projects_and_keys_through_the_cli(tmp_path, monkeypatch):
     with LocalServer(tmp_path / "home", log=tmp_path / "server.log", GPUFORGE_SCHEDULE="false") as live:
         monkeypatch.setenv("GPUFORGE_URL", live.url)

@@ -9,9 +9,10 @@ from pathlib import Path
 import yaml
 from sqlalchemy import func, select
 
+from gpuforge.executors.local import LocalExecutor
 from gpuforge.scheduler.allocator import DeviceInfo
 from gpuforge.scheduler.executor import Launched
-from gpuforge.scheduler.loop import Scheduler
+from gpuforge.scheduler.loop import Scheduler, SchedulerOptions
 from gpuforge.store.db import session
 from gpuforge.store.models import ApiKey, Deployment, Job, Upload
 from gpuforge.store.quotas import QUOTAS
@@ -47,7 +48,7 @@ def _quotas(key: dict) -> dict:
 
 
 def _count(client, model) -> int:
-    with session(client.app.state.engine) as s:
+    with session(client.app.state.services.engine) as s:
         return s.scalar(select(func.count()).select_from(model))
 
 
@@ -65,7 +66,7 @@ def test_a_new_key_has_the_defaults_those_given_and_an_admin_key_none(server):
         "alice": DEFAULTS,
         "bob": {**DEFAULTS, "max_running": 1, "max_upload_bytes": 1000},
     }
-    with session(client.app.state.engine) as s:  # stored: what the admin gave, NULL for the defaults
+    with session(client.app.state.services.engine) as s:  # stored: what the admin gave, NULL for the defaults
         stored = s.scalar(select(ApiKey).where(ApiKey.name == "bob"))
         assert (stored.max_running, stored.max_upload_bytes, stored.max_queued) == (1, 1000, None)
 
@@ -135,10 +136,10 @@ def test_submit_past_max_queued_is_429_and_queues_nothing(server):
     for _ in range(3):  # the admin has no quota; others' jobs do not count against alice's
         assert client.post("/api/v1/jobs", json={"spec": _spec()}, headers=_auth(admin)).status_code == 201
 
-    with session(client.app.state.engine) as s:  # running and paused jobs are not ended: they count
+    with session(client.app.state.services.engine) as s:  # running and paused jobs are not ended: they count
         s.get(Job, ids[0]).state, s.get(Job, ids[1]).state = "running", "paused"
     assert client.post("/api/v1/jobs", json={"spec": _spec()}, headers=_auth(alice)).status_code == 429
-    with session(client.app.state.engine) as s:  # an ended job frees its place
+    with session(client.app.state.services.engine) as s:  # an ended job frees its place
         s.get(Job, ids[0]).state = "finished"
     assert client.post("/api/v1/jobs", json={"spec": _spec()}, headers=_auth(alice)).status_code == 201
     assert client.post("/api/v1/jobs", json={"spec": _spec()}, headers=_auth(alice)).status_code == 429
@@ -200,7 +201,7 @@ def _put(client, key: str, content: bytes, name: str = "data.jsonl", chunked: bo
 
 
 def _charged(client) -> dict[str, int]:
-    with session(client.app.state.engine) as s:
+    with session(client.app.state.services.engine) as s:
         rows = s.execute(select(ApiKey.name, func.sum(Upload.size)).join(ApiKey).group_by(ApiKey.name))
         return dict(rows.all())
 
@@ -251,7 +252,7 @@ def test_a_deploy_past_max_deployments_is_429_and_makes_nothing(server, tmp_path
         "its limit; the admin can raise it: gpuforge keys set alice --max-deployments N"
     )
     assert _count(client, Deployment) == 1
-    with session(client.app.state.engine) as s:  # a stopping one still holds its replicas: it counts
+    with session(client.app.state.services.engine) as s:  # a stopping one still holds its replicas: it counts
         s.scalar(select(Deployment)).state = "stopping"
     assert (
         client.post(
@@ -259,7 +260,7 @@ def test_a_deploy_past_max_deployments_is_429_and_makes_nothing(server, tmp_path
         ).status_code
         == 429
     )
-    with session(client.app.state.engine) as s:
+    with session(client.app.state.services.engine) as s:
         s.scalar(select(Deployment)).state = "stopped"
     again = client.post("/api/v1/deployments", json={"job_id": job_id, "name": "two"}, headers=_auth(alice))
     assert again.status_code == 201, again.text
@@ -277,14 +278,15 @@ def test_the_scheduler_keeps_a_key_to_max_running_and_starts_the_others_meanwhil
         launched.append(Path(run_dir).name)
         return Launched(pid=os.getpid(), process=None)
 
-    monkeypatch.setattr("gpuforge.scheduler.loop.launch", fake_launch)
+    executor = LocalExecutor()
+    monkeypatch.setattr(executor, "start_runner", fake_launch)
     submitted = {}
     for who, key, priority in (("alice", alice, 10), ("alice", alice, 10), ("bob", bob, 0), ("bob", bob, 0)):
         job = client.post("/api/v1/jobs", json={"spec": _spec(), "priority": priority}, headers=_auth(key))
         submitted.setdefault(who, []).append(job.json()["id"])
-    engine = client.app.state.engine
+    engine = client.app.state.services.engine
     slots = [DeviceInfo(f"cpu:{i}", "cpu", "cpu slot", threads=1) for i in range(4)]
-    scheduler = Scheduler(engine, slots, tmp_path / "deployments")
+    scheduler = Scheduler(engine, slots, executor, SchedulerOptions(deployments_dir=tmp_path / "deployments"))
 
     def states() -> dict[int, str]:
         with session(engine) as s:

@@ -24,6 +24,8 @@ from gpuforge.server.local import LocalServer
 from tests.helpers.cli import run_cli
 from tests.helpers.paths import TEST_MODELS, TOPICS
 
+pytestmark = pytest.mark.slow  # every test here is slow (docs/testing.md)
+
 ADMIN_KEY = "gf_" + "a" * 40  # given through GPUFORGE_ADMIN_KEY: the env a job must not see
 
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import yaml
 
+from gpuforge.executors.slurm_holding import READ_S
 from gpuforge.runs import RunDir
-from gpuforge.scheduler.seen_holding import READ_S
 from gpuforge.server.local import LocalServer
 from tests.helpers.cli import run_cli
 from tests.helpers.jobs import wait_for_job

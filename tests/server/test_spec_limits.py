@@ -1,8 +1,11 @@
 """Issue 35: the work one request buys is bounded (on the real app, with its default limits)."""
 
+import pytest
 import yaml
 
 from tests.helpers.paths import TEST_MODELS
+
+pytestmark = pytest.mark.slow  # every test here is slow (docs/testing.md)
 
 
 def _spec(**changes) -> str:

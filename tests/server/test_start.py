@@ -2,7 +2,11 @@
 
 import socket
 
+import pytest
+
 from tests.helpers.cli import run_cli
+
+pytestmark = pytest.mark.slow  # every test here is slow (docs/testing.md)
 
 
 def test_a_busy_port_is_named_before_a_home_or_a_key_is_made(tmp_path):

@@ -131,6 +131,7 @@ def test_compiled_model_trains_the_same_curve_and_checkpoints_plain_names(tmp_pa
     assert module(torch.rand(1, 1, 8, 8)).shape == (1, 10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, precision", [("nf4", "fp32"), ("int8", "fp32"), ("nf4", "bf16")])
 def test_qlora_on_cpu_quantizes_the_base_trains_and_resumes(
     tmp_path, tiny_bert_dir, small_topics, kind, precision
@@ -159,6 +160,7 @@ def test_a_quantized_base_needs_lora(tmp_path):
         parse_spec({**image_spec(tmp_path), "adapt": {"quantize_base": "nf4"}}, tmp_path)
 
 
+@pytest.mark.slow
 def test_lora_in_bf16_keeps_the_frozen_base_in_bf16_and_the_factors_in_fp32(
     tmp_path, tiny_bert_dir, small_topics
 ):

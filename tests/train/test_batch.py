@@ -38,6 +38,7 @@ def _search(minilm_job, global_batch, max_memory):
     )
 
 
+@pytest.mark.slow
 def test_the_largest_micro_batch_under_the_budget_wins(minilm_job):
     roomy = _search(minilm_job, 32, 64 * 2**30)
     assert roomy.micro == 32 and roomy.per_sample_bytes > 2**20  # MiniLM at 24 tokens: MiBs per sample
@@ -51,6 +52,7 @@ def test_the_largest_micro_batch_under_the_budget_wins(minilm_job):
     assert tight.persistent_bytes + checked["peak_bytes"] <= tight.budget_bytes
 
 
+@pytest.mark.slow
 def test_a_budget_below_one_sample_names_what_one_sample_needs(minilm_job):
     with pytest.raises(
         GpuforgeError, match=r"max_memory: 0.10 GiB is too small for a batch of one: that needs"
@@ -77,6 +79,7 @@ def test_auto_needs_a_global_batch(tmp_path):
         load_spec(spec)
 
 
+@pytest.mark.slow
 def test_auto_in_a_run_is_reported_and_kept_on_resume(tmp_path, tiny_bert_dir, small_topics):
     raw = {
         "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},

@@ -92,6 +92,7 @@ def test_artifact_reloads_with_the_same_predictions(tmp_path):
     assert torch.equal(module(x), again(x))
 
 
+@pytest.mark.slow
 def test_text_classification_on_a_local_transformers_model(tmp_path, tiny_bert_dir, small_topics):
     raw = {
         "model": {"source": f"hf:{tiny_bert_dir}", "task": "sequence-classification"},
@@ -115,6 +116,7 @@ def test_plain_torch_text_model_with_the_byte_tokenizer(tmp_path, small_topics):
     assert summary["status"] == "finished" and summary["flops_method"].startswith("measured")
 
 
+@pytest.mark.slow
 def test_causal_lm_from_scratch_reports_perplexity(tmp_path):
     (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 60)
     raw = {
@@ -163,6 +165,7 @@ def test_nan_loss_stops_with_a_failed_event_and_keeps_the_last_good_checkpoint(t
     assert run.summary()["status"] == "failed" and not run.model_dir.exists()
 
 
+@pytest.mark.slow
 def test_a_spent_budget_pauses_with_a_checkpoint_and_a_higher_one_goes_on(tmp_path):
     raw = image_spec(tmp_path, max_steps=50)
     raw["cost"] = {"usd_per_hour": 1e6, "budget_usd": 0.5}
@@ -225,6 +228,7 @@ def test_a_run_stored_before_the_tracking_section_existed_still_resumes(tmp_path
     assert _train(tmp_path, raw)["steps"] == 3
 
 
+@pytest.mark.slow
 def test_an_fp16_run_checkpoints_its_loss_scale_and_resumes_the_same_loss_curve(tmp_path):
     raw = image_spec(tmp_path, max_steps=8, checkpoint_every=4, precision="fp16")
     _train(tmp_path, raw, "reference")
@@ -243,6 +247,7 @@ def test_reduced_precision_on_cpu(tmp_path, precision):
     assert "asked for" in summary["precision_reason"]
 
 
+@pytest.mark.slow
 def test_out_of_memory_halves_the_micro_batch_and_keeps_the_loss_curve(tmp_path):
     # the model "runs out of memory" above 16 examples per forward, mid-forward, after dropout drew its mask
     oom = image_spec(tmp_path, max_steps=8, batch_size=64, checkpoint_every=4, options={"oom_above": 16})

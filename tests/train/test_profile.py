@@ -7,6 +7,7 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
 from gpuforge.profile_files import read_profile
@@ -75,6 +76,7 @@ def test_a_slow_forward_is_the_top_share_and_a_run_ending_inside_the_window_keep
     assert top[0] == "forward" and top[1] >= 0.25, first  # the forward's sleep is in it, not elsewhere
 
 
+@pytest.mark.slow
 def test_evaluating_every_step_is_advised_against_and_the_cli_prints_the_breakdown(tmp_path):
     spec = image_spec(tmp_path, max_steps=6, eval_every=1, data={"eval_fraction": 0.6}, batch_size=8)
     run = tmp_path / "run"
@@ -137,6 +139,7 @@ def build(vocab_size, num_labels):
 """
 
 
+@pytest.mark.slow
 def test_a_run_waiting_on_its_batches_shows_data_wait_on_top_and_is_advised_a_shorter_max_length(tmp_path):
     """Long documents (about 18 kB each) padded into batches of 128 at data.max_length 16384, for a model
     that reads their first 16 tokens: building the batches is most of the step."""
@@ -165,6 +168,7 @@ def test_a_run_waiting_on_its_batches_shows_data_wait_on_top_and_is_advised_a_sh
     assert any(line.startswith("data wait") and "data.max_length" in line for line in advice), advice
 
 
+@pytest.mark.slow
 def test_bad_profile_requests_say_what_is_wrong(tmp_path):
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=2))
     bad = run_cli("train", str(spec), "--out", str(tmp_path / "r"), "--profile", "ten")
@@ -183,6 +187,7 @@ def test_bad_profile_requests_say_what_is_wrong(tmp_path):
         assert broken.returncode == 2 and "not a profile gpuforge wrote" in broken.stderr, broken.stderr
 
 
+@pytest.mark.slow
 def test_a_window_outside_the_run_is_said_and_a_profiled_run_resumes_with_another_window(tmp_path):
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=4, checkpoint_every=2))
     run = tmp_path / "run"
@@ -214,6 +219,7 @@ def build(num_labels: int) -> nn.Module:
 """
 
 
+@pytest.mark.slow
 def test_each_ddp_rank_writes_its_trace_and_rank_0_measures_the_all_reduce(tmp_path):
     from tests.helpers.ddp_specs import write_ddp_spec
 

@@ -34,6 +34,7 @@ def _default_out(name: str) -> Path:
 def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: bool = False):
     # imported here so `gpuforge --help` stays fast (torch and transformers take seconds to import)
     from gpuforge.admission import check_spec
+    from gpuforge.executors import build as build_executor
     from gpuforge.policy import current
     from gpuforge.runs import RunResult
     from gpuforge.settings import current as environment
@@ -44,11 +45,10 @@ def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: boo
     job = load_train_spec(spec_path, overrides, "train")
     check_spec(current(), job)  # a runner the server started holds to its job's policy, whatever the file
     out = out or _default_out(job.name)
-    # several processes, or jobs that run on a Ray cluster or as Slurm jobs: this process launches them
-    if job.distributed.strategy != "none" or environment().executor in ("ray", "slurm"):
-        from gpuforge.launch.job import launch
-
-        return job, out, RunResult.model_validate(launch(job, out))
+    # several processes, or an executor whose every job runs elsewhere: this process launches the ranks
+    executor = build_executor(environment())  # as the server that started this runner told it
+    if job.distributed.strategy != "none" or executor.launches_ranks:
+        return job, out, RunResult.model_validate(executor.launch_ranks(job, out))
     summary = run_training(job, out, Reporter() if quiet else RichReporter(console))
     return job, out, RunResult.model_validate(summary)
 

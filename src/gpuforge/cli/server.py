@@ -140,8 +140,9 @@ def server(
         raise GpuforgeError(format_validation_error(err)) from None
     check_port_free(settings.host, settings.port)  # before the home, the store or a key is made
     check_store_and_bind(settings)
-    check_executor(settings)
-    run_announced(create_app(settings), "server", settings.host, settings.port, f"home {settings.home}")
+    executor = check_executor(settings)
+    served = create_app(settings, executor)
+    run_announced(served, "server", settings.host, settings.port, f"home {settings.home}")
 
 
 @app.command()

@@ -24,9 +24,9 @@ from fastapi.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import JSONResponse
 
 from gpuforge.access import presented_key
-from gpuforge.dashboard.compare import finals, parse_ids, spec_diff
 from gpuforge.dashboard.pages import add_pages
 from gpuforge.dashboard.profiles import profile_answer, trace_answer
+from gpuforge.dashboard.run_diff import finals, parse_ids, spec_diff
 from gpuforge.run_files import events_page, last_record, log_tail, metrics_page, read_report, series
 from gpuforge.runs import RunDir
 from gpuforge.store.models import ENDED_JOB_STATES, JobState, state_lists

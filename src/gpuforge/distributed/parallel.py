@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from gpuforge.distributed.compression import CompressionState, make_hook
+from gpuforge.distributed.grad_compression import CompressionState, make_hook
 from gpuforge.distributed.ranks import Ranks
 from gpuforge.runtime.memory import optimizer_state_bytes
 

@@ -1,5 +1,6 @@
 """Run one job as several processes: on this machine through torchrun's elastic launcher, on a Ray
-cluster as actors (`gpuforge server --executor ray`), or as a Slurm job (GPUFORGE_EXECUTOR=slurm).
+cluster as actors (`gpuforge server --executor ray`), or as a Slurm job (GPUFORGE_EXECUTOR=slurm): which
+one, the executor the runner builds from its environment says (gpuforge/executors/, `launch_ranks`).
 
     gpuforge train spec.yaml --out runs/x        # with distributed.strategy ddp|fsdp, resources.devices N
 
@@ -86,18 +87,6 @@ def check_devices(spec: JobSpec) -> str:
     return "cpu"
 
 
-def launch(spec: JobSpec, out: str | Path) -> dict[str, Any]:
-    """Train `spec` with `resources.devices` processes into `out`, here or on the Ray cluster the server
-    names (GPUFORGE_EXECUTOR=ray, GPUFORGE_RAY_ADDRESS); returns rank 0's summary, with the signal that
-    stopped the launcher (if any) under `signal`, as `train()` does."""
-    told = current()
-    if told.executor == "ray":
-        return launch_ray(spec, out, told.ray_address or "")
-    if told.executor == "slurm":
-        return launch_slurm(spec, out)
-    return launch_local(spec, out)
-
-
 def launch_local(spec: JobSpec, out: str | Path) -> dict[str, Any]:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -143,7 +132,9 @@ def launch_ray(spec: JobSpec, out: str | Path, address: str) -> dict[str, Any]:
     """The ranks as actors on a Ray cluster: a GPU or a CPU each, the rendezvous on rank 0's node, their
     output streamed back into <run>/logs/rank<N>.log. The run directory must be on a filesystem every node
     sees (rank 0 writes it where it runs). With `resources.placement`, only on nodes with those labels."""
-    from gpuforge.launch.ray_ranks import cluster_nodes, connect, matching_nodes, run_ranks
+    from gpuforge.launch.ray_cluster import cluster_nodes, connect
+    from gpuforge.launch.ray_placement import matching_nodes
+    from gpuforge.launch.ray_ranks import run_ranks
 
     connect(address)
     placement = dict(spec.resources.placement)

@@ -370,7 +370,7 @@ class _Target:
 
 
 def _compressed_bytes(grads: list[torch.Tensor], kind: str, rank: int) -> float:
-    """Bytes of gradients one all-reduce sends with this compression (distributed/compression.py's rule:
+    """Bytes of gradients one all-reduce sends with this compression (distributed/grad_compression.py's rule:
     PowerSGD compresses a matrix only when its factors are less than half its size)."""
     total = 0.0
     for g in grads:

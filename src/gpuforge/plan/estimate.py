@@ -200,7 +200,7 @@ def require_local_figures(here: Machine, job: Job) -> DeviceFigures:
 
 def evaluations(job: Job) -> int:
     """How many times the run evaluates: every train.eval_every steps and at the last step
-    (train/loop.py's evaluate_if_due); none without an eval set."""
+    (train/trainer.py's evaluate_if_due); none without an eval set."""
     if job.data.eval is None or len(job.data.eval) == 0:
         return 0
     every, total = job.spec.train.eval_every, job.total_steps

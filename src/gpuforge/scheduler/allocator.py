@@ -52,7 +52,7 @@ def cpu_slot_name(index: int, slots: int, per_slot: int, cores: int) -> str:
 
 
 def cluster_inventory(cluster: dict) -> list[DeviceInfo]:
-    """The devices of a Ray cluster (ray_ranks.cluster_devices()) or a Slurm partition: each GPU, and each
+    """The devices of a Ray cluster (ray_cluster.cluster_devices()) or a Slurm partition: each GPU, and each
     CPU as a slot of one core (GPUFORGE_CPU_SLOTS, when set, caps them, taken from the nodes in turn), each
     with its node's labels (``per_node``; without it, none). Ray (or Slurm) places the ranks, on nodes that
     carry a job's placement labels; these ids only count them."""

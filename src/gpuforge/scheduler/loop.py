@@ -7,8 +7,12 @@ A tick, in one transaction:
    with the runner's one-line error when it refused its input (exit 2: it would refuse it again), else
    (killed, OOM-killed) queued again to resume from its last checkpoint while `restarts < max_restarts`;
 2. deployments (scheduler/deployments.py): replicas started, restarted, checked, stopped;
-3. the queue: plan_starts() on the devices no running job or deployment holds; each job to start gets its spec
-   written beside its run directory and a runner process with its devices' environment.
+3. the queue, in three phases: a snapshot of what it reads (scheduler/snapshot.py), the pure plan_starts()
+   on the devices no running job or deployment holds, and one apply step: jobs rejected, held, preempted,
+   and each job to start claimed, its spec written beside its run directory and its runner started by the
+   executor with its devices' environment.
+The executor (scheduler/executor.py's protocol, built once by the server) says where the runners' ranks run,
+which devices there are, and what the ledger charges; the loop never asks which executor it is.
 The store is the truth the next tick reads, so a tick can fail (the store busy, a launch refused) and
 the next one carries on. It is also what a restarted server starts from: a job the store says is running
 is re-attached when its pid still runs its run directory, and otherwise ends or is re-queued as above,
@@ -18,20 +22,18 @@ store/states.py: it happens only while the job is still in the state it leaves (
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import re
 import secrets
-import signal
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import Row, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuforge.child_env import child_environment
@@ -42,19 +44,18 @@ from gpuforge.scheduler import deployments
 from gpuforge.scheduler.allocator import DeviceInfo, job_environment
 from gpuforge.scheduler.autoscale import Autoscaler
 from gpuforge.scheduler.budgets import ProjectBudgets
-from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Launched, launch
-from gpuforge.scheduler.queue import HELD, Fairness, Limits, QueuedJob, RunningJob, plan_starts
-from gpuforge.scheduler.seen_holding import SeenHolding, union
+from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Executor, Launched
+from gpuforge.scheduler.queue import HELD, Plan
+from gpuforge.scheduler.snapshot import QueueSnapshot, read_queue
 from gpuforge.scheduler.traffic import Traffic
 from gpuforge.scheduler.usage import HALF_LIFE_S, recent_usage
 from gpuforge.scheduler.worker_keys import replicas_key
-from gpuforge.settings import as_environment, env_name
+from gpuforge.settings import as_environment
 from gpuforge.store import ledger, states
 from gpuforge.store.db import session
 from gpuforge.store.ingest import bad_input_error, ingest
 from gpuforge.store.models import (
     LIVE_DEPLOYMENT_STATES,
-    QUEUE_JOB_STATES,
     ApiKey,
     Deployment,
     Device,
@@ -63,14 +64,13 @@ from gpuforge.store.models import (
     JobState,
     utcnow,
 )
-from gpuforge.store.quotas import running_limits
 from gpuforge.track import JOB_ID_VARIABLE
 
 log = logging.getLogger("gpuforge.scheduler")
 TICK_S = 0.5
 USAGE_REFRESH_S = 10.0
 TROUBLE_LOG_S = 60.0  # a job whose watch fails every tick is logged this often, not twice a second
-DEVICES_REFRESH_S = 60.0  # a cluster's devices (a Slurm partition's nodes) read again this often
+DEVICES_REFRESH_S = 60.0  # an executor's devices that change (a cluster's nodes) read again this often
 PREEMPTED_BY = re.compile(r"preempted by job \d+.*?\(priority -?\d+\)")  # the head of _preempt's reason
 
 
@@ -85,40 +85,43 @@ def _after_preemption(state: JobState, reason: str | None, why: str) -> str:
     return f"{found.group(0)}; {why}" if found else why
 
 
+def _no_user_code(key: ApiKey | None) -> Policy:
+    return Policy(user_code=False, roots=())
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """What the server's settings tell its scheduler (server/app.py builds it from Settings)."""
+
+    deployments_dir: Path = Path("deployments")
+    policy_of: Callable[[ApiKey | None], Policy] = _no_user_code  # what a key's jobs and replicas may do
+    worker_secret: bytes | None = None  # replicas' keys derive from it; None: one for this process alone
+    runner_env: Mapping[str, str] = field(default_factory=dict)  # Settings.runner_environment
+    half_life_s: float = HALF_LIFE_S  # fair share's
+    max_preemptions: int = 3  # preempted this often in a row: lifted to its preemptor's priority
+    runs_dir: Path | None = None  # where jobs' models lie (default: beside deployments_dir)
+    replica_ports: range | None = None  # None: any free port
+
+
 class Scheduler:
     def __init__(
-        self,
-        engine,
-        devices: list[DeviceInfo],
-        deployments_dir: Path = Path("deployments"),
-        policy_of: Callable[[ApiKey | None], Policy] = lambda key: Policy(user_code=False, roots=()),
-        worker_secret: bytes | None = None,
-        runner_env: Mapping[str, str] | None = None,
-        half_life_s: float = HALF_LIFE_S,
-        max_preemptions: int = 3,
-        runs_dir: Path | None = None,
-        devices_source: Callable[[], list[DeviceInfo]] | None = None,
-        holding_source: Callable[[], set[str] | None] | None = None,
-        replica_ports: range | None = None,
+        self, engine, devices: list[DeviceInfo], executor: Executor, options: SchedulerOptions | None = None
     ):
+        options = options or SchedulerOptions()
+        deployments_dir = options.deployments_dir
         self.engine, self.devices, self.deployments_dir = engine, devices, deployments_dir
-        self.runner_env = dict(runner_env or {})  # where jobs' processes run (Settings.runner_environment)
-        # a Slurm job may wait in Slurm's queue after its runner starts: its max_time counts from when its
-        # runner first sees it run (_holds_devices_since), and it is charged only while it runs (tick)
-        self.queued_elsewhere = self.runner_env.get(env_name("executor")) == "slurm"
-        self.slurm_runs: dict[int, list[ledger.Span]] = {}  # running job -> its Slurm runs, read this tick
-        # and those the server saw itself (squeue), which a job that rewrote its runner's marks cannot hide
-        self.seen_holding = SeenHolding(holding_source) if holding_source is not None else None
-        self.policy_of = policy_of  # what a key's jobs and replicas may do (server/settings.job_policy)
+        self.executor = executor  # where runners' ranks run, its devices, what the ledger charges
+        self.runner_env = dict(options.runner_env)  # where jobs' processes run (Settings.runner_environment)
+        self.policy_of = options.policy_of  # what a key's jobs and replicas may do (settings.job_policy)
         # replicas' keys derive from it (scheduler/worker_keys.py); the server passes its kept one
-        self.worker_secret = worker_secret or secrets.token_bytes(32)
+        self.worker_secret = options.worker_secret or secrets.token_bytes(32)
         self.launched: dict[int, Launched] = {}  # this server's own children (others: re-attached by pid)
         self.told_unreadable: dict[int, float] = {}  # job -> when its unreadable lines were last logged
         self.troubled: dict[int, float] = {}  # job -> when its last failed watch was logged (_job_trouble)
         self.seen_alive: set[int] = set()  # running jobs whose process this server saw alive at its last tick
         self.signalled: set[int] = set()
         self.tick_seconds: list[float] = []  # recent tick durations, for /metrics (scheduling latency)
-        self.half_life_s, self.max_preemptions = half_life_s, max_preemptions
+        self.half_life_s, self.max_preemptions = options.half_life_s, options.max_preemptions
         self.queue_positions: dict[int, int] = {}  # queued job id -> its place (1: next), at the last tick
         self.preempted_for: dict[
             int, tuple[int, int]
@@ -128,26 +131,24 @@ class Scheduler:
         self.keeper = deployments.Keeper(
             devices, deployments_dir, self.replica_env,
             replica_key=lambda d: replicas_key(self.worker_secret, d),
-            adapters_root=runs_dir or deployments_dir.parent / "runs",  # where jobs' models lie
-            autoscaler=Autoscaler(self.traffic), ports=replica_ports,
+            adapters_root=options.runs_dir or deployments_dir.parent / "runs",  # where jobs' models lie
+            autoscaler=Autoscaler(self.traffic), ports=options.replica_ports,
         )  # fmt: skip
         self._usage_read: tuple[float, tuple[dict, dict]] | None = None
         self._last_tick: float | None = None
         self._stop, self._wake = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
         # a cluster's devices, read again in a thread of their own (a slow sinfo must not hold a tick up)
-        self.devices_source, self._read_devices = devices_source, None
+        self._read_devices: list[DeviceInfo] | None = None
         self._devices_lock = threading.Lock()  # the read handed from its thread to the tick's
 
     # --- the thread ---
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="gpuforge-scheduler", daemon=True)
         self._thread.start()
-        if self.devices_source is not None:
+        if self.executor.rereads_devices:
             threading.Thread(target=self._reread_devices, name="gpuforge-devices", daemon=True).start()
-        if self.seen_holding is not None:
-            watch = functools.partial(self.seen_holding.run_forever, self._stop)
-            threading.Thread(target=watch, name="gpuforge-slurm-holding", daemon=True).start()
+        self.executor.watch(self._stop)
 
     def stop(self) -> None:
         self._stop.set()
@@ -172,10 +173,10 @@ class Scheduler:
     def _reread_devices(self) -> None:
         while not self._stop.wait(DEVICES_REFRESH_S):
             try:
-                read = self.devices_source()
+                read = self.executor.devices()
                 with self._devices_lock:
                     self._read_devices = read
-            except Exception as err:  # Slurm unanswered: the devices known stay, the next read retries
+            except Exception as err:  # the cluster unanswered: the devices known stay, the next read retries
                 log.warning("devices not read again: %s", err)
 
     def _take_devices(self) -> None:
@@ -199,14 +200,9 @@ class Scheduler:
             alive = {j.id: self._alive(j) for j in running}  # asked before reading its files (_watch)
             charged = [j for j in running if self._ran_since_last_look(j, alive[j.id])]
             self.seen_alive = {job_id for job_id, yes in alive.items() if yes}
-            if self.queued_elsewhere:
-                self.slurm_runs = {j.id: runs for j in running if (runs := self._slurm_runs(j))}
-                if self.seen_holding is not None:
-                    self.seen_holding.keep_only(_logs_folder(j) for j in running)
-                within = {j.id: self.slurm_runs.get(j.id, []) for j in charged}
-                ledger.accrue(s, charged, live, now, within=within)
-            else:
-                ledger.accrue(s, charged, live, now)
+            self.executor.take_stock(running)  # before the ledger: the runs it charges within, if any
+            within = {j.id: runs for j in charged if (runs := self.executor.runs_to_charge(j.id)) is not None}
+            ledger.accrue(s, charged, live, now, within=within)
             self.budgets.refresh(s)
             watched = {j.id for j in charged}  # the others were found ended at this server's first look
             for job in running:
@@ -284,7 +280,7 @@ class Scheduler:
         if unreadable := sum(1 for e in ingest(s, job) if e.kind == "unreadable"):
             self._say_unreadable(job, unreadable)
         # `alive` is False for a pid that no longer runs this job's directory: that pid is not signalled
-        if alive and (why := self._stop_for(job, self._holds_devices_since(job))) is not None:
+        if alive and (why := self._stop_for(job, self.executor.holds_devices_since(job))) is not None:
             if states.request_stop(s, job.id, *why):
                 s.commit()
         if (job.cancel_requested or job.stop_requested) and alive:
@@ -333,8 +329,7 @@ class Scheduler:
         )
         charged = job.accrued_at or job.run_started_at or now
         ended = now if said is None else min(now, max(charged, _utc(said)))
-        within = self.slurm_runs.get(job.id, []) if self.queued_elsewhere else None  # as accrue's
-        ledger.charge_job(s, job, ended, within=within)
+        ledger.charge_job(s, job, ended, within=self.executor.runs_to_charge(job.id))  # as accrue's
         return ended
 
     def _say_unreadable(self, job: Job, count: int) -> None:
@@ -376,47 +371,16 @@ class Scheduler:
             log.info("job %d: %s", victim_id, reason)
 
     def _signal(self, job: Job) -> None:
-        """SIGTERM once to a job's runner: it checkpoints at its next step and exits."""
+        """Stop a job's runner once (SIGTERM): it checkpoints at its next step and exits."""
         if job.id in self.signalled or not job.pid:
             return
-        try:
-            os.kill(job.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        self.executor.stop_runner(job.pid)
         self.signalled.add(job.id)
-
-    def _holds_devices_since(self, job: Job | Row) -> datetime | None:
-        """When this run began to hold its devices, for its max_time: its runner's start, or (executor
-        slurm) when its runner first saw its Slurm job run (read this tick), None before that."""
-        if not self.queued_elsewhere or job.run_started_at is None:
-            return job.run_started_at
-        runs = self.slurm_runs.get(job.id)
-        return runs[0][0] if runs else None
-
-    def _slurm_runs(self, job: Job) -> list[ledger.Span]:
-        """When this job's Slurm jobs ran this attempt: as its runner wrote (_read_slurm_runs), and as this
-        server saw (seen_holding), together."""
-        seen = []  # from this attempt's start: an attempt before it, in the same run directory, is not it
-        if self.seen_holding is not None:
-            seen = self.seen_holding.spans(_logs_folder(job), since=job.run_started_at)
-        return union(self._read_slurm_runs(job) or [], seen)
-
-    def _read_slurm_runs(self, job: Job) -> list[ledger.Span] | None:
-        """When this job's Slurm jobs ran, as its runner saw them (runs.SlurmRuns), on this machine's clock;
-        None before the first run, or for a file another runner wrote (not the job's pid)."""
-        ran = RunDir(Path(job.run_dir)).slurm_runs()
-        if ran is None or ran.runner_pid != job.pid:
-            return None
-        now = utcnow()
-        try:
-            return [(min(_utc(a), now), None if b is None else min(_utc(b), now)) for a, b in ran.runs]
-        except (OverflowError, ValueError, OSError):  # a time past what datetime holds: not the runner's
-            return None
 
     def _stop_for(self, job: Job, began: datetime | None) -> tuple[str, str] | None:
         """Why the server stops a running job now, when nobody asked yet: its project's budget is spent,
-        or it ran past its resources.max_time since `began` (_holds_devices_since). (Preemption is decided
-        by the queue: _start_queued.)"""
+        or it ran past its resources.max_time since `began` (the executor's holds_devices_since).
+        (Preemption is decided by the queue: _start_queued.)"""
         if job.stop_requested or job.cancel_requested or job.pid is None:
             return None
         if (spent := self.budgets.spent.get(job.project_id)) is not None:
@@ -456,81 +420,20 @@ class Scheduler:
             return bad_input_error(job.run_dir, job.files, last_line_only=True)
         return None
 
+    # --- the queue: snapshot -> plan -> apply ---
     def _start_queued(self, s: Session) -> None:
-        now = utcnow()
-        running_columns = (
-            Job.id,
-            (Job.priority + Job.boost).label("priority"),
-            Job.device_type,
-            Job.devices,
-            Job.owner_id,
-            Job.project_id,
-            Job.preemptible,
-            Job.cancel_requested,
-            Job.stop_requested,
-            Job.max_time_s,
-            Job.run_started_at,
-        )
-        running_jobs, owners, project_devices = [], Counter(), Counter()
-        for row in s.execute(select(*running_columns).where(Job.state == JobState.RUNNING)):
-            ids = tuple(row.devices.split(",")) if row.devices else ()
-            owners[row.owner_id] += 1  # max_running counts it
-            project_devices[row.project_id] += len(ids)
-            ends = None  # unknown unless its max_time promises it (an ETA may run long: backfill would delay)
-            began = self._holds_devices_since(row)  # from where _stop_for counts it
-            if row.max_time_s is not None and began is not None:
-                ends = max(0.0, row.max_time_s - (now - began).total_seconds())
-            running_jobs.append(
-                RunningJob(
-                    row.id,
-                    row.priority,
-                    row.device_type,
-                    ids,
-                    row.project_id,
-                    preemptible=row.preemptible,  # one preempted too often is lifted (boost), not shielded
-                    stopping=bool(row.cancel_requested or row.stop_requested),
-                    ends_in_s=ends,
-                )
-            )
-        replicas = deployments.replica_holders(s)
-        held = {d for r in running_jobs for d in r.device_ids} | set(replicas)
-        free: dict[str, list[str]] = {}
-        every: dict[str, list[str]] = {}
-        for d in self.devices:
-            every.setdefault(d.kind, []).append(d.id)
-            if d.id not in held:
-                free.setdefault(d.kind, []).append(d.id)
-        columns = (
-            Job.id,
-            Job.priority + Job.boost,
-            Job.device_type,
-            Job.devices_wanted,
-            Job.owner_id,
-            Job.project_id,
-            Job.max_time_s,  # what backfill trusts: the loop stops a job past it
-            Job.placement,
-            Job.state,
-            Job.reason,
-        )
-        queued, said = [], {}
-        for row in s.execute(select(*columns).where(Job.state.in_(QUEUE_JOB_STATES))):
-            queued.append(QueuedJob(*row[:7], tuple(sorted((row[7] or {}).items()))))
-            said[row[0]] = (row[8], row[9])  # its state and the reason it shows now
-        groups = {(j.project, None) if j.project is not None else (None, j.owner) for j in queued}
-        fairness = None
-        if len(groups) > 1:  # fair share matters once two projects (or keys) wait
-            fairness = Fairness(*self._usage(s), self.budgets.shares)
-        limits = Limits(
-            running=owners,
-            max_running=running_limits(s, {j.owner for j in queued}),
-            project_devices=project_devices,
-            max_devices=self.budgets.caps,
-            spent=self.budgets.spent,
-            names=self.budgets.names,
-            replicas=replicas,
-        )
-        labels = {d.id: d.labels for d in self.devices if d.labels}
-        plan = plan_starts(queued, free, every, limits, fairness, running_jobs, labels)
+        snapshot = self.read_queue(s)
+        self.apply(s, snapshot, snapshot.plan())
+
+    def read_queue(self, s: Session) -> QueueSnapshot:
+        """Phase 1: what the queue pass reads (scheduler/snapshot.py)."""
+        usage = lambda: self._usage(s)  # noqa: E731 (read only when fair share matters)
+        return read_queue(s, self.devices, self.budgets, self.executor.holds_devices_since, usage, utcnow())
+
+    def apply(self, s: Session, snapshot: QueueSnapshot, plan: Plan) -> None:
+        """Phase 3: write what `plan` (plan_starts on `snapshot`) decided: jobs that can never start are
+        rejected, those that wait say why, victims are asked to stop, and each job to start is claimed,
+        then its runner started."""
         started = {job_id for job_id, _ in plan.starts}
         self.queue_positions = {
             job_id: place for place, job_id in enumerate((i for i in plan.order if i not in started), 1)
@@ -539,40 +442,39 @@ class Scheduler:
             states.reject(s, job_id, why)
         waits = plan.held | plan.blocked
         for job_id, why in waits.items():  # says why it waits (written when it changes)
-            state, reason = said[job_id]
+            state, reason = snapshot.shown[job_id]
             why = _after_preemption(state, reason, why)
             if reason != why:
                 states.hold(s, job_id, why)
-        for job_id, (_, reason) in said.items():  # a wait that no longer holds: its place says it
+        for job_id, (_, reason) in snapshot.shown.items():  # a wait that no longer holds: its place says it
             if reason and reason.startswith(HELD) and job_id not in waits and job_id not in started:
                 states.hold(s, job_id, None)
         for victim_id, for_job in plan.preempt.items():
             self._preempt(s, victim_id, s.get(Job, for_job))
         for job_id, device_ids in plan.starts:
-            # Claim it first, only if it is still queued (a cancel may have landed since the read), and
-            # commit: the store says `running` before the process exists, never the other way round. A
-            # server that dies between the two finds a running job with no pid: restarted, as if killed.
-            claimed = states.claim(s, job_id, device_ids, waiting_reason=HELD)
-            if job_id in plan.backfilled:
-                log.info("job %d backfilled: it should end before the blocked job could start", job_id)
-            s.commit()
-            if not claimed:
-                continue
-            job = s.get(Job, job_id, populate_existing=True)
-            run_dir = Path(job.run_dir)
-            spec_path = run_dir.with_name(run_dir.name + ".yaml")
-            spec_path.parent.mkdir(parents=True, exist_ok=True)
-            spec_path.write_text(job.spec_yaml)
-            env = self.child_env(s, job.owner_id, device_ids) | {JOB_ID_VARIABLE: str(job.id)}  # its id
-            launched = launch(spec_path, run_dir, env)
-            self.launched[job.id] = launched
-            states.start(s, job.id, launched.pid)
-            s.commit()
-            log.info("job %d started on %s (pid %d)", job.id, job.devices, launched.pid)
+            self._claim_and_start(s, job_id, device_ids, backfilled=job_id in plan.backfilled)
 
-
-def _logs_folder(job: Job) -> str:
-    return str(RunDir(Path(job.run_dir)).logs_dir)
+    def _claim_and_start(self, s: Session, job_id: int, device_ids: list[str], backfilled: bool) -> None:
+        # Claim it first, only if it is still queued (a cancel may have landed since the read), and
+        # commit: the store says `running` before the process exists, never the other way round. A
+        # server that dies between the two finds a running job with no pid: restarted, as if killed.
+        claimed = states.claim(s, job_id, device_ids, waiting_reason=HELD)
+        if backfilled:
+            log.info("job %d backfilled: it should end before the blocked job could start", job_id)
+        s.commit()
+        if not claimed:
+            return
+        job = s.get(Job, job_id, populate_existing=True)
+        run_dir = Path(job.run_dir)
+        spec_path = run_dir.with_name(run_dir.name + ".yaml")
+        spec_path.parent.mkdir(parents=True, exist_ok=True)
+        spec_path.write_text(job.spec_yaml)
+        env = self.child_env(s, job.owner_id, device_ids) | {JOB_ID_VARIABLE: str(job.id)}  # its id
+        launched = self.executor.start_runner(spec_path, run_dir, env)
+        self.launched[job.id] = launched
+        states.start(s, job.id, launched.pid)
+        s.commit()
+        log.info("job %d started on %s (pid %d)", job.id, job.devices, launched.pid)
 
 
 def _utc(unix_time: float) -> datetime:

@@ -8,24 +8,20 @@ first start makes the admin key (written to $GPUFORGE_HOME/admin.key, mode 0600,
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
-from fastapi import FastAPI, HTTPException, Request, status
-from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CollectorRegistry, Gauge, Summary, generate_latest
-from sqlalchemy import func, select, text
+from fastapi import FastAPI, HTTPException, status
+from fastapi.responses import JSONResponse
 
 from gpuforge.dashboard.pages import add_pages
 from gpuforge.errors import GpuforgeError
+from gpuforge.executors import build as build_executor
 from gpuforge.runtime.host import port_range
-from gpuforge.scheduler.allocator import cluster_inventory, inventory, parse_labels, with_labels
-from gpuforge.scheduler.loop import Scheduler
+from gpuforge.scheduler.executor import Executor
+from gpuforge.scheduler.loop import Scheduler, SchedulerOptions
 from gpuforge.scheduler.worker_keys import load_secret
 from gpuforge.secret_files import shown_url
 from gpuforge.server.auth import RequireKey
@@ -38,22 +34,23 @@ from gpuforge.server.routes import (
     overview,
     profiles,
     projects,
+    system,
     uploads,
 )
-from gpuforge.server.schemas import Health
+from gpuforge.server.services import Services
 from gpuforge.server.settings import Settings, job_policy
-from gpuforge.settings import env_name
 from gpuforge.store.db import connect, migrate, session
 from gpuforge.store.keys import ensure_admin_key, has_admin_key
-from gpuforge.store.models import QUEUE_JOB_STATES, Device, Job, JobState
 
 log = logging.getLogger("gpuforge.server")
 UPLOADS_PREFIX = uploads.router.prefix + "/"
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, executor: Executor | None = None) -> FastAPI:
+    """The app; `executor`: the one check_executor built and checked (else built here from the settings)."""
     settings = settings or Settings()
     replica_ports = port_range(settings.replica_ports)  # a bad range stops the server before it starts
+    executor = executor or build_executor(settings, settings.runs_dir)  # where its kind is read
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -63,37 +60,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             admin = ensure_admin_key(s, settings.home, settings.admin_key)
         if admin:  # the key itself is in that file alone: a log is read by more people than the admin
             log.warning("admin API key made: it is in %s (mode 0600)", settings.home / "admin.key")
-        app.state.engine, app.state.devices = engine, devices_of(settings)
-        app.state.worker_secret = load_secret(settings.home)
-        app.state.scheduler = Scheduler(
-            engine,
-            app.state.devices,
-            settings.home / "deployments",
-            policy_of=lambda key: job_policy(settings, key),
-            worker_secret=app.state.worker_secret,
-            runner_env=settings.runner_environment,
-            half_life_s=settings.fair_share_half_life_s,
-            max_preemptions=settings.max_preemptions,
-            runs_dir=settings.runs_dir,
-            # a Slurm partition's nodes come and go (drained, down, added): read again while serving
-            devices_source=(lambda: devices_of(settings)) if settings.executor == "slurm" else None,
-            holding_source=holding_source(settings),
-            replica_ports=replica_ports,
-        )
+        state.engine, state.devices = engine, executor.devices()
+        state.worker_secret = load_secret(settings.home)
+        options = scheduler_options(settings, state.worker_secret, replica_ports)
+        state.scheduler = scheduler = Scheduler(engine, state.devices, executor, options)
         if settings.schedule:
-            app.state.scheduler.start()
-        app.state.traffic = app.state.scheduler.traffic  # requests forwarded to replicas, not yet answered
-        app.state.replica_readings = {}  # (deployment, replica) -> its counters at the last look (stats)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=5)) as app.state.http:
+            scheduler.start()
+        state.traffic = scheduler.traffic
+        async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=5)) as state.http:
             yield
-        app.state.scheduler.stop()
+        scheduler.stop()
         engine.dispose()
 
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
-    app.state.settings, app.state.known_keys, app.state.revoked_keys = settings, {}, set()
-    app.state.open_streams = {}  # key id -> live streams it holds (routes/jobs.py)
+    app.state.services = state = Services(settings)  # what the routes use (server/services.py)
     for routes in (jobs, profiles, keys, projects, uploads, deployments, deployment_versions, forward,
-                   overview):  # fmt: skip
+                   overview, system):  # fmt: skip
         app.include_router(routes.router)
     add_pages(app)
 
@@ -101,42 +83,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         RefuseLargeBodies, limit=settings.max_request_bytes, upload_limit=settings.max_body_bytes
     )
     app.add_middleware(RequireKey, fastapi_app=app, public_documents=settings.public_metrics)  # outermost
-
-    @app.get("/healthz", response_model=Health, tags=["system"])
-    def healthz() -> Health:
-        """The process answers."""
-        return Health(status="ok")
-
-    @app.get("/readyz", response_model=Health, tags=["system"])
-    def readyz(request: Request) -> Health | JSONResponse:
-        """The store answers too."""
-        try:
-            with request.app.state.engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
-        except Exception as err:  # any store failure: not ready, and say why
-            return JSONResponse({"status": f"store unreachable: {type(err).__name__}"}, 503)
-        return Health(status="ready")
-
-    @app.get("/metrics", response_class=PlainTextResponse, tags=["system"])
-    def metrics(request: Request) -> str:
-        """Prometheus text: jobs by state, queue length, device busy seconds, scheduling latency."""
-        registry = CollectorRegistry()
-        by_state = Gauge("gpuforge_jobs", "jobs by state", ["state"], registry=registry)
-        queued = Gauge("gpuforge_queue_length", "jobs waiting for devices", registry=registry)
-        busy = Gauge("gpuforge_device_busy_seconds", "time jobs held it", ["device"], registry=registry)
-        tick = Summary(
-            "gpuforge_scheduling_tick_seconds", "one scheduling pass (recent ticks)", registry=registry
-        )
-        with session(request.app.state.engine) as s:
-            counts = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
-            for device_id, seconds in s.execute(select(Device.id, Device.busy_seconds)):
-                busy.labels(device_id).set(seconds or 0.0)
-        for state in JobState:
-            by_state.labels(state.value).set(counts.get(state, 0))
-        queued.set(sum(counts.get(state, 0) for state in QUEUE_JOB_STATES))
-        for seconds in request.app.state.scheduler.tick_seconds:
-            tick.observe(seconds)
-        return generate_latest(registry).decode()
 
     return app
 
@@ -191,85 +137,30 @@ def open_store(settings: Settings):
     return engine
 
 
-def holding_source(settings: Settings) -> Callable[[], set[str] | None] | None:
-    """Executor slurm: which jobs hold their nodes now, as Slurm says (the ledger's check on the runners'
-    marks, scheduler/seen_holding.py); None for the other executors."""
-    if settings.executor != "slurm":
-        return None
-    from gpuforge.launch.slurm import holding_logs_folders
-
-    return holding_logs_folders
-
-
-def devices_of(settings: Settings) -> list:
-    """What the scheduler hands out: this machine's devices, or a Ray cluster's or a Slurm partition's (GPUs,
-    and CPUs as slots). The scheduler tells job runners where they submit (Settings.runner_environment)."""
-    try:
-        labels = parse_labels(settings.device_labels)
-    except ValueError as err:
-        raise GpuforgeError(str(err)) from None
-    if settings.executor == "local":
-        return with_labels(inventory(), labels)
-    if settings.executor == "slurm":
-        from gpuforge.launch.slurm_partition import partition_nodes
-
-        return with_labels(cluster_inventory({"per_node": partition_nodes(settings.slurm_partition)}), labels)
-    from gpuforge.launch.ray_ranks import cluster_devices
-    from gpuforge.launch.ray_ranks import connect as connect_ray
-
-    connect_ray(settings.ray_address or "")
-    return with_labels(cluster_inventory(cluster_devices()), labels)
+def scheduler_options(
+    settings: Settings, worker_secret: bytes, replica_ports: range | None
+) -> SchedulerOptions:
+    """What the settings tell the scheduler; `worker_secret`: the one kept in the home (replicas' keys
+    outlive a restart)."""
+    return SchedulerOptions(
+        deployments_dir=settings.home / "deployments",
+        policy_of=lambda key: job_policy(settings, key),
+        worker_secret=worker_secret,
+        runner_env=settings.runner_environment,
+        half_life_s=settings.fair_share_half_life_s,
+        max_preemptions=settings.max_preemptions,
+        runs_dir=settings.runs_dir,
+        replica_ports=replica_ports,
+    )
 
 
-def check_executor(settings: Settings) -> None:
-    """Before listening: a Ray cluster that does not answer is one clear line, not a hang at the first job;
-    so is a Slurm partition Slurm does not have, or whose nodes do not see the run directory (a probe job)."""
-    if settings.executor != "slurm" and (chosen := settings.slurm_options()):
-        names = ", ".join(env_name(name) for name in chosen)
-        raise GpuforgeError(f"{names}: for --executor slurm (this server's is {settings.executor})")
-    if settings.executor == "slurm":
-        return _check_slurm(settings)
-    if settings.executor != "ray":
-        return
-    if not settings.ray_address:
-        raise GpuforgeError("--executor ray needs --ray-address HOST:PORT (the head node of the cluster)")
-    from gpuforge.launch.ray_ranks import connect as connect_ray
-
-    connect_ray(settings.ray_address)
-
-
-def _check_slurm(settings: Settings) -> None:
-    """The partition has nodes, and a probe job on one of them wrote into the run directory. A probe
-    that passed is remembered in the home for the same directory and Slurm options: a restart does not
-    wait again for a free node of a busy partition."""
-    from gpuforge.launch.slurm import check_slurm
-    from gpuforge.launch.slurm_partition import partition_name, partition_nodes, probe_shared
-
-    options = {k.removeprefix("slurm_"): v for k, v in settings.slurm_options().items()}
-    check_slurm(options)  # commands on PATH, names that are names, before any is run
-    nodes = partition_nodes(settings.slurm_partition)
-    # what the probe showed holds for this directory, on these nodes (the default partition may change)
-    asked = {
-        "runs_dir": str(settings.runs_dir.resolve()),
-        **options,
-        "partition": partition_name(settings.slurm_partition),
-        "cluster": os.environ.get("SLURM_CONF"),
-    }
-    passed = settings.home / "slurm-probe.json"
-    try:
-        earlier = json.loads(passed.read_text())
-    except (OSError, ValueError):
-        earlier = {}
-    if isinstance(earlier, dict) and earlier.get("asked") == asked:
-        seen_from = earlier.get("node")
-        log.info("Slurm: %d node(s); the run directory was seen from %s (%s)", len(nodes), seen_from, passed)
-        return
-    node = probe_shared(settings.runs_dir, options)
-    try:
-        passed.write_text(json.dumps({"asked": asked, "node": node}))
-    except OSError as err:  # not remembered: the next start probes again
-        log.warning("%s not written: %s", passed, err.strerror)
-    log.info("Slurm: %d node(s); a probe job on %s wrote into %s", len(nodes), node, settings.runs_dir)
+def check_executor(settings: Settings) -> Executor:
+    """Before listening: what the executor needs answers (a Ray cluster, a Slurm partition whose nodes see
+    the run directory), one clear line if not, rather than a hang at the first job (executors/). The
+    executor built, for create_app: built once."""
+    executor = build_executor(settings, settings.runs_dir)
+    executor.check()
+    return executor
 
 
 def check_store_and_bind(settings: Settings) -> None:

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gpuforge.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, is_page_path, presented_key
+from gpuforge.server.services import services, services_of
 from gpuforge.store.db import session
 from gpuforge.store.keys import find_key
 from gpuforge.store.models import ApiKey
@@ -30,13 +31,14 @@ UNAUTHORIZED = "missing, unknown or revoked API key: send Authorization: Bearer 
 
 def lookup_key(app, key: str | None) -> ApiKey | None:
     """The live key `key` is, through this process's cache (see the module's docstring)."""
-    known = app.state.known_keys
+    state = services_of(app)
+    known = state.known_keys
     cached = known.get(key) if key else None
     found = cached[0] if cached and time.monotonic() - cached[1] < KEY_RECHECK_S else None
     if found is None:
-        with session(app.state.engine) as s:
+        with session(state.engine) as s:
             found = find_key(s, key)
-        if found is not None and found.digest in app.state.revoked_keys:
+        if found is not None and found.digest in state.revoked_keys:
             found = None  # read before a revoke here committed: it must not come back into the cache
         if found is not None:
             known[key] = (found, time.monotonic())
@@ -91,8 +93,8 @@ def forget_key(request: Request, digest: str, revoked: bool = False) -> None:
     """Drop a key from this process's cache (it is cached by the key itself, found by digest): a revoked
     one for good, a changed one to be read afresh."""
     if revoked:
-        request.app.state.revoked_keys.add(digest)
-    known = request.app.state.known_keys
+        services(request).revoked_keys.add(digest)
+    known = services(request).known_keys
     for key in [k for k, (found, _) in known.items() if found.digest == digest]:
         known.pop(key, None)
 

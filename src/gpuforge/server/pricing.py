@@ -18,6 +18,7 @@ from gpuforge.errors import SpecError
 from gpuforge.hardware.catalog import datasheet_for, load_catalog
 from gpuforge.prices import DevicePrice, load_prices, price_of, prices_path
 from gpuforge.scheduler.allocator import DeviceInfo
+from gpuforge.server.services import services
 
 # where to run it: the server reads its own home's prices.yaml at each submit and deploy
 SET_PRICE = "gpuforge prices set {kind} --usd-per-hour N (on the server's machine, with its GPUFORGE_HOME)"
@@ -82,8 +83,8 @@ def _priced(source: str, usd: float | None) -> Price | None:
 def device_price(request: Request, device_type: str) -> tuple[str, float] | None:
     """(where the price comes from, USD an hour) of one device of `device_type` here: the first such
     device's price (prices_of); None where none prices it (or the server has no device of that kind)."""
-    device = next((d for d in request.app.state.devices if d.kind == device_type), None)
+    device = next((d for d in services(request).devices if d.kind == device_type), None)
     if device is None:
         return None
-    found = prices_of(request.app.state.settings.home, [device])[device.id]
+    found = prices_of(services(request).settings.home, [device])[device.id]
     return None if found is None else (found.source, found.usd_per_hour)

@@ -31,12 +31,6 @@ class Settings(ServerOptions):
             slurm_qos=self.slurm_qos,
         )
 
-    def slurm_options(self) -> dict[str, str]:
-        """The Slurm partition, account and QOS given ({"slurm_partition": ...}), for the checks at start."""
-        given = {"slurm_partition": self.slurm_partition, "slurm_account": self.slurm_account,
-                 "slurm_qos": self.slurm_qos}  # fmt: skip
-        return {name: value for name, value in given.items() if value}
-
     @property
     def db_url(self) -> str:
         return self.db or f"sqlite:///{self.home / 'gpuforge.db'}"

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -64,3 +64,9 @@ def session(engine: Engine) -> Iterator[Session]:
         except BaseException:
             s.rollback()
             raise
+
+
+def answers(engine: Engine) -> None:
+    """Ask the store the simplest question; its driver's error when it does not answer."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))

@@ -136,3 +136,22 @@ def ensure_admin_key(s: Session, home: Path, configured: str | None = None) -> s
         f.write(key + "\n")
     os.chmod(path, 0o600)
     return key
+
+
+# --- reads for the API ---
+def key_named(s: Session, name: str) -> ApiKey | None:
+    return s.scalar(select(ApiKey).where(ApiKey.name == name))
+
+
+def all_keys(s: Session) -> list[ApiKey]:
+    """Every key, revoked ones too, in the order they were made."""
+    return list(s.scalars(select(ApiKey).order_by(ApiKey.id)))
+
+
+def key_name(s: Session, key_id: int) -> str | None:
+    return s.scalar(select(ApiKey.name).where(ApiKey.id == key_id))
+
+
+def is_revoked(s: Session, key_id: int) -> bool:
+    """Read from the store each time: a key revoked by another server process shows at once."""
+    return s.scalar(select(ApiKey.revoked_at).where(ApiKey.id == key_id)) is not None

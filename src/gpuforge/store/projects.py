@@ -11,6 +11,7 @@ The scheduler reads them each few seconds (scheduler/budgets.py): a change holds
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -156,3 +157,11 @@ def figures(s: Session, only: int | None = None) -> list[ProjectFigures]:
     for project_id, key_name in s.execute(members.order_by(ApiKey.name)):
         rows[project_id].keys.append(key_name)
     return list(rows.values())
+
+
+def project_names(s: Session, ids: Iterable[int | None]) -> dict[int, str]:
+    """project id -> name, for those of `ids` that name one (None: no project)."""
+    wanted = {i for i in ids if i is not None}
+    if not wanted:
+        return {}
+    return dict(s.execute(select(Project.id, Project.name).where(Project.id.in_(wanted))).tuples().all())

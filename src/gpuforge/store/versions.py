@@ -117,3 +117,35 @@ def retire_again(s: Session, version_id: int) -> bool:
     """rolling → retired: a version rolled out again by a rollback, stopped by another (it served well
     once; it may come back)."""
     return _move(s, version_id, (VersionState.ROLLING,), state=VersionState.RETIRED, ended_at=utcnow())
+
+
+# --- reads for the API ---
+def all_versions(s: Session, deployment_id: int) -> list[DeploymentVersion]:
+    """Every version of the deployment, newest first."""
+    query = select(DeploymentVersion).where(DeploymentVersion.deployment_id == deployment_id)
+    return list(s.scalars(query.order_by(DeploymentVersion.version.desc())))
+
+
+def numbered(s: Session, deployment_id: int, version: int) -> DeploymentVersion | None:
+    return s.scalar(
+        select(DeploymentVersion).where(
+            DeploymentVersion.deployment_id == deployment_id, DeploymentVersion.version == version
+        )
+    )
+
+
+def last_retired(s: Session, deployment_id: int) -> DeploymentVersion | None:
+    """The version retired last (that served before the one serving), if any."""
+    return s.scalar(
+        select(DeploymentVersion)
+        .where(DeploymentVersion.deployment_id == deployment_id)
+        .where(DeploymentVersion.state == VersionState.RETIRED)
+        .order_by(DeploymentVersion.ended_at.desc(), DeploymentVersion.version.desc())
+        .limit(1)
+    )
+
+
+def latest_events(s: Session, deployment_id: int, limit: int) -> list[DeploymentEvent]:
+    """The deployment's latest `limit` events, oldest first."""
+    query = select(DeploymentEvent).where(DeploymentEvent.deployment_id == deployment_id)
+    return list(reversed(list(s.scalars(query.order_by(DeploymentEvent.id.desc()).limit(limit)))))

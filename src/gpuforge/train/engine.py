@@ -4,7 +4,7 @@
 
 It writes only the run directory (runs.py): no server, no database. Signals (SIGTERM, SIGINT) make it
 checkpoint and stop cleanly; running it again on the same --out resumes from the newest checkpoint and
-continues the same loss curve. The parts it strings together: setup.py (the job), loop.py (the state and
+continues the same loss curve. The parts it strings together: setup.py (the job), trainer.py (the state and
 each step's work), checkpoint.py, summary.py (the end), resume.py (which run directories it goes on with).
 """
 
@@ -26,14 +26,14 @@ from gpuforge.runtime.phases import phase
 from gpuforge.spec import JobSpec
 from gpuforge.train.batch import check_memory_budget
 from gpuforge.train.checkpoint import read_meta
-from gpuforge.train.loop import LoopState, Trainer
+from gpuforge.train.exports import NoTracking, make_tracker
 from gpuforge.train.profile import Profiling, StepProfiler, step_profiler
 from gpuforge.train.progress import Reporter
 from gpuforge.train.resume import check_not_past, check_same_job, finished_already
 from gpuforge.train.setup import build_job
 from gpuforge.train.signals import StopFlag
 from gpuforge.train.summary import finish
-from gpuforge.train.tracking import NoTracking, make_tracker
+from gpuforge.train.trainer import LoopState, Trainer
 
 __all__ = ["train"]
 

@@ -13,8 +13,8 @@ from gpuforge.hardware.probe import device_name, peak_memory_bytes
 from gpuforge.runs import RunSummary
 from gpuforge.runtime.memory import optimizer_state_bytes
 from gpuforge.settings import current
-from gpuforge.train.loop import LoopState, Trainer
 from gpuforge.train.metrics import Meter
+from gpuforge.train.trainer import LoopState, Trainer
 
 log = logging.getLogger("gpuforge.train")
 

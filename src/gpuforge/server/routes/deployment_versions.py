@@ -19,13 +19,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi import Path as PathParam
-from sqlalchemy import select
 
 from gpuforge.serve.adapters import NAME_MAX, NAME_PATTERN, OWN
 from gpuforge.server.auth import Key
 from gpuforge.server.routes.deployments import changeable, check_fit, finished_model, public, visible
 from gpuforge.server.routes.forward import Name
 from gpuforge.server.schemas import AdapterAdd, DeploymentPublic, Rollback, VersionPublic
+from gpuforge.server.services import services
 from gpuforge.store import versions
 from gpuforge.store.db import session
 from gpuforge.store.models import DeploymentState, DeploymentVersion, VersionState
@@ -49,21 +49,16 @@ def _serving(s, key, name: str):
 def list_versions(name: Name, request: Request, key: Key) -> list[VersionPublic]:
     """Every version of the deployment, newest first: its job, state (rolling, serving, retired, refused,
     failed), why it was refused or failed, and the eval metric its replica measured at load."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         deployment = visible(s, key, name)
-        rows = s.scalars(
-            select(DeploymentVersion)
-            .where(DeploymentVersion.deployment_id == deployment.id)
-            .order_by(DeploymentVersion.version.desc())
-        )
-        return [VersionPublic.model_validate(v) for v in rows]
+        return [VersionPublic.model_validate(v) for v in versions.all_versions(s, deployment.id)]
 
 
 @router.post("/{name}/rollback", response_model=DeploymentPublic)
 def rollback(name: Name, body: Rollback, request: Request, key: Key) -> DeploymentPublic:
     """Stop a rollout under way (its version is refused); and roll out `to` (default: the version served
     before this one, when nothing was rolling out), replica by replica, without the metric check."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         deployment = _serving(s, key, name)
         rolling = versions.of_state(s, deployment.id, VersionState.ROLLING)
         if rolling is not None:
@@ -82,7 +77,7 @@ def rollback(name: Name, body: Rollback, request: Request, key: Key) -> Deployme
             versions.record(s, deployment.id, "rolling", version=target.version, job_id=target.job_id,
                             rollback=True)  # fmt: skip
         shown = public(s, deployment)
-    request.app.state.scheduler.wake()
+    services(request).scheduler.wake()
     return shown
 
 
@@ -91,9 +86,8 @@ def _rollback_target(s, deployment, to: int | None, stopped_one: bool) -> Deploy
     when a rollout was just stopped and no `to` was asked: stopping it was the rollback)."""
     if to is None and stopped_one:
         return None
-    query = select(DeploymentVersion).where(DeploymentVersion.deployment_id == deployment.id)
     if to is not None:
-        found = s.scalar(query.where(DeploymentVersion.version == to))
+        found = versions.numbered(s, deployment.id, to)
         if found is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"deployment {deployment.name!r} has no v{to}")
         if found.version == deployment.version:
@@ -103,11 +97,7 @@ def _rollback_target(s, deployment, to: int | None, stopped_one: bool) -> Deploy
                 status.HTTP_409_CONFLICT, f"v{to} is {found.state}: only a version that served may come back"
             )
         return found
-    found = s.scalar(
-        query.where(DeploymentVersion.state == VersionState.RETIRED)
-        .order_by(DeploymentVersion.ended_at.desc(), DeploymentVersion.version.desc())
-        .limit(1)
-    )
+    found = versions.last_retired(s, deployment.id)
     if found is None:
         raise HTTPException(
             status.HTTP_409_CONFLICT, f"deployment {deployment.name!r} served no version before"
@@ -119,7 +109,7 @@ def _rollback_target(s, deployment, to: int | None, stopped_one: bool) -> Deploy
 def add_adapter(name: Name, body: AdapterAdd, request: Request, key: Key) -> DeploymentPublic:
     """A finished LoRA job's adapter, served by the running replicas under `name` (default: the job's
     name) without restarting one: requests name it with "adapter"."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         deployment = _serving(s, key, name)
         job, model_dir, _ = finished_model(s, key, body.job_id)
         adapter = body.name or job.name
@@ -143,14 +133,14 @@ def add_adapter(name: Name, body: AdapterAdd, request: Request, key: Key) -> Dep
         deployment.adapters = {**added, adapter: str(model_dir)}
         versions.record(s, deployment.id, "adapter_added", adapter=adapter, job_id=job.id)
         shown = public(s, deployment)
-    request.app.state.scheduler.wake()
+    services(request).scheduler.wake()
     return shown
 
 
 @router.delete("/{name}/adapters/{adapter}", response_model=DeploymentPublic)
 def remove_adapter(name: Name, adapter: Adapter, request: Request, key: Key) -> DeploymentPublic:
     """Stop serving an adapter added to the deployment (requests naming it are refused from then on)."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         deployment = _serving(s, key, name)
         added = dict(deployment.adapters or {})
         if adapter not in added:
@@ -161,7 +151,7 @@ def remove_adapter(name: Name, adapter: Adapter, request: Request, key: Key) -> 
         deployment.adapters = added
         versions.record(s, deployment.id, "adapter_removed", adapter=adapter)
         shown = public(s, deployment)
-    request.app.state.scheduler.wake()
+    services(request).scheduler.wake()
     return shown
 
 

@@ -21,10 +21,6 @@ from typing import Annotated
 
 import httpx
 from fastapi import APIRouter, HTTPException, Query, Request, status
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import aliased
-from sqlalchemy.orm.exc import StaleDataError
 
 from gpuforge.artifact.manifest import MANIFEST, ArtifactError, Manifest, read_manifest
 from gpuforge.errors import GpuforgeError
@@ -42,17 +38,16 @@ from gpuforge.server.schemas import (
     DeploymentStats,
     ReplicaStats,
 )
+from gpuforge.server.services import services
 from gpuforge.server.visibility import check_change, may_change, may_read, readable
-from gpuforge.store import states, versions
+from gpuforge.store import deployments, states, versions
 from gpuforge.store.db import session
-from gpuforge.store.keys import digest
+from gpuforge.store.keys import digest, key_name
 from gpuforge.store.models import (
     LIVE_DEPLOYMENT_STATES,
     ApiKey,
     Deployment,
-    DeploymentEvent,
     DeploymentState,
-    DeploymentVersion,
     Job,
     JobState,
     VersionState,
@@ -75,23 +70,15 @@ KEPT_BY_A_NEW_VERSION = (
 def public(s, d: Deployment) -> DeploymentPublic:
     """The deployment as the API shows it, with the version it is rolling out, if any: both read in one
     statement, so a rollout that ends between two reads never shows as neither rolling nor served."""
-    rolling, ROLLING = aliased(DeploymentVersion), VersionState.ROLLING  # noqa: N806
-    row = s.execute(
-        select(Deployment, rolling.version)
-        .outerjoin(rolling, (rolling.deployment_id == Deployment.id) & (rolling.state == ROLLING))
-        .where(Deployment.id == d.id)
-        .order_by(rolling.version.desc())
-        .limit(1)
-        .execution_options(populate_existing=True)
-    ).one()
-    shown = DeploymentPublic.model_validate(row[0])
+    deployment, rolling_version = deployments.with_rolling_version(s, d.id)
+    shown = DeploymentPublic.model_validate(deployment)
     shown.url = f"/api/v1/deployments/{d.name}"
-    shown.rolling_version = row[1]
+    shown.rolling_version = rolling_version
     return shown
 
 
 def visible(s, key: ApiKey, name: str) -> Deployment:
-    deployment = s.scalar(select(Deployment).where(Deployment.name == name))
+    deployment = deployments.named(s, name)
     if deployment is None or not may_read(key, deployment):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no deployment {name!r}")
     return deployment
@@ -101,7 +88,7 @@ def changeable(s, key: ApiKey, name: str) -> Deployment:
     """The deployment, if `key` may change it: 404 as visible, 403 for a teammate's."""
     deployment = visible(s, key, name)
     if not may_change(key, deployment):
-        owner = s.scalar(select(ApiKey.name).where(ApiKey.id == deployment.owner_id))
+        owner = key_name(s, deployment.owner_id)
         check_change(key, deployment, f"deployment {name!r}", owner)
     return deployment
 
@@ -149,14 +136,14 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
     """Serve a finished job's model; the replicas start on free devices (state starting, then ready). On
     the name of a live deployment: its next version, rolled out replica by replica. Past its key's
     max_deployments: 429."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         job, model_dir, manifest = finished_model(s, key, body.job_id, body.model)
         if manifest.task == "causal-lm":
             raise _unprocessable(
                 f"job {job.id} trained a causal-lm: the server forwards /predict only; run `gpuforge serve` "
                 "for its /v1/completions"
             )
-        existing = s.scalar(select(Deployment).where(Deployment.name == body.name))
+        existing = deployments.named(s, body.name)
         live = existing is not None and existing.state in LIVE_DEPLOYMENT_STATES
         quantize = (existing.options or {}).get("quantize") if live else body.options.quantize
         if manifest.format == "onnx" and quantize:
@@ -173,7 +160,7 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
             if existing is not None and not may_change(key, existing):
                 raise HTTPException(status.HTTP_409_CONFLICT, f"a deployment named {body.name!r} exists")
             shown = _first_version(s, request, key, job, model_dir, body, existing)
-    request.app.state.scheduler.wake()
+    services(request).scheduler.wake()
     return shown
 
 
@@ -192,7 +179,7 @@ def _replica_counts(body: DeploymentCreate, have: int, device_type: str) -> tupl
 
 
 def _first_version(s, request, key, job, model_dir, body, existing) -> DeploymentPublic:
-    devices = request.app.state.devices
+    devices = services(request).devices
     have = sum(1 for d in devices if d.kind == job.device_type)
     start, low, high = _replica_counts(body, have, job.device_type)
     price = device_price(request, job.device_type)  # one replica's device: the ledger's rate
@@ -209,12 +196,9 @@ def _first_version(s, request, key, job, model_dir, body, existing) -> Deploymen
         workers=[], created_at=utcnow(), project_id=key.project_id,
         usd_per_hour=price[1] if price is not None else 0.0,
     )  # fmt: skip
-    s.add(deployment)
-    try:
-        s.flush()
-    except (IntegrityError, StaleDataError) as err:  # the same name, deployed at the same moment
-        raise HTTPException(status.HTTP_409_CONFLICT, f"a deployment named {body.name!r} exists") from err
-    deployment.worker_key = digest(worker_key(request.app.state.worker_secret, deployment))
+    if not deployments.add_named(s, deployment):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"a deployment named {body.name!r} exists")
+    deployment.worker_key = digest(worker_key(services(request).worker_secret, deployment))
     versions.add(s, deployment, job.id, str(model_dir), VersionState.SERVING)
     shown = public(s, deployment)
     if high >= have:  # nothing is left for jobs: said now, not found later in a queued job's reason
@@ -263,24 +247,21 @@ def list_deployments(
 ) -> list[DeploymentPublic]:
     """Live deployments, newest first (?all=true: with the stopped and failed): your own and your project's,
     or everyone's with an admin key."""
-    query = select(Deployment).order_by(Deployment.id.desc())
-    if not every:
-        query = query.where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES))
-    with session(request.app.state.engine) as s:
-        return [public(s, d) for d in s.scalars(query.where(readable(key, Deployment)))]
+    with session(services(request).engine) as s:
+        return [public(s, d) for d in deployments.listed(s, readable(key, Deployment), every)]
 
 
 @router.get("/{name}", response_model=DeploymentPublic)
 def get_deployment(name: Name, request: Request, key: Key) -> DeploymentPublic:
     """One deployment, with its replicas."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         return public(s, visible(s, key, name))
 
 
 @router.delete("/{name}", response_model=DeploymentPublic)
 def undeploy(name: Name, request: Request, key: Key) -> DeploymentPublic:
     """Stop the replicas (each finishes the requests it holds)."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         deployment = changeable(s, key, name)
         if not states.undeploy(s, deployment.id):
             s.refresh(deployment)  # the state that ended it, perhaps since it was read
@@ -288,7 +269,7 @@ def undeploy(name: Name, request: Request, key: Key) -> DeploymentPublic:
                 status.HTTP_409_CONFLICT, f"deployment {name!r} is already {deployment.state}"
             )
         shown = public(s, deployment)
-    request.app.state.scheduler.wake()
+    services(request).scheduler.wake()
     return shown
 
 
@@ -296,17 +277,17 @@ def undeploy(name: Name, request: Request, key: Key) -> DeploymentPublic:
 async def deployment_stats(name: Name, request: Request, key: Key) -> DeploymentStats:
     """Each replica's requests/s, p50/p99 latency (ms) and refusals over the last STATS_WINDOW_S or so
     (over its whole life at the first look), read from the replica's own /metrics."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         deployment = visible(s, key, name)
         workers = list(deployment.workers or [])
-        key_of_replicas = replicas_key(request.app.state.worker_secret, deployment)
-    readings = request.app.state.replica_readings  # (deployment, replica index) -> last Reading
+        key_of_replicas = replicas_key(services(request).worker_secret, deployment)
+    readings = services(request).replica_readings  # (deployment, replica index) -> last Reading
     replicas = []
     for worker in workers:
         figures = {}
         if worker.get("ready") and worker.get("port"):
             try:
-                answer = await request.app.state.http.get(
+                answer = await services(request).http.get(
                     f"http://127.0.0.1:{worker['port']}/metrics",
                     headers={"authorization": f"Bearer {key_of_replicas}"},
                     timeout=2,
@@ -333,12 +314,7 @@ def deployment_events(
 ) -> list[DeploymentEventPublic]:
     """What happened to it, oldest first: versions rolling out, rolled out, refused or failed; replicas
     scaled and why; cold starts; adapters added, removed or refused."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         deployment = visible(s, key, name)
-        rows = s.scalars(
-            select(DeploymentEvent)
-            .where(DeploymentEvent.deployment_id == deployment.id)
-            .order_by(DeploymentEvent.id.desc())
-            .limit(limit)
-        )
-        return [DeploymentEventPublic.model_validate(e) for e in reversed(list(rows))]
+        rows = versions.latest_events(s, deployment.id, limit)
+        return [DeploymentEventPublic.model_validate(e) for e in rows]

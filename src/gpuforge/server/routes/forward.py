@@ -19,12 +19,13 @@ from typing import Annotated
 import httpx
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from fastapi import Path as PathParam
-from sqlalchemy import select
 
 from gpuforge.scheduler.worker_keys import replicas_key
 from gpuforge.server.auth import Key
+from gpuforge.server.services import services
 from gpuforge.store.db import session
-from gpuforge.store.models import ENDED_DEPLOYMENT_STATES, Deployment, DeploymentState
+from gpuforge.store.deployments import named
+from gpuforge.store.models import ENDED_DEPLOYMENT_STATES, DeploymentState
 
 router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"])
 Name = Annotated[str, PathParam(max_length=100, description="the deployment's name")]
@@ -39,7 +40,7 @@ _turns = itertools.count()  # breaks ties between equally loaded replicas: round
 @router.post("/{name}/predict", response_model=dict)
 async def predict(name: Name, request: Request, key: Key) -> Response:
     """Forwarded as it is to the least loaded ready replica (body: as `gpuforge serve` takes it)."""
-    body, traffic, began = await request.body(), request.app.state.traffic, time.monotonic()
+    body, traffic, began = await request.body(), services(request).traffic, time.monotonic()
     unreachable: set[tuple[int, int]] = set()  # (index, port): a replica started again has a new port
     held = False
     for _ in range(TRIES):
@@ -47,7 +48,7 @@ async def predict(name: Name, request: Request, key: Key) -> Response:
         held, slot = held or waited, worker["index"]
         traffic.begin(name, slot)
         try:
-            answer = await request.app.state.http.post(
+            answer = await services(request).http.post(
                 f"http://127.0.0.1:{worker['port']}/predict",
                 content=body,
                 # JSON whatever the client said (`curl -d` says a form): the replica reads JSON alone
@@ -76,7 +77,7 @@ async def _ready_replica(
 ) -> tuple[dict, str, bool]:
     """The least loaded ready replica not found unreachable, its key, and whether the request was held
     for one (while it is, it counts as waiting in the deployment's traffic: the autoscaler sees it)."""
-    traffic, deadline, held = request.app.state.traffic, time.monotonic() + HOLD_S, False
+    traffic, deadline, held = services(request).traffic, time.monotonic() + HOLD_S, False
     try:
         while True:
             ready, key_of_replicas = _replicas(request, name, unreachable)
@@ -95,7 +96,7 @@ async def _ready_replica(
                         headers={"Retry-After": "5"},
                     )
                 traffic.hold(name)
-                request.app.state.scheduler.wake()
+                services(request).scheduler.wake()
                 held = True
             if time.monotonic() > deadline:
                 raise HTTPException(
@@ -112,8 +113,8 @@ async def _ready_replica(
 def _replicas(request: Request, name: str, unreachable: set[tuple[int, int]]) -> tuple[list[dict], str]:
     """The deployment's ready replicas (less those found unreachable) and their key; 404 for a deployment
     that does not serve, 503 for one that is stopping or failing."""
-    with session(request.app.state.engine) as s:
-        deployment = s.scalar(select(Deployment).where(Deployment.name == name))
+    with session(services(request).engine) as s:
+        deployment = named(s, name)
         if deployment is None or deployment.state in ENDED_DEPLOYMENT_STATES:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no deployment {name!r} serving")
         if deployment.state in (DeploymentState.STOPPING, DeploymentState.FAILING):
@@ -122,4 +123,4 @@ def _replicas(request: Request, name: str, unreachable: set[tuple[int, int]]) ->
             )
         workers = [w for w in deployment.workers or [] if w.get("ready") and w.get("port")]
         ready = [w for w in workers if (w["index"], w["port"]) not in unreachable]
-        return ready, replicas_key(request.app.state.worker_secret, deployment)
+        return ready, replicas_key(services(request).worker_secret, deployment)

@@ -7,15 +7,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi import Path as PathParam
-from sqlalchemy import select
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.server.auth import Key, forget_key
 from gpuforge.server.schemas import KeyCreate, KeyCreated, KeyPublic, KeyUpdate
+from gpuforge.server.services import services
 from gpuforge.server.visibility import admin_only
 from gpuforge.store.db import session
-from gpuforge.store.keys import create_key, revoke_key, set_key_project, set_quotas
-from gpuforge.store.models import ApiKey, Project
+from gpuforge.store.keys import all_keys, create_key, key_named, revoke_key, set_key_project, set_quotas
+from gpuforge.store.models import ApiKey
+from gpuforge.store.projects import project_names
 from gpuforge.store.quotas import QUOTAS
 
 router = APIRouter(prefix="/api/v1/keys", tags=["keys"])
@@ -28,7 +29,7 @@ def make_key(body: KeyCreate, request: Request, key: Key) -> KeyCreated:
     place it is ever shown."""
     admin_only(key)
     quotas = {q.name: getattr(body, q.name) for q in QUOTAS if getattr(body, q.name) is not None}
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         try:
             secret = create_key(s, body.name, body.admin, quotas, body.project)
         except ValueError as err:
@@ -36,7 +37,7 @@ def make_key(body: KeyCreate, request: Request, key: Key) -> KeyCreated:
         except GpuforgeError as err:
             raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from err
         s.flush()
-        made = s.scalar(select(ApiKey).where(ApiKey.name == body.name))
+        made = key_named(s, body.name)
         return KeyCreated(**_public(s, [made])[0].model_dump(), key=secret)
 
 
@@ -48,7 +49,7 @@ def change_key(name: Name, body: KeyUpdate, request: Request, key: Key) -> KeyPu
     quotas = body.model_dump(exclude_unset=True)
     moved = "project" in quotas
     project = quotas.pop("project", None)
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         try:
             if moved:
                 changed = set_key_project(s, name, project)
@@ -69,7 +70,7 @@ def revoke(name: str, request: Request, key: Key) -> KeyPublic:
     """Revoke a key by name: it opens nothing from now on (here at once; other server processes on the
     same store within KEY_RECHECK_S). Its jobs and deployments stay."""
     admin_only(key)
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         try:
             revoked = revoke_key(s, name)
         except LookupError as err:
@@ -87,12 +88,11 @@ def revoke(name: str, request: Request, key: Key) -> KeyPublic:
 def list_keys(request: Request, key: Key) -> list[KeyPublic]:
     """The keys by name (never the keys themselves), with the quotas in force for each and its project."""
     admin_only(key)
-    with session(request.app.state.engine) as s:
-        return _public(s, list(s.scalars(select(ApiKey).order_by(ApiKey.id))))
+    with session(services(request).engine) as s:
+        return _public(s, all_keys(s))
 
 
 def _public(s, rows: list[ApiKey]) -> list[KeyPublic]:
     """The keys as the API shows them, each with its project's name (one query for all)."""
-    wanted = {k.project_id for k in rows if k.project_id is not None}
-    names = dict(s.execute(select(Project.id, Project.name).where(Project.id.in_(wanted))).tuples().all())
+    names = project_names(s, {k.project_id for k in rows})
     return [KeyPublic.model_validate(k).model_copy(update={"project": names.get(k.project_id)}) for k in rows]

@@ -19,6 +19,7 @@ from gpuforge.dashboard.profiles import profile_answer, trace_answer
 from gpuforge.profile_files import REQUEST_FILE, ask
 from gpuforge.server.auth import Key
 from gpuforge.server.routes.jobs import JobId, changeable_job, visible_job
+from gpuforge.server.services import services
 from gpuforge.spec import MAX_PROFILE_STEPS
 from gpuforge.store.db import session
 from gpuforge.store.models import JobState
@@ -44,7 +45,7 @@ class ProfileAsked(BaseModel):
 def ask_profile(job_id: JobId, body: ProfileAsk, request: Request, key: Key) -> ProfileAsked:
     """Profile a running job's next `steps` steps (its owner or an admin). The report replaces the run's
     earlier one; `GET .../profile` reads it once the `profiled` event came."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         job = changeable_job(s, key, job_id)
         if (yaml.safe_load(job.spec_yaml) or {}).get("kind") == "script":
             raise HTTPException(
@@ -68,7 +69,7 @@ def ask_profile(job_id: JobId, body: ProfileAsk, request: Request, key: Key) -> 
 def job_profile(job_id: JobId, request: Request, key: Key) -> dict[str, Any]:
     """The run's profile: the mean step's breakdown, the top operators, memory, advice, and the slowest
     rank's breakdown beside rank 0's."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         run_dir = Path(visible_job(s, key, job_id).run_dir)
     return profile_answer(run_dir, job_id)
 
@@ -86,6 +87,6 @@ def job_profile_trace(
     rank: Annotated[int, Query(ge=0, le=4096, description="the process whose trace (0: the main one)")] = 0,
 ) -> FileResponse:
     """A rank's trace (Chrome / Perfetto JSON, gzipped): open it in Perfetto or chrome://tracing."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         run_dir = Path(visible_job(s, key, job_id).run_dir)
     return trace_answer(run_dir, job_id, rank)

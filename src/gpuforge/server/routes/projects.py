@@ -12,6 +12,7 @@ from gpuforge.errors import GpuforgeError
 from gpuforge.server.auth import Key
 from gpuforge.server.routes.jobs import wake_scheduler
 from gpuforge.server.schemas import ProjectCreate, ProjectPublic, ProjectUpdate
+from gpuforge.server.services import services
 from gpuforge.server.visibility import admin_only
 from gpuforge.store.db import session
 from gpuforge.store.models import ApiKey
@@ -34,7 +35,7 @@ def _public(row: ProjectFigures) -> ProjectPublic:
 def make_project(body: ProjectCreate, request: Request, key: Key) -> ProjectPublic:
     """A new project (admin key): keys join it with `keys create|set NAME --project P`."""
     admin_only(key)
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         try:
             made = create_project(s, **body.model_dump())
         except ValueError as err:
@@ -49,14 +50,14 @@ def list_projects(request: Request, key: Key) -> list[ProjectPublic]:
     """Projects by name, with where each stands: every one with an admin key, else the key's own (if any)."""
     if not key.admin and key.project_id is None:
         return []
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         return [_public(row) for row in figures(s, only=None if key.admin else key.project_id)]
 
 
 @router.get("/{name}", response_model=ProjectPublic)
 def get_project(name: Name, request: Request, key: Key) -> ProjectPublic:
     """One project: its members and an admin key see it; others, no such project."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         found = _seen(s, key, name)
         return _public(figures(s, only=found)[0])
 
@@ -66,7 +67,7 @@ def change_project(name: Name, body: ProjectUpdate, request: Request, key: Key) 
     """Change a project's budget, device cap or share (admin key): those sent; null: no budget, no cap.
     They hold from the scheduler's next look (a few seconds)."""
     admin_only(key)
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         try:
             changed = set_project(s, name, body.model_dump(exclude_unset=True))
         except LookupError as err:

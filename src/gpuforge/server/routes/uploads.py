@@ -8,7 +8,7 @@ the one in the URL is refused and nothing is kept.
 Uploads belong to the project of the key that sent them (store/uploads.py): another project's key is
 answered 404 for content the server has, sends the bytes like anyone without them, and then holds it too
 (the content is not stored twice, nor charged twice); a spec naming an upload its project does not hold is
-refused (routes/jobs.py). Admins see all.
+refused (server/submit.py). Admins see all.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from gpuforge.server.auth import Key
 from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.schemas import UploadPublic
+from gpuforge.server.services import services
 from gpuforge.store.db import session
 from gpuforge.store.models import ApiKey
 from gpuforge.store.quotas import charge_upload, upload_allowance
@@ -43,7 +44,7 @@ def _target(request: Request, sha256: str, name: str) -> Path:
     suffix = "".join(Path(name).suffixes)[-24:]
     if not re.fullmatch(r"(\.[A-Za-z0-9_]+)*", suffix):
         suffix = ""
-    return request.app.state.settings.uploads_dir / f"{sha256}{suffix}"
+    return services(request).settings.uploads_dir / f"{sha256}{suffix}"
 
 
 def _public(path: Path, sha256: str) -> UploadPublic:
@@ -52,13 +53,13 @@ def _public(path: Path, sha256: str) -> UploadPublic:
 
 def _held(request: Request, key: ApiKey, path: Path) -> bool:
     """Whether `key` may name this stored upload: its project (or it) sent these bytes, or it is an admin."""
-    with session(request.app.state.engine) as s:
+    with session(services(request).engine) as s:
         return may_use(s, key, *split_name(path))
 
 
 def _grant(request: Request, key: ApiKey, path: Path) -> None:
     try:
-        with session(request.app.state.engine) as s:
+        with session(services(request).engine) as s:
             grant(s, key, *split_name(path))
     except IntegrityError:
         pass  # granted at the same moment by another request of the same project
@@ -83,7 +84,7 @@ async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> Up
     stored = path.exists()
     if stored and await run_in_threadpool(_held, request, key, path):
         return _public(path, sha256)
-    engine = request.app.state.engine
+    engine = services(request).engine
 
     def allowance():
         with session(engine) as s:
@@ -105,7 +106,7 @@ async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> Up
     if not stored:  # content the server has costs nothing: its bytes are only checked, never kept again
         with quota_refusal():
             allowed.check(int(length) if length.isdigit() else 0)
-    limit = request.app.state.settings.max_body_bytes
+    limit = services(request).settings.max_body_bytes
     path.parent.mkdir(parents=True, exist_ok=True)
     digest, size = hashlib.sha256(), 0
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".upload-")

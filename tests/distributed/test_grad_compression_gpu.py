@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpuforge.distributed.compression import KINDS, make_hook
+from gpuforge.distributed.grad_compression import KINDS, make_hook
 
 pytestmark = pytest.mark.gpu
 

@@ -17,7 +17,7 @@ from gpuforge.runs import RunDir
 from gpuforge.runtime.host import free_port
 from gpuforge.spec import parse_spec
 from gpuforge.train.engine import train
-from gpuforge.train.tracking import NoTracking, make_tracker
+from gpuforge.train.exports import NoTracking, make_tracker
 from tests.helpers.cli import run_cli
 from tests.helpers.reporters import SignalAt
 from tests.helpers.specs import image_spec, write_spec
@@ -52,6 +52,7 @@ def file_store(monkeypatch):
     return allow
 
 
+@pytest.mark.slow
 def test_tensorboard_holds_every_logged_number_at_its_step(tmp_path):
     summary = train(_spec(tmp_path, {"tensorboard": True}, eval_every=3), tmp_path / "run")
     run = RunDir(tmp_path / "run")
@@ -72,6 +73,7 @@ def test_tensorboard_holds_every_logged_number_at_its_step(tmp_path):
     assert _scalars(log_dir, "summary/eval_accuracy")[0][1] == pytest.approx(summary["eval"]["accuracy"])
 
 
+@pytest.mark.slow
 def test_mlflow_sqlite_run_holds_params_metrics_summary_and_model(tmp_path, monkeypatch):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -98,6 +100,7 @@ def test_mlflow_sqlite_run_holds_params_metrics_summary_and_model(tmp_path, monk
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_resumed_run_goes_on_with_its_mlflow_run_and_event_files(tmp_path, file_store):
     uri = (tmp_path / "mlruns").as_uri()
     spec = _spec(tmp_path, {"tensorboard": True, "mlflow": {"uri": uri}})
@@ -141,6 +144,7 @@ def test_training_goes_on_when_the_mlflow_server_is_down(tmp_path, monkeypatch):
     assert not (tmp_path / "run" / "tracking" / "mlflow_run_id").exists()
 
 
+@pytest.mark.slow
 def test_a_missing_package_is_one_line_before_the_run(tmp_path):
     spec = write_spec(tmp_path / "spec.yaml", {**image_spec(tmp_path), "tracking": {"tensorboard": True}})
     # tensorboard made unimportable (a real ImportError), then the CLI as a user runs it
@@ -208,6 +212,7 @@ def test_mlflow_from_a_servers_job_is_an_admins_alone(tmp_path):
     check(Policy(), f"sqlite:///{tmp_path}/mlflow.db")  # a person at their own shell: anywhere
 
 
+@pytest.mark.slow
 def test_a_runner_checks_the_store_against_its_own_policy(tmp_path):
     """A runner the server started for a member's job (its policy in its environment) refuses MLflow,
     whatever its spec file says, before anything is written."""

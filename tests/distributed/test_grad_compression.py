@@ -1,4 +1,4 @@
-"""Gradient compression hooks (gpuforge.distributed.compression) in real DDP runs on gloo.
+"""Gradient compression hooks (gpuforge.distributed.grad_compression) in real DDP runs on gloo.
 
 The multi-process cases share one 2-rank job (tests/distributed/ddp_worker.py, one process group, every run
 from the same seed), run under a hard timeout: a hang fails the tests instead of blocking the suite.
@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpuforge.distributed.compression import KINDS, CommCounter, _orthogonalize, _plan, make_hook
+from gpuforge.distributed.grad_compression import KINDS, CommCounter, _orthogonalize, _plan, make_hook
 from gpuforge.distributed.ranks import leave_process_group
 from tests.helpers.gloo_workers import run_workers
 

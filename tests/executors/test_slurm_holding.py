@@ -1,10 +1,10 @@
-"""The server's own record of when Slurm jobs held their nodes (scheduler/seen_holding.py), read from a
+"""The server's own record of when Slurm jobs held their nodes (executors/slurm_holding.py), read from a
 sequence of squeue answers on a clock the test moves, and the union the ledger charges."""
 
 from datetime import UTC, datetime, timedelta
 
+from gpuforge.executors.slurm_holding import STALE_S, SeenHolding, union
 from gpuforge.runs import SLURM_RUNS_KEPT as KEPT
-from gpuforge.scheduler.seen_holding import STALE_S, SeenHolding, union
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuforge.dashboard.compare import finals, flatten, parse_ids, spec_diff
+from gpuforge.dashboard.run_diff import finals, flatten, parse_ids, spec_diff
 
 
 def test_ids_are_two_to_eight_distinct_job_ids():
