@@ -1,7 +1,8 @@
 """What one compressed variant is made with: the options of `gpuforge compress`, checked when made.
 
-Their bounds are spec.py's (the spec's `compress:` section takes the same types and rules), so a job spec
-and the command line refuse the same requests; a problem here names the flag (`--prune-structure`).
+Their bounds are spec/compress_bounds.py's (the spec's `compress:` section takes the same types and
+rules), so a job spec and the command line refuse the same requests; a problem here names the flag
+(`--prune-structure`).
 Light to import (no torch): the CLI builds its flags from these fields.
 """
 

@@ -49,7 +49,7 @@ class PruneResult:
 
 
 def check_amount(amount: float) -> None:
-    """The bound the options check (spec.py), again for callers of these functions alone."""
+    """The bound the options check (spec/compress_bounds.py), again for callers of these functions alone."""
     try:
         check_sparsity(amount)
     except ValueError as err:

@@ -9,12 +9,15 @@ import threading
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.scheduler.allocator import DeviceInfo, parse_labels, with_labels
 from gpuforge.scheduler.executor import Launched, RunningRow, launch
-from gpuforge.store.ledger import Span
-from gpuforge.store.models import Job
+
+if TYPE_CHECKING:  # annotations only: a job's runner builds its executor without loading the store
+    from gpuforge.store.ledger import Span
+    from gpuforge.store.models import Job
 
 
 class RunnerHere:

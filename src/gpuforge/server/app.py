@@ -67,6 +67,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
         if settings.schedule:
             scheduler.start()
         state.traffic = scheduler.traffic
+        state.replica_readings = {}  # each start reads replicas afresh (routes/deployments stats)
         async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=5)) as state.http:
             yield
         scheduler.stop()
