@@ -30,6 +30,8 @@ fi
 ruff check src tests benchmarks scripts
 lint-imports  # the layer contracts in pyproject.toml
 # two workers: most tests wait on subprocesses, servers and sleeps rather than on the CPU (24 min in one,
-# 16 in two, on this 2-core machine); the slowest 20 printed, and every test's time kept in
-# test-durations.xml (JUnit XML: `python scripts/durations.py` sums it per file), to make the run cheaper
-python -m pytest -n 2 --durations=20 --junitxml=test-durations.xml "${tier[@]}" "$@"
+# 16 in two, on this 2-core machine); a module goes whole to one worker (--dist loadscope), so that the
+# server or trained run its tests share is made once (tests/conftest.py hands out the heaviest first); the
+# slowest 20 printed, and every test's time kept in test-durations.xml (JUnit XML: `python
+# scripts/durations.py` sums it per file), to make the run cheaper
+python -m pytest -n 2 --dist loadscope --durations=20 --junitxml=test-durations.xml "${tier[@]}" "$@"

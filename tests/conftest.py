@@ -26,12 +26,26 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    _heaviest_modules_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (run by scripts/gpu_check.sh)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _heaviest_modules_first(items: list[pytest.Item]) -> None:
+    """Modules with the most slow tests first, each module whole: scripts/test.sh hands a module to one
+    xdist worker (--dist loadscope, so that a module's shared server is started once), and the two workers
+    end together when the long modules are not the last ones handed out."""
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[item.module.__name__] = slow.get(item.module.__name__, 0) + (
+            item.get_closest_marker("slow") is not None
+        )
+    order = {name: place for place, name in enumerate(slow)}
+    items.sort(key=lambda item: (-slow[item.module.__name__], order[item.module.__name__]))
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ def test_there_are_examples_for_each_task():
 @pytest.mark.slow
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_runs_a_few_steps(tmp_path, path):
-    spec = load_spec(path, ["train.max_steps=2", "data.max_records=400"])
+    spec = load_spec(path, ["train.max_steps=2", "data.max_records=200"])
     summary = train(spec, tmp_path / "run")
     assert summary["status"] == "finished" and summary["steps"] == 2
     assert (tmp_path / "run" / "model" / "gpuforge.json").exists()

@@ -76,7 +76,7 @@ class RunSummary(BaseModel):
 
     schema_version: int = 1
     status: str  # finished | failed | cancelled | paused
-    reason: str | None  # why it stopped, when not finished
+    reason: str | None  # why it stopped, when not finished; finished: early_stop, stop_at, keep_best said
     steps: int  # optimizer steps done (a failed run: up to the last good one)
     total_steps: int
     resumed_from: int | None  # the checkpoint step this process started from

@@ -21,7 +21,7 @@ from gpuforge.spec import CompressSpec, QuantKind, load_spec, parse_spec
 from gpuforge.train.engine import train
 from gpuforge.weights.quantize import QUANT_KINDS
 from tests.helpers.cli import run_cli
-from tests.helpers.paths import ROOT
+from tests.helpers.paths import ROOT, TOPICS
 from tests.helpers.runs import train_text_run as _text_run
 from tests.helpers.specs import write_spec
 
@@ -44,6 +44,16 @@ def digits_run(tmp_path_factory):
     return tmp / "run" / "model"
 
 
+@pytest.fixture(scope="module")
+def lora_text_run(tmp_path_factory, tiny_bert_dir):
+    """A LoRA adapter (r=4) on the tiny BERT, trained on the first 96 topics sentences (small_topics'
+    file): read, never written, by the tests that merge or quantize it."""
+    tmp = tmp_path_factory.mktemp("lora")
+    topics = tmp / "topics.jsonl"
+    topics.write_text("\n".join(TOPICS.read_text().splitlines()[:96]) + "\n")
+    return _text_run(tmp, tiny_bert_dir, topics, lora={"r": 4})
+
+
 def _logits(module, batch):
     with torch.no_grad():
         out = module(**batch) if isinstance(batch, dict) else module(batch)
@@ -51,8 +61,8 @@ def _logits(module, batch):
 
 
 @pytest.mark.slow
-def test_merge_gives_a_standalone_model_with_the_adapter_outputs(tmp_path, tiny_bert_dir, small_topics):
-    model_dir = _text_run(tmp_path, tiny_bert_dir, small_topics, lora={"r": 4})
+def test_merge_gives_a_standalone_model_with_the_adapter_outputs(tmp_path, lora_text_run):
+    model_dir = lora_text_run
     rows = compress(model_dir, CompressOptions(merge=True), tmp_path / "merged")
     adapter, tokenizer, _ = load_artifact(model_dir)
     merged, _, manifest = load_artifact(tmp_path / "merged")
@@ -211,8 +221,8 @@ def test_a_quantized_variant_reloads_with_the_outputs_it_was_saved_with(tmp_path
 
 
 @pytest.mark.slow
-def test_a_quantized_transformer_reloads_from_its_config(tmp_path, tiny_bert_dir, small_topics):
-    model_dir = _text_run(tmp_path, tiny_bert_dir, small_topics, lora={"r": 4})
+def test_a_quantized_transformer_reloads_from_its_config(tmp_path, lora_text_run):
+    model_dir = lora_text_run
     source = open_source(model_dir)
     built, tokenizer, manifest = make_variant(source, CompressOptions(quantize="int8"))
     assert manifest.compression.merged  # an adapter is merged before its weights are quantized

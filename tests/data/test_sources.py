@@ -63,3 +63,13 @@ def test_npz_without_known_arrays(tmp_path):
 def test_unknown_builtin():
     with pytest.raises(DataError, match="unknown built-in data set 'sklearn:iris'"):
         read_source("sklearn:iris", "data.train")
+
+
+def test_the_digits_read_without_sklearn_are_load_digits():
+    """sklearn:digits is read from scikit-learn's own file, without importing it (a second of CPU a
+    process): the same pixels and labels as load_digits()."""
+    from sklearn.datasets import load_digits
+
+    digits, reference = read_source("sklearn:digits", "data.train", max_records=1000), load_digits()
+    assert np.array_equal(digits.pixels[:, 0], (reference.images[:1000] / 16.0).astype(np.float32))
+    assert np.array_equal(digits.labels, reference.target[:1000])

@@ -5,6 +5,7 @@ number of processes, and survive a killed or hung rank by restarting from the la
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,25 +32,44 @@ def losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in RunDir(run).metrics()}
 
 
-def test_two_processes_train_what_one_does_and_count_their_bytes(tmp_path):
-    one = gpuforge(
-        "train", str(write_spec(tmp_path, "one", resources={"devices": 1})), "--out", str(tmp_path / "a")
-    )
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = gpuforge("train", str(write_spec(tmp_path, "two")), "--out", str(tmp_path / "b"))
-    assert two.returncode == 0, two.stderr[-3000:]
+def train_once(folder: Path, name: str, **sections) -> Path:
+    """`gpuforge train` of `write_spec(folder, name, **sections)` into `folder/name`, which must finish."""
+    done = gpuforge("train", str(write_spec(folder, name, **sections)), "--out", str(folder / name))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder / name
 
-    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+
+# Runs that several tests read and none writes: each a launcher and its ranks, started once per module.
+# Taken by a test that writes into a run, a copy (shutil.copytree) is what it writes into.
+FLAT = {"warmup_steps": 0, "min_lr_ratio": 1.0}  # a constant rate: max_steps, changed below, is then moot
+
+
+@pytest.fixture(scope="module")
+def one_and_two(tmp_path_factory) -> tuple[Path, Path]:
+    """The digits' MLP trained 12 steps by one process and by two (ddp), the default schedule."""
+    folder = tmp_path_factory.mktemp("one-and-two")
+    return train_once(folder, "one", resources={"devices": 1}), train_once(folder, "two")
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> Path:
+    """The reference of the resume tests: 12 steps in one process at a constant rate."""
+    return train_once(tmp_path_factory.mktemp("whole"), "whole", resources={"devices": 1}, train=FLAT)
+
+
+def test_two_processes_train_what_one_does_and_count_their_bytes(one_and_two):
+    one, two = one_and_two
+    a, b = losses(one), losses(two)
     assert sorted(b) == list(range(1, 13))
     for step in a:
         assert b[step] == pytest.approx(a[step], rel=1e-4), step
-    summary = RunDir(tmp_path / "b").summary()
+    summary = RunDir(two).summary()
     assert summary["processes"] == 2 and summary["strategy"] == "ddp"
     assert summary["status"] == "finished"
-    assert (tmp_path / "b" / "logs" / "train-rank1.log").exists()  # rank 1 logs apart, writes nothing else
+    assert (two / "logs" / "train-rank1.log").exists()  # rank 1 logs apart, writes nothing else
     # plain all-reduce: each step hands the whole gradient (fp32) to the collective
     params = 64 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10
-    assert {r["comm_bytes"] for r in RunDir(tmp_path / "b").metrics()} == {params * 4}
+    assert {r["comm_bytes"] for r in RunDir(two).metrics()} == {params * 4}
 
 
 def test_compression_fp16_halves_the_bytes_powersgd_cuts_more(tmp_path):
@@ -70,28 +90,20 @@ def test_compression_fp16_halves_the_bytes_powersgd_cuts_more(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_a_checkpoint_of_two_processes_resumes_with_one_and_back(tmp_path, strategy):
-    flat = {"warmup_steps": 0, "min_lr_ratio": 1.0}  # a constant rate: max_steps, changed below, is then moot
-    whole = gpuforge(
-        "train",
-        str(write_spec(tmp_path, "whole", resources={"devices": 1}, train=flat)),
-        "--out",
-        str(tmp_path / "w"),
-    )
-    assert whole.returncode == 0, whole.stderr[-3000:]
+def test_a_checkpoint_of_two_processes_resumes_with_one_and_back(tmp_path, strategy, whole):
     run = tmp_path / "r"
     for devices, steps in ((2, 6), (1, 9), (2, 12)):
         spec = write_spec(
             tmp_path,
             "part",
             resources={"devices": devices},
-            train={**flat, "max_steps": steps},
+            train={**FLAT, "max_steps": steps},
             distributed={"strategy": strategy},
         )
         done = gpuforge("train", str(spec), "--out", str(run))
         assert done.returncode == 0, done.stderr[-3000:]
 
-    resumed, reference = losses(run), losses(tmp_path / "w")
+    resumed, reference = losses(run), losses(whole)
     assert sorted(resumed) == list(range(1, 13))
     for step, value in reference.items():
         assert resumed[step] == pytest.approx(value, rel=1e-4), step
@@ -102,7 +114,7 @@ def test_a_checkpoint_of_two_processes_resumes_with_one_and_back(tmp_path, strat
         (2, 9, strategy),
     ]
     held = RunDir(run).summary()["process_state_bytes"]
-    alone = RunDir(tmp_path / "w").summary()["process_state_bytes"]
+    alone = RunDir(whole).summary()["process_state_bytes"]
     for part in ("params", "optimizer"):
         # FSDP: each of 2 processes holds half (and a step counter a tensor); DDP: the whole, each
         expected = alone[part] if strategy == "ddp" else alone[part] / 2
@@ -234,7 +246,9 @@ def test_a_killed_launcher_takes_its_ranks_with_it_and_sigterm_stops_them_at_one
 
     launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     wait_for(lambda: len(rank_pids(run)) == 2, 60, "the ranks of the resumed job")
-    time.sleep(2)
+    # the resumed job under way (its ranks' stop flag set up): waited for, not a fixed sleep
+    started = lambda: sum(e["event"] == "started" for e in RunDir(run).events())  # noqa: E731
+    wait_for(lambda: started() == 2, 120, "the resumed job to start")
     launcher.kill()  # SIGKILL: no handler runs in the launcher
     launcher.wait()
     wait_for(lambda: not rank_pids(run), 60, "the ranks to stop after their launcher died")
@@ -251,11 +265,8 @@ def test_bad_input_found_by_the_ranks_is_not_retried(tmp_path):
     assert [e["event"] for e in events] == ["failed"]  # no restart: it would only fail again
 
 
-def test_a_run_directory_of_another_job_is_refused_before_anything_is_written(tmp_path):
-    first = gpuforge(
-        "train", str(write_spec(tmp_path, "first", train={"max_steps": 2})), "--out", str(tmp_path / "r")
-    )
-    assert first.returncode == 0, first.stderr[-3000:]
+def test_a_run_directory_of_another_job_is_refused_before_anything_is_written(tmp_path, one_and_two):
+    shutil.copytree(one_and_two[1], tmp_path / "r")  # a finished run of two processes, another job's
     before = sorted(p.name for p in (tmp_path / "r" / "logs").iterdir())
     events = RunDir(tmp_path / "r").events()
     other = write_spec(tmp_path, "other", train={"lr": 0.5})

@@ -48,7 +48,8 @@ def _run_in_turns(server: LocalServer, tmp_path, keys: dict[str, httpx.Client], 
     """Each of `who` (key names) queues one short job, in that order; the jobs once all have finished."""
     order = []
     for name in who:
-        spec = image_spec(tmp_path, max_steps=30, options={"sleep_s": 0.05})
+        # 1.5 s of steps, in 10 of them: a step costs CPU (~40 ms), its sleep none
+        spec = image_spec(tmp_path, max_steps=10, options={"sleep_s": 0.15})
         spec["name"] = f"{name}-{len(order)}"
         answer = keys[name].post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)})
         assert answer.status_code == 201, answer.text

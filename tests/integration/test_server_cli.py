@@ -1,7 +1,15 @@
-"""`gpuforge server` as a real process on loopback, driven by the client verbs."""
+"""`gpuforge server` as a real process on loopback, driven by the client verbs.
+
+The tests of the API and client share one API-only server (a server start is a process, torch and a store
+migration), but for the one that revokes a key: each makes keys of names of its own and checks what its
+own calls changed, against the jobs and uploads the tests before it left. The tests of scheduling share
+another."""
 
 import json
+import re
+from pathlib import Path
 
+import httpx
 import pytest
 
 from gpuforge.runtime.host import free_port
@@ -10,29 +18,68 @@ from tests.helpers.cli import run_cli
 from tests.helpers.paths import ROOT
 
 
-@pytest.fixture
-def live_server(tmp_path, monkeypatch):
-    server = LocalServer(
-        tmp_path / "home",
-        log=tmp_path / "server.log",
+def _api_only_server(where: Path) -> LocalServer:
+    """A server for the API and the client alone: its jobs stay queued."""
+    return LocalServer(
+        where / "home",
+        log=where / "server.log",
         GPUFORGE_DATA_ROOTS=str(ROOT / "examples"),
-        GPUFORGE_SCHEDULE="false",  # the API and client alone: jobs stay queued
+        GPUFORGE_SCHEDULE="false",
     )
-    with server:
+
+
+@pytest.fixture(scope="module")
+def api_server(tmp_path_factory):
+    with _api_only_server(tmp_path_factory.mktemp("api-server")) as server:
+        yield server
+
+
+@pytest.fixture
+def live_server(api_server, monkeypatch):
+    monkeypatch.setenv("GPUFORGE_URL", api_server.url)
+    monkeypatch.setenv("GPUFORGE_API_KEY", api_server.key)
+    return api_server.url, api_server.process, api_server.home
+
+
+@pytest.fixture
+def own_server(tmp_path, monkeypatch):
+    """A server of its own, for the test that revokes a key: a revoked key's date squeezes the columns of
+    `keys list` (120 wide in a pipe), whose quota headers another test reads."""
+    with _api_only_server(tmp_path) as server:
         monkeypatch.setenv("GPUFORGE_URL", server.url)
         monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
         yield server.url, server.process, server.home
 
 
+@pytest.fixture(scope="module")
+def scheduling_server(tmp_path_factory):
+    where = tmp_path_factory.mktemp("scheduling-server")
+    with LocalServer(where / "home", log=where / "server.log") as server:  # scheduling on
+        yield server
+
+
+def _job_ids(url: str, home) -> set[int]:
+    """Every job on the server now (as its admin sees them, through the API): what the tests before left."""
+    key = (home / "admin.key").read_text().strip()
+    answer = httpx.get(f"{url}/api/v1/jobs", params={"limit": 1000}, timeout=30,
+                       headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    return {j["id"] for j in answer.json()}
+
+
 @pytest.mark.slow
 def test_submit_list_and_cancel_through_the_cli(live_server):
-    url, process, _ = live_server
+    url, process, home = live_server
+    before = _job_ids(url, home)
     submitted = run_cli("submit", str(ROOT / "examples" / "digits-cnn.yaml"), "--priority", "3", "--json")
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
     listed = json.loads(run_cli("jobs", "--json").stdout)
-    assert [(j["id"], j["state"], j["priority"]) for j in listed] == [(job_id, "queued", 3)]
-    assert "queued" in run_cli("jobs").stdout
+    assert {j["id"] for j in listed} >= before
+    assert [(j["id"], j["state"], j["priority"]) for j in listed if j["id"] not in before] == [
+        (job_id, "queued", 3)
+    ]
+    assert re.search(rf"^\W+{job_id} .* queued ", run_cli("jobs").stdout, re.MULTILINE)  # its row
     assert run_cli("cancel", str(job_id)).stdout.strip() == f"job {job_id}: cancelled"
     again = run_cli("cancel", str(job_id))
     assert again.returncode == 2
@@ -53,7 +100,7 @@ def test_client_errors_are_one_line(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_second_key_sees_and_cancels_only_its_own_jobs(live_server, monkeypatch):
+def test_a_second_key_sees_and_cancels_only_its_own_jobs(own_server, monkeypatch):
     admin_job = json.loads(run_cli("submit", str(ROOT / "examples" / "digits-cnn.yaml"), "--json").stdout)[
         "id"
     ]
@@ -73,7 +120,7 @@ def test_a_second_key_sees_and_cancels_only_its_own_jobs(live_server, monkeypatc
     assert "403" in run_cli("keys", "create", "mallory").stderr  # only an admin makes keys
     assert run_cli("cancel", str(own)).stdout.strip() == f"job {own}: cancelled"
 
-    monkeypatch.setenv("GPUFORGE_API_KEY", (live_server[2] / "admin.key").read_text().strip())
+    monkeypatch.setenv("GPUFORGE_API_KEY", (own_server[2] / "admin.key").read_text().strip())
     assert {j["id"] for j in json.loads(run_cli("jobs", "--json").stdout)} == {admin_job, own}
 
     assert run_cli("keys", "revoke", "alice").stdout.strip() == "key alice: revoked"
@@ -90,10 +137,11 @@ def test_submit_sends_local_data_files_once_by_content(live_server, tmp_path):
     (elsewhere / "reviews.jsonl").write_text((ROOT / "examples" / "data" / "sentiment.jsonl").read_text())
     spec = (ROOT / "examples" / "minilm-sentiment-lora.yaml").read_text()
     (elsewhere / "job.yaml").write_text(spec.replace("data/sentiment.jsonl", "reviews.jsonl"))
+    before = set((live_server[2] / "uploads").glob("*"))  # no other test sends this file's bytes
     ids = [
         json.loads(run_cli("submit", str(elsewhere / "job.yaml"), "--json").stdout)["id"] for _ in range(2)
     ]
-    uploads = list((live_server[2] / "uploads").iterdir())
+    uploads = list(set((live_server[2] / "uploads").iterdir()) - before)
     assert len(uploads) == 1 and uploads[0].suffix == ".jsonl"  # two submits, one copy
     assert uploads[0].read_bytes() == (elsewhere / "reviews.jsonl").read_bytes()
     stored = json.loads(run_cli("job", str(ids[1])).stdout)
@@ -124,23 +172,25 @@ def test_a_store_that_cannot_open_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_logs_follow_prints_log_and_metrics_lines_until_the_job_stops(tmp_path, monkeypatch):
+def test_logs_follow_prints_log_and_metrics_lines_until_the_job_stops(
+    scheduling_server, tmp_path, monkeypatch
+):
     from tests.helpers.paths import TEST_MODELS
     from tests.helpers.specs import image_spec, write_spec
 
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, max_steps=12, options={"sleep_s": 0.05}))
-    with LocalServer(tmp_path / "home", log=tmp_path / "server.log") as server:  # scheduling on
-        monkeypatch.setenv("GPUFORGE_URL", server.url)
-        monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
-        job_id = json.loads(run_cli("submit", str(spec), "--json").stdout)["id"]
-        followed = run_cli("logs", str(job_id), "--follow", timeout=120)
+    server = scheduling_server
+    monkeypatch.setenv("GPUFORGE_URL", server.url)
+    monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
+    job_id = json.loads(run_cli("submit", str(spec), "--json").stdout)["id"]
+    followed = run_cli("logs", str(job_id), "--follow", timeout=120)
     assert followed.returncode == 0, followed.stderr
     lines = followed.stdout.splitlines()
     steps = [int(line.split()[2].rstrip(",")) for line in lines if line.startswith("metrics: step")]
     assert steps == list(range(1, 13))  # every step once, in order
     assert any("finished at step 12/12" in line for line in lines)
     assert lines[-1] == f"job {job_id} finished"
-    assert str(TEST_MODELS) not in (tmp_path / "home" / "runs" / f"job-{job_id}.yaml").read_text()  # uploaded
+    assert str(TEST_MODELS) not in (server.home / "runs" / f"job-{job_id}.yaml").read_text()  # uploaded
 
 
 def _last_line(result) -> str:
@@ -194,8 +244,10 @@ def test_the_api_key_comes_from_the_environment_or_a_file_never_the_command_line
     monkeypatch.delenv("GPUFORGE_API_KEY")
     key_file = tmp_path / "key"
     key_file.write_text(f"  {key}  \nanything after the first line\n")
+    every = _job_ids(live_server[0], live_server[2])
     listed = run_cli("jobs", "--json", "--api-key-file", str(key_file))
-    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+    assert listed.returncode == 0, listed.stderr
+    assert {j["id"] for j in json.loads(listed.stdout)} == every  # the admin's view: the key was read whole
     (tmp_path / "empty").write_text("\n")
     for path, why in ((tmp_path / "missing", "cannot read it (No such file or directory)"),
                       (tmp_path / "empty", "its first line is empty; it should hold the API key"),
@@ -229,6 +281,7 @@ def test_a_store_url_with_a_password_is_refused_on_the_command_line_and_never_sh
 
 @pytest.mark.slow
 def test_a_wrong_column_is_refused_at_submit_in_the_users_names(live_server, tmp_path):
+    before = _job_ids(live_server[0], live_server[2])
     (tmp_path / "sentences.csv").write_text("text,label\nwhat a day,happy\n")
     spec = {
         "model": {"source": "bundled:minilm", "task": "sequence-classification"},
@@ -241,12 +294,13 @@ def test_a_wrong_column_is_refused_at_submit_in_the_users_names(live_server, tmp
         "gpuforge: error: server answered 422: data.label_field: 'lable' not found in "
         f"{tmp_path / 'sentences.csv'} (columns: text, label)"
     )
-    assert json.loads(run_cli("jobs", "--json").stdout) == []
+    assert {j["id"] for j in json.loads(run_cli("jobs", "--json").stdout)} == before  # none queued
 
 
 @pytest.mark.slow
 def test_a_missing_local_file_is_named_as_written_before_anything_is_sent(live_server, tmp_path):
-    (tmp_path / "train.csv").write_text("text,label\nwhat a day,happy\n")
+    (tmp_path / "train.csv").write_text("text,label\nwhat a night,happy\n")  # bytes no other test sends
+    before = set((live_server[2] / "uploads").glob("*"))
     spec = {
         "model": {"source": "bundled:minilm", "task": "sequence-classification"},
         "data": {"train": "train.csv", "eval": "sentence.csv"},
@@ -255,32 +309,34 @@ def test_a_missing_local_file_is_named_as_written_before_anything_is_sent(live_s
     refused = run_cli("submit", str(tmp_path / "job.yaml"))
     assert refused.returncode == 2
     assert _last_line(refused) == "gpuforge: error: data.eval: sentence.csv: no such file"
-    assert not any((live_server[2] / "uploads").glob("*"))  # train.csv was not sent either
+    assert set((live_server[2] / "uploads").glob("*")) == before  # train.csv was not sent either
     overridden = run_cli("submit", str(tmp_path / "job.yaml"), "--set", "data.eval=../elsewhere/x.csv")
     assert _last_line(overridden) == "gpuforge: error: data.eval: ../elsewhere/x.csv: no such file"
 
 
 @pytest.mark.slow
-def test_a_runner_refusing_its_input_fails_its_job_once_with_the_users_file_name(tmp_path, monkeypatch):
+def test_a_runner_refusing_its_input_fails_its_job_once_with_the_users_file_name(
+    scheduling_server, tmp_path, monkeypatch
+):
     import numpy as np
 
     from tests.helpers.specs import image_spec, write_spec
 
     np.savez(tmp_path / "digits.npz", pixels=np.zeros((4, 8, 8)))  # no x/y arrays: only the runner looks
     spec = write_spec(tmp_path / "job.yaml", image_spec(tmp_path, data={"train": "digits.npz"}))
-    with LocalServer(tmp_path / "home", log=tmp_path / "server.log") as server:  # scheduling on
-        monkeypatch.setenv("GPUFORGE_URL", server.url)
-        monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
-        job_id = json.loads(run_cli("submit", str(spec), "--json").stdout)["id"]
-        waited = run_cli("wait", str(job_id), timeout=120)
-        job = json.loads(run_cli("job", str(job_id), "--json").stdout)
+    server = scheduling_server
+    monkeypatch.setenv("GPUFORGE_URL", server.url)
+    monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
+    job_id = json.loads(run_cli("submit", str(spec), "--json").stdout)["id"]
+    waited = run_cli("wait", str(job_id), timeout=120)
+    job = json.loads(run_cli("job", str(job_id), "--json").stdout)
     assert waited.returncode != 0
     assert (job["state"], job["restarts"]) == ("failed", 0)  # never started again: it would refuse again
     assert job["reason"] == (
         f"data.train: {tmp_path / 'digits.npz'}: expected arrays 'x' and 'y' (or 'images' and 'labels'), "
         "found pixels"
     )
-    assert f"job {job_id}: failed (data.train: " in (tmp_path / "server.log").read_text()
+    assert f"job {job_id}: failed (data.train: " in server.log_path.read_text()
 
 
 @pytest.mark.slow

@@ -17,10 +17,15 @@ from tests.helpers.specs import image_spec, write_spec
 pytestmark = pytest.mark.slow
 
 
+# what `gpuforge job ID --json` and `gpuforge deployments NAME --json` print: the API's answer, as it is
+READS = {"job": "/api/v1/jobs/{}", "deployments": "/api/v1/deployments/{}"}
+
+
 class Team:
     """The CLI as each person of the team runs it (their own key)."""
 
     def __init__(self, server: LocalServer):
+        self.url = server.url
         self.env = {"GPUFORGE_URL": server.url}
         self.keys = {"admin": server.key}
 
@@ -34,13 +39,19 @@ class Team:
         return json.loads(self.run(who, *args, "--json").stdout)
 
     def until(self, who: str, args: tuple[str, ...], check, timeout: float = 180.0):
+        """What `gpuforge ARGS --json` prints once `check` holds for it: polled through the API it reads
+        (a process a poll cost a second of CPU), then asked of the CLI itself, which must say so too."""
+        verb, name = args
+        headers = {"authorization": f"Bearer {self.keys[who]}"}
         deadline, found = time.monotonic() + timeout, None
-        while time.monotonic() < deadline:
-            found = self.json(who, *args)
-            if check(found):
-                return found
-            time.sleep(0.5)
-        raise AssertionError(f"gpuforge {' '.join(args)} never got there: {found}")
+        with httpx.Client(base_url=self.url, headers=headers, timeout=60) as http:
+            while time.monotonic() < deadline:
+                answer = http.get(READS[verb].format(name))
+                assert answer.status_code == 200, f"gpuforge {' '.join(args)}: {answer.text}"
+                if check(answer.json()) and check(found := self.json(who, *args)):
+                    return found
+                time.sleep(0.25)
+        raise AssertionError(f"gpuforge {' '.join(args)} never got there: {found or answer.json()}")
 
 
 @pytest.mark.parametrize("slots", [1, 2])
@@ -67,7 +78,8 @@ def test_a_teams_first_day_on_one_server(tmp_path, slots):
         took_all = "can take every cpu device this server has (1)" in made.stderr
         assert took_all == (slots == 1), made.stderr
 
-        long = image_spec(tmp_path, max_steps=2000, seed=3, checkpoint_every=5, options={"sleep_s": 0.05})
+        # two steps a second (a step and its checkpoints cost ~50 ms of CPU): long enough never to finish
+        long = image_spec(tmp_path, max_steps=2000, seed=3, checkpoint_every=5, options={"sleep_s": 0.5})
         third = team.json("bob", "submit", str(write_spec(tmp_path / "long.yaml", long)))["id"]
         if slots == 1:  # it waits behind the replica, and its reason names it and what frees it
             named = lambda j: "deployment digits" in (j["reason"] or "")  # noqa: E731

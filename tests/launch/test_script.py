@@ -24,8 +24,10 @@ from gpuforge import track
 steps = int(sys.argv[1])
 start = track.resume_step()
 print("starting at", start, flush=True)
+# a pause per step asked for holds the first attempt only: a resumed one has had the stop it waited for
+pause = float(sys.argv[2]) if len(sys.argv) > 2 and not start else 0.01
 for step in range(start, steps):
-    time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0.01)
+    time.sleep(pause)
     track.log(step, loss=1.0 / (step + 1), accuracy=step / steps)
     if track.should_stop():
         (track.checkpoint_dir() / "state.txt").write_text(str(step))
@@ -283,13 +285,21 @@ def test_track_imports_no_torch_and_does_nothing_outside_a_run(tmp_path):
     assert out.stdout.split() == ["False", "0", "None"]
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the module's server tests: each submits and watches its own job."""
+    from gpuforge.server.local import LocalServer
+
+    tmp = tmp_path_factory.mktemp("script-server")
+    with LocalServer(tmp / "home", log=tmp / "server.log") as server:
+        yield server
+
+
 @pytest.mark.slow
 def test_a_server_queues_a_script_job_with_its_files_and_refuses_one_from_a_key_without_user_code(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, server
 ):
     import httpx
-
-    from gpuforge.server.local import LocalServer
 
     spec = _job(tmp_path, "python loop.py 8", files=["loop.py", "data/"])
     (spec.parent / "data").mkdir()
@@ -297,32 +307,31 @@ def test_a_server_queues_a_script_job_with_its_files_and_refuses_one_from_a_key_
     (spec.parent / "loop.py").write_text(
         LOOP.replace("import sys, time", "import sys, time\nopen('data/rows.txt')")
     )
-    with LocalServer(tmp_path / "home", log=tmp_path / "server.log") as server:
-        monkeypatch.setenv("GPUFORGE_URL", server.url)
-        monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
-        submitted = run_cli("submit", str(spec), "--json")
-        assert submitted.returncode == 0, submitted.stderr
-        job_id = json.loads(submitted.stdout)["id"]
-        http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.key}"})
-        job = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), timeout=90)
-        assert job["state"] == "finished", (job, (server.home / "runs" / f"job-{job_id}" / "logs").iterdir())
-        metrics = http.get(f"/api/v1/jobs/{job_id}/metrics").json()
-        assert [m["step"] for m in metrics] == list(range(8))
-        assert http.get(f"/api/v1/jobs/{job_id}/summary").json()["kind"] == "script"
-        work = server.home / "runs" / f"job-{job_id}.work"
-        assert (work / "data" / "rows.txt").read_text() == "1\n2\n" and (work / "loop.py").is_file()
+    monkeypatch.setenv("GPUFORGE_URL", server.url)
+    monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
+    submitted = run_cli("submit", str(spec), "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout)["id"]
+    http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.key}"})
+    job = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), timeout=90)
+    assert job["state"] == "finished", (job, (server.home / "runs" / f"job-{job_id}" / "logs").iterdir())
+    metrics = http.get(f"/api/v1/jobs/{job_id}/metrics").json()
+    assert [m["step"] for m in metrics] == list(range(8))
+    assert http.get(f"/api/v1/jobs/{job_id}/summary").json()["kind"] == "script"
+    work = server.home / "runs" / f"job-{job_id}.work"
+    assert (work / "data" / "rows.txt").read_text() == "1\n2\n" and (work / "loop.py").is_file()
 
-        alice = json.loads(run_cli("keys", "create", "alice", "--json").stdout)["key"]
-        monkeypatch.setenv("GPUFORGE_API_KEY", alice)
-        refused = run_cli("submit", str(spec))
-        assert (
-            refused.returncode == 2
-            and "kind: script runs your own command: it needs an admin key" in refused.stderr
-        )
-        missing = _job(tmp_path / "other", "python loop.py 3", files=["loop.py", "nothing/"])
-        monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
-        gone = run_cli("submit", str(missing))
-        assert gone.returncode == 2 and "script.files: nothing/ not found" in gone.stderr
+    alice = json.loads(run_cli("keys", "create", "alice", "--json").stdout)["key"]
+    monkeypatch.setenv("GPUFORGE_API_KEY", alice)
+    refused = run_cli("submit", str(spec))
+    assert (
+        refused.returncode == 2
+        and "kind: script runs your own command: it needs an admin key" in refused.stderr
+    )
+    missing = _job(tmp_path / "other", "python loop.py 3", files=["loop.py", "nothing/"])
+    monkeypatch.setenv("GPUFORGE_API_KEY", server.key)
+    gone = run_cli("submit", str(missing))
+    assert gone.returncode == 2 and "script.files: nothing/ not found" in gone.stderr
 
 
 # a loop that checkpoints every 5 steps on its own, as long runs do
@@ -340,29 +349,27 @@ for step in range(track.resume_step(), 40):
 
 
 @pytest.mark.slow
-def test_a_server_restarts_a_script_job_whose_runner_was_killed_from_the_script_checkpoint(tmp_path):
+def test_a_server_restarts_a_script_job_whose_runner_was_killed_from_the_script_checkpoint(tmp_path, server):
     import httpx
 
-    from gpuforge.server.local import LocalServer
     from gpuforge.spec import load_spec
     from tests.helpers.jobs import runner_pid
 
     spec = _job(tmp_path, "python periodic.py", files=["periodic.py"])
     (spec.parent / "periodic.py").write_text(PERIODIC)
-    with LocalServer(tmp_path / "home", log=tmp_path / "server.log") as server:
-        job_id = server.client().submit(load_spec(spec))["id"]
-        http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.key}"})
-        running = wait_for_job(http, job_id, lambda j: j["state"] == "running" and (j["step"] or 0) >= 12)
-        run = Path(running["run_dir"])
-        os.kill(runner_pid(running["run_dir"]), signal.SIGKILL)  # as the OOM killer would: no last word
-        job = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), timeout=120)
-        assert job["state"] == "finished" and "restart 1 of" in (job["reason"] or ""), (job, _log_tail(run))
-        starts = [e for e in http.get(f"/api/v1/jobs/{job_id}/events").json() if e["kind"] == "started"]
-        assert len(starts) == 2 and starts[1]["data"]["how"] == "resumes from its checkpoint"
-        assert starts[1]["data"]["resumes_from"] >= 10  # steps 0-9 at least were saved before the kill
-        steps = [m["step"] for m in http.get(f"/api/v1/jobs/{job_id}/metrics", params={"limit": 100}).json()]
-        assert steps == list(range(40))  # the steps past the checkpoint that the kill lost are logged once
-        assert not _processes_of(run)  # the killed attempt's script died with its runner
+    job_id = server.client().submit(load_spec(spec))["id"]
+    http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.key}"})
+    running = wait_for_job(http, job_id, lambda j: j["state"] == "running" and (j["step"] or 0) >= 12)
+    run = Path(running["run_dir"])
+    os.kill(runner_pid(running["run_dir"]), signal.SIGKILL)  # as the OOM killer would: no last word
+    job = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), timeout=120)
+    assert job["state"] == "finished" and "restart 1 of" in (job["reason"] or ""), (job, _log_tail(run))
+    starts = [e for e in http.get(f"/api/v1/jobs/{job_id}/events").json() if e["kind"] == "started"]
+    assert len(starts) == 2 and starts[1]["data"]["how"] == "resumes from its checkpoint"
+    assert starts[1]["data"]["resumes_from"] >= 10  # steps 0-9 at least were saved before the kill
+    steps = [m["step"] for m in http.get(f"/api/v1/jobs/{job_id}/metrics", params={"limit": 100}).json()]
+    assert steps == list(range(40))  # the steps past the checkpoint that the kill lost are logged once
+    assert not _processes_of(run)  # the killed attempt's script died with its runner
 
 
 @pytest.mark.slow
@@ -426,7 +433,11 @@ def test_a_train_spec_is_stored_without_a_kind_so_older_runs_and_servers_read_it
 def test_tensorboard_scalars_a_script_writes_become_its_metrics(tmp_path):
     pytest.importorskip("tensorboard")
     writer = """
-import os, time
+import os, sys, time, types
+
+# tensorboard's own switch to its TensorFlow stub (its no_tensorflow build): the same event files, without
+# importing tensorflow where it is installed (7 s of CPU)
+sys.modules["tensorboard.compat.notf"] = types.ModuleType("tensorboard.compat.notf")
 from torch.utils.tensorboard import SummaryWriter
 
 writer = SummaryWriter(os.path.join(os.environ["GPUFORGE_RUN_DIR"], "tensorboard"))
@@ -488,7 +499,8 @@ def test_the_pytorch_example_under_torchrun_stops_on_sigterm_and_resumes_one_pro
     # a runner killed outright (no word to anyone) takes torchrun and both ranks with it
     runner = subprocess.Popen([sys.executable, "-m", "gpuforge", *args], stdout=subprocess.DEVNULL)
     metrics = run / "metrics.jsonl"
-    training = lambda: len(_processes_of(run)) == 4 and len(metrics.read_text().splitlines()) > len(stopped)  # noqa: E731
+    # the cheap check first: /proc is read only once the attempt has logged an epoch past the stop
+    training = lambda: len(metrics.read_text().splitlines()) > len(stopped) and len(_processes_of(run)) == 4  # noqa: E731
     _wait_for(training, "the runner, torchrun and two ranks at work")
     runner.kill()
     runner.wait()

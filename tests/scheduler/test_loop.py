@@ -19,14 +19,23 @@ from tests.helpers.paths import TEST_MODELS
 from tests.helpers.specs import image_spec
 
 
-@pytest.fixture
-def api(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUFORGE_CPU_SLOTS", "1")  # one CPU job at a time: the second one queues
-    settings = Settings(home=tmp_path / "home", data_roots=str(TEST_MODELS.parent))
-    with TestClient(create_app(settings)) as client:
-        key = (tmp_path / "home" / "admin.key").read_text().strip()
-        client.headers["Authorization"] = f"Bearer {key}"
-        yield client
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """The shared server's home (its store, keys, runs and uploads)."""
+    return tmp_path_factory.mktemp("server") / "home"
+
+
+@pytest.fixture(scope="module")
+def api(home):
+    """One server for the module's tests (a server start is imports and a store migration): a test's jobs
+    queue behind any an earlier test left stopping, on the one slot, and each test waits for its own."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("GPUFORGE_CPU_SLOTS", "1")  # one CPU job at a time: the second one queues
+        settings = Settings(home=home, data_roots=str(TEST_MODELS.parent))
+        with TestClient(create_app(settings)) as client:
+            key = (home / "admin.key").read_text().strip()
+            client.headers["Authorization"] = f"Bearer {key}"
+            yield client
 
 
 def _submit(api, tmp_path, **train) -> int:
@@ -189,10 +198,10 @@ def test_a_cancel_signals_no_process_that_is_not_the_jobs_runner(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_runner_that_refuses_its_input_fails_once_with_its_error_in_the_users_names(api, tmp_path):
+def test_a_runner_that_refuses_its_input_fails_once_with_its_error_in_the_users_names(api, home, tmp_path):
     import numpy as np
 
-    uploads = tmp_path / "home" / "uploads"  # a file the client sent: the server keeps it by its hash
+    uploads = home / "uploads"  # a file the client sent: the server keeps it by its hash
     uploads.mkdir(exist_ok=True)
     upload = uploads / f"{'ab' * 32}.npz"
     np.savez(upload, a=np.zeros(3))  # no x and y: the runner says so and exits 2

@@ -87,11 +87,16 @@ def test_a_client_that_goes_away_frees_its_place(digits_model):
         assert httpx.post(f"{url}/predict", json={"inputs": [image] * 2}, timeout=30).status_code == 200
         with pytest.raises(httpx.ReadTimeout):  # after a batch of 2 the next waits 1.5 s for a second input:
             httpx.post(f"{url}/predict", json={"inputs": [image]}, timeout=0.3)  # the client leaves first
-        time.sleep(2.0)  # past the batch's wait
-        figures = _figures(url)
-        assert figures['gpuforge_serve_rejected_total{reason="client gone"}'] == 1
+        # past the batch's wait: the queue is empty once the batch formed and skipped the input left behind
+        gone = 'gpuforge_serve_rejected_total{reason="client gone"}'
+        deadline = time.monotonic() + 30
+        while (figures := _figures(url)).get(gone, 0) < 1 or figures["gpuforge_serve_queue_length"] > 0:
+            assert time.monotonic() < deadline, figures
+            time.sleep(0.05)
+        assert figures[gone] == 1
         assert figures["gpuforge_serve_inputs_total"] == 2  # the model never saw the third
         assert httpx.post(f"{url}/predict", json={"inputs": [image]}, timeout=30).status_code == 200
+        assert _figures(url)["gpuforge_serve_inputs_total"] == 3  # this one only, not the third as well
     finally:
         process.kill()
 

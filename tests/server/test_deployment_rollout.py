@@ -80,6 +80,18 @@ class Load:
             t.start()
         return self
 
+    def counts(self) -> list[int]:
+        return [len(answers) for answers in self.answers]
+
+    def wait_past(self, counts: list[int] | None = None, timeout: float = 60.0) -> None:
+        """Until every client has an answer past `counts` (how many it had; None: any answer at all)."""
+        counts = counts or [0] * len(self.answers)
+        deadline = time.monotonic() + timeout
+        while any(len(answers) <= n for answers, n in zip(self.answers, counts, strict=True)):
+            alive = all(t.is_alive() for t in self.threads)
+            assert alive and time.monotonic() < deadline, f"no answer within {timeout} s: {self.counts()}"
+            time.sleep(0.05)
+
     def __exit__(self, *_):
         self.stop.set()
         for t in self.threads:
@@ -92,7 +104,7 @@ def test_a_new_version_rolls_out_under_load_without_a_failed_request(live):
     assert made.status_code == 201, made.text
     wait_for(http, "/api/v1/deployments/roll", lambda d: d["state"] == "ready")
     with Load(http, "roll") as load:
-        time.sleep(1.0)
+        load.wait_past()  # every client answered by v1 before the rollout
         # another seed: a few points apart on the held-out split, which this tolerance allows
         second = http.post(
             "/api/v1/deployments", json={"job_id": other, "name": "roll", "max_metric_drop": 0.3}
@@ -100,8 +112,8 @@ def test_a_new_version_rolls_out_under_load_without_a_failed_request(live):
         assert second.status_code == 201 and second.json()["rolling_version"] == 2, second.text
         again = http.post("/api/v1/deployments", json={"job_id": other, "name": "roll"})
         assert again.status_code == 409 and "v2 of 'roll' is rolling out" in again.json()["detail"]
-        _serving(http, "roll", 2)
-        time.sleep(1.0)
+        _serving(http, "roll", 2)  # once v1's replica has gone
+        load.wait_past(load.counts())  # and every client answered since
     for answers in load.answers:
         assert answers and all(status == 200 for status, _ in answers), Counter(answers)
         seen = [version for _, version in answers]
@@ -171,7 +183,7 @@ def test_two_replicas_on_two_devices_roll_out_and_back_under_load(live):
     )
     wait_for(http, "/api/v1/deployments/pair", lambda d: d["state"] == "ready")
     with Load(http, "pair", clients=4) as load:
-        time.sleep(0.5)
+        load.wait_past()  # every client answered before the rollout
         body = {"job_id": other, "name": "pair", "max_metric_drop": 0.3}
         assert http.post("/api/v1/deployments", json=body).status_code == 201
         wait_for(
@@ -187,7 +199,7 @@ def test_two_replicas_on_two_devices_roll_out_and_back_under_load(live):
             return d["version"] == 1 and d["rolling_version"] is None and workers == [(1, True), (1, True)]
 
         wait_for(http, "/api/v1/deployments/pair", home)
-        time.sleep(0.5)
+        load.wait_past(load.counts())  # and every client answered since
     statuses = Counter(status for answers in load.answers for status, _ in answers)
     assert set(statuses) == {200}, statuses
     assert (

@@ -8,6 +8,7 @@ alone, not for its waits in Slurm's queue."""
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from datetime import datetime
@@ -36,20 +37,50 @@ def conf() -> str:
 START_S = 200  # a server's start waits for its probe job, which waits for a CPU other tests' jobs may hold
 
 
-@pytest.fixture
-def server(tmp_path, conf):
-    """A server on the cluster (not started); the Slurm jobs its runners still follow at the end are
-    cancelled, so that a failed test leaves no job holding the node's CPUs."""
+def _server(folder, conf: str) -> LocalServer:
     env = {"SLURM_CONF": conf, "GPUFORGE_EXECUTOR": "slurm", "GPUFORGE_DATA_ROOTS": str(TEST_MODELS.parent)}
-    server = LocalServer(tmp_path / "home", log=tmp_path / "server.log", **env)
-    yield server
-    server.stop()
-    for followed in (tmp_path / "home" / "runs").glob("*/logs/slurm-job"):
+    return LocalServer(folder / "home", log=folder / "server.log", **env)
+
+
+def _cancel_followed(server: LocalServer, conf: str) -> None:
+    """The Slurm jobs the server's runners still follow, cancelled: a failed test leaves no job holding the
+    node's CPUs."""
+    for followed in (server.home / "runs").glob("*/logs/slurm-job"):
         slurm("scancel", followed.read_text().split()[0], conf=conf)
 
 
+@pytest.fixture
+def server(tmp_path, conf):
+    """A server of the test's own on the cluster (not started): for the tests that read its costs, which
+    sum every job it ran, or that start it with settings of their own."""
+    server = _server(tmp_path, conf)
+    yield server
+    server.stop()
+    _cancel_followed(server, conf)
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory, conf):
+    server = _server(tmp_path_factory.mktemp("shared"), conf)
+    yield server
+    server.stop()
+    _cancel_followed(server, conf)
+
+
+@pytest.fixture
+def shared(module_server, conf):
+    """One server (started) for the tests whose jobs and assertions are their own alone: one start, and one
+    probe job, for them all; a test may kill it and start it again. The jobs a test leaves followed are
+    cancelled after it, as its own server's would be."""
+    if module_server.process is None or module_server.process.poll() is not None:
+        module_server.start(START_S)
+    yield module_server
+    _cancel_followed(module_server, conf)
+
+
 def _client(server: LocalServer) -> httpx.Client:
-    http = httpx.Client(base_url=server.url, timeout=10)
+    # a server busy starting a runner may take seconds to answer on a loaded machine
+    http = httpx.Client(base_url=server.url, timeout=60)
     http.headers["Authorization"] = f"Bearer {server.key}"
     return http
 
@@ -71,30 +102,41 @@ def _slurm_job(run_dir: str) -> str:
     return path.read_text().split()[0]
 
 
-def test_a_job_runs_as_a_slurm_job_its_metrics_stream_and_its_batch_script_is_shown(tmp_path, server):
-    server.start(START_S)
+def _wait_slurm_state(job: str, state: str, conf: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while f"JobState={state}" not in slurm("scontrol", "show", "job", job, conf=conf):
+        assert time.monotonic() < deadline, f"Slurm job {job} not {state} within {timeout} s"
+        time.sleep(0.2)
+
+
+def _admin(*args: str, conf: str) -> None:
+    """An scontrol command that must take (an error where Slurm refused it)."""
+    env = {**os.environ, "SLURM_CONF": conf}
+    done = subprocess.run(["scontrol", *args], capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode == 0, f"scontrol {' '.join(args)}: {done.stderr.strip()}"
+
+
+def test_a_job_runs_as_a_slurm_job_its_metrics_stream_and_its_batch_script_is_shown(tmp_path, shared):
+    server = shared
     http = _client(server)
-    try:
-        job_id = _submit(http, tmp_path, max_steps=30)
-        running = wait_for_job(http, job_id, lambda j: j["state"] != "queued" and (j["step"] or 0) >= 3, 180)
-        assert running["state"] == "running"
-        seen_live = [m["step"] for m in http.get(f"/api/v1/jobs/{job_id}/metrics").json()]
-        done = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 180)
-        assert done["state"] == "finished", done
-        steps = [m["step"] for m in http.get(f"/api/v1/jobs/{job_id}/metrics").json()]
-        env = {"GPUFORGE_URL": server.url, "GPUFORGE_API_KEY": server.key}
-        shown = run_cli("job", str(job_id), "--slurm-script", env=env)
-        too_many = run_cli("submit", str(_big_spec(tmp_path)), env=env)
-        missing = http.get(f"/api/v1/jobs/{job_id + 1000}/slurm-script")
-    finally:
-        server.stop()
+    job_id = _submit(http, tmp_path, max_steps=30)
+    running = wait_for_job(http, job_id, lambda j: j["state"] != "queued" and (j["step"] or 0) >= 3, 180)
+    assert running["state"] == "running"
+    seen_live = [m["step"] for m in http.get(f"/api/v1/jobs/{job_id}/metrics").json()]
+    done = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 180)
+    assert done["state"] == "finished", done
+    steps = [m["step"] for m in http.get(f"/api/v1/jobs/{job_id}/metrics").json()]
+    env = {"GPUFORGE_URL": server.url, "GPUFORGE_API_KEY": server.key}
+    shown = run_cli("job", str(job_id), "--slurm-script", env=env)
+    too_many = run_cli("submit", str(_big_spec(tmp_path)), env=env)
+    missing = http.get(f"/api/v1/jobs/{job_id + 1000}/slurm-script")
     assert 3 <= len(seen_live) < 30 and steps == list(range(1, 31))  # read while it ran, then all of them
     assert shown.returncode == 0, shown.stderr
     script = shown.stdout
     assert script.startswith("#!/bin/bash") and "#SBATCH --ntasks=1" in script and "exec srun" in script
     assert "#SBATCH --requeue" in script and "gpuforge.train.rank" in script
     assert missing.status_code == 404
-    log = (tmp_path / "server.log").read_text()
+    log = server.log_path.read_text()  # its start's lines (the server writes each line out whole)
     assert "a probe job on " in log and "wrote into" in log  # the node saw the run directory
     # the partition's CPUs (scripts/slurm.sh's node: every core) are the server's slots; one more is refused
     assert too_many.returncode == 2 and f"this server has {CORES} (cpu:0, cpu:1" in too_many.stderr
@@ -109,24 +151,20 @@ def _big_spec(tmp_path):
 
 
 def test_a_server_killed_outright_finds_its_slurm_job_still_followed_and_a_cancel_checkpoints_it(
-    tmp_path, conf, server
+    tmp_path, conf, shared
 ):
-    server.start(START_S)
+    server = shared
     http = _client(server)
-    try:
-        job_id = _submit(http, tmp_path, max_steps=2000, checkpoint_every=1000)
-        running = wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= 10, 180)
-        slurm_job = _slurm_job(running["run_dir"])
-        server.kill()  # SIGKILL: the runner, in a session of its own, goes on following the Slurm job
-        time.sleep(1.0)
-        server.start(START_S)
-        later = wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= running["step"] + 10, 120)
-        assert later["state"] == "running" and later["restarts"] == 0  # re-attached, not restarted
-        assert http.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
-        ended = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 120)
-        events = http.get(f"/api/v1/jobs/{job_id}/events").json()
-    finally:
-        server.stop()
+    job_id = _submit(http, tmp_path, max_steps=2000, checkpoint_every=1000)
+    running = wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= 10, 180)
+    slurm_job = _slurm_job(running["run_dir"])
+    server.kill()  # SIGKILL (waited for): the runner, in a session of its own, goes on following its job
+    server.start(START_S)
+    later = wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= running["step"] + 10, 120)
+    assert later["state"] == "running" and later["restarts"] == 0  # re-attached, not restarted
+    assert http.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+    ended = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 120)
+    events = http.get(f"/api/v1/jobs/{job_id}/events").json()
     assert ended["state"] == "cancelled", ended
     run = RunDir(ended["run_dir"])
     saved = run.latest_checkpoint()
@@ -136,19 +174,18 @@ def test_a_server_killed_outright_finds_its_slurm_job_still_followed_and_a_cance
     assert "RUNNING" not in slurm("scontrol", "show", "job", slurm_job, conf=conf)
 
 
-def test_a_job_over_its_slurm_time_limit_fails_with_slurms_reason(tmp_path, conf, server):
-    server.start(START_S)
-    http = _client(server)
-    try:
-        job_id = _submit(http, tmp_path, max_steps=20000)
-        running = wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= 3, 180)
-        slurm_job = _slurm_job(running["run_dir"])
-        # as an admin would: Slurm's limit (1 minute, its least) ends the job where gpuforge's did not
-        slurm("scontrol", "update", f"jobid={slurm_job}", "TimeLimit=1", conf=conf)
-        ended = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 240)
-        kinds = [e["kind"] for e in http.get(f"/api/v1/jobs/{job_id}/events").json()]
-    finally:
-        server.stop()
+def test_a_job_over_its_slurm_time_limit_fails_with_slurms_reason(tmp_path, conf, shared):
+    http = _client(shared)
+    job_id = _submit(http, tmp_path, max_steps=20000)
+    running = wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= 3, 180)
+    slurm_job = _slurm_job(running["run_dir"])
+    # as an admin would: Slurm's limit (1 minute, its least) ends the job where gpuforge's did not, its end
+    # brought forward to now (EndTime, which Slurm takes for a running job): the test waits for slurmctld's
+    # check of the limits (every 30 s) rather than for the rest of that minute too
+    _admin("update", f"jobid={slurm_job}", "TimeLimit=1", conf=conf)
+    _admin("update", f"jobid={slurm_job}", "EndTime=now+2", conf=conf)
+    ended = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 240)
+    kinds = [e["kind"] for e in http.get(f"/api/v1/jobs/{job_id}/events").json()]
     assert ended["state"] == "failed", ended
     assert f"Slurm job {slurm_job} ended TIMEOUT" in ended["reason"], ended["reason"]
     assert ended["restarts"] == 0  # a restart would only meet the same limit
@@ -179,19 +216,26 @@ def test_a_preempted_slurm_job_resumes_from_its_checkpoint_as_a_new_slurm_job(tm
     assert len(list((RunDir(ended[1]["run_dir"]).logs_dir).glob("slurm-[0-9]*.log"))) == 2
 
 
+QUEUED_S = 6.0  # how long a job is kept waiting in Slurm's queue behind a blocker: past the bound's 4 s
+
+
 def test_a_slurm_job_is_charged_from_its_ranks_start_not_for_its_wait_in_slurms_queue(tmp_path, conf, server):
     server.start(START_S)
     http = _client(server)
-    # every CPU of the node held a while by a job of someone else's: ours waits in Slurm's queue meanwhile
+    # every CPU of the node held by a job of someone else's, until ours has waited QUEUED_S in Slurm's queue
+    # (Slurm's --time ends it should the test not)
     argv = ["sbatch", "--parsable", "--job-name=blocker", f"--ntasks={CORES}", "--time=2"]
-    argv += ["--output=/dev/null", "--wrap", "sleep 10"]  # no slurm-N.out in the tests' folder
+    argv += ["--output=/dev/null", "--wrap", "sleep 600"]  # no slurm-N.out in the tests' folder
     blocker = slurm(*argv, conf=conf).strip()
     try:
-        deadline = time.monotonic() + 120
-        while "JobState=RUNNING" not in slurm("scontrol", "show", "job", blocker, conf=conf):
-            assert time.monotonic() < deadline, "the blocking job did not start"
-            time.sleep(0.2)
+        _wait_slurm_state(blocker, "RUNNING", conf)
         job_id = _submit(http, tmp_path, max_steps=40)
+        claimed = wait_for_job(http, job_id, lambda j: j["run_dir"] is not None, 180)
+        ours = _slurm_job(claimed["run_dir"])
+        _wait_slurm_state(ours, "PENDING", conf)
+        time.sleep(QUEUED_S)  # the wait to be left out of its charge
+        assert "JobState=PENDING" in slurm("scontrol", "show", "job", ours, conf=conf)  # behind it all along
+        slurm("scancel", blocker, conf=conf)
         done = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 240)
         events = http.get(f"/api/v1/jobs/{job_id}/events").json()
         charged_s = http.get("/api/v1/costs").json()["total_device_hours"] * 3600
@@ -220,10 +264,7 @@ def test_a_slurm_job_requeued_by_slurm_is_not_charged_for_its_second_wait(tmp_pa
         running = wait_for_job(http, job_id, lambda j: (j["step"] or 0) >= 10, 180)
         slurm_job = _slurm_job(running["run_dir"])
         slurm("scontrol", "requeue", slurm_job, conf=conf)  # as an admin, or a preemption, would
-        deadline = time.monotonic() + 60
-        while "JobState=PENDING" not in slurm("scontrol", "show", "job", slurm_job, conf=conf):
-            assert time.monotonic() < deadline, "the job was not requeued"
-            time.sleep(0.2)
+        _wait_slurm_state(slurm_job, "PENDING", conf, timeout=60)  # requeued
         time.sleep(HELD_S)  # Slurm holds a requeued job a while (BeginTime): the test holds it HELD_S
         slurm("scontrol", "update", f"jobid={slurm_job}", "StartTime=now", conf=conf)
         done = wait_for_job(http, job_id, lambda j: j["state"] not in ("queued", "running"), 240)

@@ -21,7 +21,6 @@ IMPORTS_LEFT = {
 FETCHES_LEFT = {
     # s.get(Model, id): the fetch of the object the path addresses, by its primary key, beside the check
     # of who may read it; a store function would only rename Session.get
-    ("jobs.py", "visible_job"): "the job the path names",
     ("jobs.py", "state"): "a followed job's state, read again each poll of its stream",
     ("deployments.py", "finished_model"): "the job whose model is deployed",
 }

@@ -39,11 +39,13 @@ def _run_job(spec_path: Path, out: Path | None, overrides: list[str], quiet: boo
     from gpuforge.runs import RunResult
     from gpuforge.settings import current as environment
     from gpuforge.spec import load_train_spec
-    from gpuforge.train.engine import train as run_training
-    from gpuforge.train.progress import Reporter, RichReporter
 
     job = load_train_spec(spec_path, overrides, "train")
     check_spec(current(), job)  # a runner the server started holds to its job's policy, whatever the file
+    # torch only once the spec holds: a mistyped spec is refused in a second, not after torch's import
+    from gpuforge.train.engine import train as run_training
+    from gpuforge.train.progress import Reporter, RichReporter
+
     out = out or _default_out(job.name)
     # several processes, or an executor whose every job runs elsewhere: this process launches the ranks
     executor = build_executor(environment())  # as the server that started this runner told it
@@ -89,6 +91,8 @@ def train(
         return
     job, out, summary = _run_job(spec, out, overrides)
     out_console.print(f"{_describe(summary)}\nrun directory: {out}")
+    if summary.status == "finished" and summary.reason:  # train.early_stop, stop_at, keep_best said why
+        out_console.print(summary.reason, markup=False, highlight=False)
     if summary.signal:
         raise typer.Exit(128 + summary.signal)
     if summary.status == "paused":

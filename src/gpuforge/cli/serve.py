@@ -72,7 +72,6 @@ def serve(
 
     given = {name: value for name, value in locals().items() if name in ServeOptions.model_fields}
     from gpuforge.serve.adapters import check_adapters
-    from gpuforge.serve.worker import create_worker
     from gpuforge.settings import current
 
     if api_key_file is not None:
@@ -88,6 +87,8 @@ def serve(
         raise GpuforgeError(f"--adapters-root {adapters_root}: no such directory")
     adapters = _adapters(adapter or [])
     check_adapters(model_dir, adapters)  # before listening: a bad adapter is one line, not a 503 later
+    from gpuforge.serve.worker import create_worker  # torch and the web stack: not for a refusal
+
     worker = create_worker(
         model_dir, options, api_key=api_key, adapters=adapters,
         public_metrics=current().public_metrics,

@@ -119,7 +119,6 @@ def server(
     cluster's, or a Slurm partition's: docs/slurm.md)."""
     from pydantic import ValidationError
 
-    from gpuforge.server.app import check_executor, check_store_and_bind, create_app
     from gpuforge.server.settings import Settings
     from gpuforge.spec import format_validation_error
 
@@ -139,6 +138,9 @@ def server(
     except ValidationError as err:
         raise GpuforgeError(format_validation_error(err)) from None
     check_port_free(settings.host, settings.port)  # before the home, the store or a key is made
+    # the app (torch, the store's tables) only once the options hold: a refusal takes a second
+    from gpuforge.server.app import check_executor, check_store_and_bind, create_app
+
     check_store_and_bind(settings)
     executor = check_executor(settings)
     served = create_app(settings, executor)

@@ -51,8 +51,7 @@ def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, 
     if source.is_adapter and (options.prune or options.quantize) and not options.merge:
         options = options.model_copy(update={"merge": True})  # pruning and quantizing act on plain weights
         log.info("the run trained a LoRA adapter: merging it first")
-    if options.merge and not source.is_adapter:
-        raise CompressError("--merge: this run trained the full model, there is no adapter to merge")
+    _refuse_merge_without_adapter(source, options)
     module, tokenizer, manifest = load_artifact(
         source.model_dir, dequantize_base=options.merge and bool(source.manifest.quantize_base)
     )
@@ -101,6 +100,11 @@ def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, 
             done.touched_ratio = after / sum(before[name] for name in result.quantized)
     done.params, done.nonzero_params = counts
     return built_from(module, manifest), tokenizer, manifest.model_copy(update={"compression": done})
+
+
+def _refuse_merge_without_adapter(source: Source, options: CompressOptions) -> None:
+    if options.merge and not source.is_adapter:
+        raise CompressError("--merge: this run trained the full model, there is no adapter to merge")
 
 
 def save_variant(built: BuiltModel, tokenizer, manifest: Manifest, out: Path) -> None:
@@ -182,6 +186,7 @@ def compress(
     out = Path(out)
     _check_out(out, force)
     source = _opened(model_dir, spec_path)
+    _refuse_merge_without_adapter(source, options)  # before the original is loaded and timed, not after
     original, first = _original_row(source)
     rows = [original, _variant_row(source, options, out)]
     _front(source, rows, first)

@@ -15,19 +15,18 @@ import time
 from datetime import UTC, datetime
 from hmac import compare_digest
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import yaml
-from fastapi import FastAPI, HTTPException, Query, Request, Response, status
-from fastapi import Path as PathParam
+from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import JSONResponse
 
 from gpuforge.access import presented_key
 from gpuforge.dashboard.pages import add_pages
-from gpuforge.dashboard.profiles import profile_answer, trace_answer
-from gpuforge.dashboard.run_diff import finals, parse_ids, spec_diff
-from gpuforge.run_files import events_page, last_record, log_tail, metrics_page, read_report, series
+from gpuforge.dashboard.read_routes import ComparedJob, read_routes
+from gpuforge.dashboard.read_schemas import JobSpecPublic, WhoAmI
+from gpuforge.run_files import events_page, last_record
 from gpuforge.runs import RunDir
 from gpuforge.store.models import ENDED_JOB_STATES, JobState, state_lists
 
@@ -38,9 +37,7 @@ LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
 ENDED = {state.value for state in (*ENDED_JOB_STATES, JobState.PAUSED)}
 QUIET_S = 600.0  # a run not written for this long, with no end recorded, is no longer said to run
 MAX_RUNS = 10_000
-INT32 = 2**31 - 1
 UNAUTHORIZED = "missing or wrong key: the one `gpuforge dashboard` printed when it started"
-JobId = Annotated[int, PathParam(ge=1, le=MAX_RUNS, description="a run's id")]
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -148,6 +145,56 @@ def _spec(run: Path) -> dict[str, Any]:
     return spec if isinstance(spec, dict) else {}
 
 
+class LocalJobReader:
+    """The read routes' jobs (dashboard/read_routes.py) as the run directories under a root show them,
+    found again for each request; a run's id is its place by start time."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._runs: list[Path] | None = None
+
+    def runs(self) -> list[Path]:
+        if self._runs is None:
+            self._runs = find_runs(self.root)
+        return self._runs
+
+    def whoami(self) -> WhoAmI:
+        return WhoAmI(name="local", admin=True, read_only=True, states=state_lists(("stopped",)))
+
+    def page(self, state: str | None, owner: str | None, limit: int, offset: int) -> tuple[int, list[dict]]:
+        newest_first = list(reversed(list(enumerate(self.runs(), start=1))))
+        if not state and not owner:  # only the page's runs are read
+            return len(newest_first), [describe(i, run) for i, run in newest_first[offset : offset + limit]]
+        jobs = [describe(i, run) for i, run in newest_first]
+        jobs = [j for j in jobs if (not state or j["state"] == state) and (not owner or j["owner"] == owner)]
+        return len(jobs), jobs[offset : offset + limit]
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return describe(job_id, self.run_dir(job_id))
+
+    def run_dir(self, job_id: int) -> Path:
+        found = self.runs()
+        if not 1 <= job_id <= len(found):
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
+        return found[job_id - 1]
+
+    def spec(self, job_id: int) -> JobSpecPublic:
+        run = self.run_dir(job_id)
+        text = (run / "spec.yaml").read_text() if (run / "spec.yaml").is_file() else ""
+        return JobSpecPublic(yaml=text, spec=_spec(run))
+
+    def events(self, job_id: int, after: int, limit: int) -> list[dict[str, Any]]:
+        return events_page(self.run_dir(job_id) / "events.jsonl", after, limit)
+
+    def compared(self, ids: list[int]) -> list[ComparedJob]:
+        found = [(job_id, self.run_dir(job_id)) for job_id in ids]
+        described = [(describe(job_id, run), run) for job_id, run in found]
+        return [
+            ComparedJob(j["id"], j["name"], j["state"], j["owner"], _spec(run), run, latest=j)
+            for j, run in described
+        ]
+
+
 def create_local_app(root: Path, key: str | None = None) -> FastAPI:
     """The read-only dashboard over the runs under `root` (found again at each request); with `key`, its
     API answers only requests that present it (`Authorization: Bearer`), as the server's does."""
@@ -163,107 +210,9 @@ def create_local_app(root: Path, key: str | None = None) -> FastAPI:
                 return JSONResponse({"detail": UNAUTHORIZED}, 401, headers={"WWW-Authenticate": "Bearer"})
             return await call_next(request)
 
-    def runs() -> list[Path]:
-        return find_runs(root)
+    async def local_reader() -> LocalJobReader:  # the key was checked by the middleware above
+        return LocalJobReader(root)
 
-    def run_of(job_id: int) -> Path:
-        found = runs()
-        if not 1 <= job_id <= len(found):
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
-        return found[job_id - 1]
-
-    @app.get("/api/v1/whoami")
-    def whoami() -> dict[str, Any]:
-        return {"name": "local", "admin": True, "read_only": True, "states": state_lists(("stopped",))}
-
-    @app.get("/api/v1/jobs")
-    def list_jobs(
-        response: Response,
-        state: Annotated[str | None, Query(max_length=20)] = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        offset: Annotated[int, Query(ge=0, le=MAX_RUNS)] = 0,
-    ) -> list[dict[str, Any]]:
-        newest_first = list(reversed(list(enumerate(runs(), start=1))))
-        if not state:  # only the page's runs are read
-            response.headers["X-Total-Count"] = str(len(newest_first))
-            return [describe(i, run) for i, run in newest_first[offset : offset + limit]]
-        jobs = [j for j in (describe(i, run) for i, run in newest_first) if j["state"] == state]
-        response.headers["X-Total-Count"] = str(len(jobs))
-        return jobs[offset : offset + limit]
-
-    @app.get("/api/v1/jobs/{job_id}")
-    def get_job(job_id: JobId) -> dict[str, Any]:
-        return describe(job_id, run_of(job_id))
-
-    @app.get("/api/v1/jobs/{job_id}/spec")
-    def job_spec(job_id: JobId) -> dict[str, Any]:
-        run = run_of(job_id)
-        text = (run / "spec.yaml").read_text() if (run / "spec.yaml").is_file() else ""
-        return {"yaml": text, "spec": _spec(run)}
-
-    @app.get("/api/v1/jobs/{job_id}/series")
-    def job_series(job_id: JobId, max_points: Annotated[int, Query(ge=10, le=20_000)] = 1000) -> dict:
-        return series(run_of(job_id) / "metrics.jsonl", max_points)
-
-    @app.get("/api/v1/jobs/{job_id}/metrics")
-    def job_metrics(
-        job_id: JobId,
-        after_step: Annotated[int, Query(ge=-1, le=INT32)] = -1,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    ) -> list[dict[str, Any]]:
-        return metrics_page(run_of(job_id) / "metrics.jsonl", after_step, limit)
-
-    @app.get("/api/v1/jobs/{job_id}/events")
-    def job_events(
-        job_id: JobId,
-        after: Annotated[int, Query(ge=-1, le=INT32)] = -1,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    ) -> list[dict[str, Any]]:
-        return events_page(run_of(job_id) / "events.jsonl", after, limit)
-
-    @app.get("/api/v1/jobs/{job_id}/logs")
-    def job_logs(job_id: JobId, tail: Annotated[int, Query(ge=0, le=100_000)] = 200) -> dict[str, Any]:
-        lines, offset = log_tail(run_of(job_id) / "logs" / "process.log", tail)
-        return {"lines": lines, "offset": offset}
-
-    @app.get("/api/v1/jobs/{job_id}/summary")
-    def job_summary(job_id: JobId) -> dict[str, Any]:
-        summary = RunDir(run_of(job_id)).readable_summary()
-        if summary is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no summary yet")
-        return summary
-
-    @app.get("/api/v1/jobs/{job_id}/report")
-    def job_report(job_id: JobId) -> dict[str, Any]:
-        report = read_report(run_of(job_id))
-        if report is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no compression report")
-        return report
-
-    @app.get("/api/v1/jobs/{job_id}/profile")
-    def job_profile(job_id: JobId) -> dict[str, Any]:
-        return profile_answer(run_of(job_id), job_id)
-
-    @app.get("/api/v1/jobs/{job_id}/profile/trace")
-    def job_profile_trace(job_id: JobId, rank: Annotated[int, Query(ge=0, le=4096)] = 0) -> Response:
-        return trace_answer(run_of(job_id), job_id, rank)
-
-    @app.get("/api/v1/compare")
-    def compare(ids: Annotated[str, Query(max_length=200)]) -> dict[str, Any]:
-        try:
-            wanted = parse_ids(ids)
-        except ValueError as err:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from None
-        found = [(i, run_of(i)) for i in wanted]
-        jobs = [describe(i, run) for i, run in found]
-        return {
-            "jobs": [{k: j[k] for k in ("id", "name", "state", "owner")} for j in jobs],
-            "spec_diff": spec_diff([_spec(run) for _, run in found]),
-            "finals": [
-                finals(j["id"], RunDir(run).readable_summary(), j)
-                for j, (_, run) in zip(jobs, found, strict=True)
-            ],
-        }
-
+    app.include_router(read_routes(local_reader))  # the server's own read routes, over run directories
     add_pages(app)
     return app

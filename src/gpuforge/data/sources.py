@@ -152,11 +152,31 @@ def _as_images(x: np.ndarray, y: np.ndarray, where: str) -> Images:
 
 
 def _sklearn_digits(max_records: int | None) -> Images:
-    from sklearn.datasets import load_digits
+    table = _digits_table()
+    if table is None:
+        from sklearn.datasets import load_digits
 
-    digits = load_digits()
-    x = digits.images[:max_records] / 16.0  # pixel intensities are 0..16
-    return _as_images(x, digits.target[:max_records], "sklearn:digits")
+        digits = load_digits()
+        images, target = digits.images, digits.target
+    else:  # what load_digits() returns, read as it reads it
+        images, target = table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int, copy=False)
+    x = images[:max_records] / 16.0  # pixel intensities are 0..16
+    return _as_images(x, target[:max_records], "sklearn:digits")
+
+
+def _digits_table() -> np.ndarray | None:
+    """scikit-learn's digits.csv.gz (64 pixels and the label a row) read without importing sklearn, which
+    costs every process that trains on the digits more than a second of CPU; None where it is not there."""
+    import gzip
+    import importlib.util
+
+    found = importlib.util.find_spec("sklearn")  # a top-level package: found, not imported
+    for folder in (found.submodule_search_locations or []) if found else []:
+        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, mode="rt", encoding="utf-8") as f:
+                return np.loadtxt(f, delimiter=",")
+    return None
 
 
 def _stdlib_docstrings(max_records: int | None) -> str:

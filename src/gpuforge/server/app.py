@@ -17,6 +17,7 @@ from fastapi import FastAPI, HTTPException, status
 from fastapi.responses import JSONResponse
 
 from gpuforge.dashboard.pages import add_pages
+from gpuforge.dashboard.read_routes import read_routes
 from gpuforge.errors import GpuforgeError
 from gpuforge.executors import build as build_executor
 from gpuforge.runtime.host import port_range
@@ -25,6 +26,7 @@ from gpuforge.scheduler.loop import Scheduler, SchedulerOptions
 from gpuforge.scheduler.worker_keys import load_secret
 from gpuforge.secret_files import shown_url
 from gpuforge.server.auth import RequireKey
+from gpuforge.server.job_reader import store_reader
 from gpuforge.server.routes import (
     deployment_versions,
     deployments,
@@ -75,6 +77,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
 
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
     app.state.services = state = Services(settings)  # what the routes use (server/services.py)
+    app.include_router(read_routes(store_reader))  # the jobs' reads, shared with `gpuforge dashboard`
     for routes in (jobs, profiles, keys, projects, uploads, deployments, deployment_versions, forward,
                    overview, system):  # fmt: skip
         app.include_router(routes.router)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fastapi import HTTPException, status
 from sqlalchemy import ColumnElement, or_, true
+from sqlalchemy.orm import Session
 
 from gpuforge.store.models import ApiKey, Deployment, Job
 
@@ -44,3 +45,18 @@ def check_change(key: ApiKey, row: Job | Deployment, what: str, owner: str | Non
             f"{what} belongs to key {owner!r}: a member of its project may read it; only its owner or an "
             "admin may change it",
         )
+
+
+def visible_job(s: Session, key: ApiKey, job_id: int) -> Job:
+    """The job, if `key` may read it: 404 otherwise, as if there were none."""
+    job = s.get(Job, job_id)
+    if job is None or not may_read(key, job):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
+    return job
+
+
+def changeable_job(s: Session, key: ApiKey, job_id: int) -> Job:
+    """The job, if `key` may change it: 404 as visible_job, 403 for a teammate's job."""
+    job = visible_job(s, key, job_id)
+    check_change(key, job, f"job {job_id}", job.owner)
+    return job

@@ -35,6 +35,7 @@ from gpuforge.spec.problems import (
 from gpuforge.spec.script_files import MAX_SCRIPT_FILES, working_copy_files
 from gpuforge.spec.sections import (
     DATA_SCHEMES,
+    EVAL_METRICS,
     MAX_PROFILE_STEPS,
     MODEL_SCHEMES,
     SCRIPT_ENV_RESERVED,
@@ -43,6 +44,7 @@ from gpuforge.spec.sections import (
     CostSpec,
     DataSpec,
     DistributedSpec,
+    EarlyStopSpec,
     EnvName,
     LabelText,
     LoraSpec,
@@ -61,6 +63,7 @@ from gpuforge.spec.units import parse_bytes, parse_duration
 __all__ = [
     "ALIASES",
     "DATA_SCHEMES",
+    "EVAL_METRICS",
     "MAX_PROBLEMS",
     "MAX_PROFILE_STEPS",
     "MAX_SCRIPT_FILES",
@@ -72,6 +75,7 @@ __all__ = [
     "CostSpec",
     "DataSpec",
     "DistributedSpec",
+    "EarlyStopSpec",
     "EnvName",
     "JobSpec",
     "LabelText",

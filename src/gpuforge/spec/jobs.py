@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from gpuforge.spec.compress_bounds import CompressSpec
 from gpuforge.spec.sections import (
     DATA_SCHEMES,
+    EVAL_METRICS,
     AdaptSpec,
     CostSpec,
     DataSpec,
@@ -73,6 +74,43 @@ class JobSpec(Section):
             raise ValueError("distributed.strategy: fsdp with adapt.lora is not supported yet (use ddp)")
         if dist.strategy != "none" and self.train.compile:
             raise ValueError("train.compile: not supported with distributed.strategy yet")
+        return self
+
+    @model_validator(mode="after")
+    def _stop_rules(self) -> JobSpec:
+        """early_stop, stop_at and keep_best read evaluations: an eval schedule, and metrics it reports."""
+        train, data = self.train, self.data
+        asked = [
+            key
+            for key, on in (
+                ("train.early_stop", train.early_stop is not None),
+                ("train.stop_at", bool(train.stop_at)),
+                ("train.keep_best", train.keep_best),
+            )
+            if on
+        ]
+        if not asked:
+            return self
+        if train.eval_every is None:
+            raise ValueError(
+                f"{asked[0]}: needs train.eval_every (evaluations during training to judge by); "
+                "without it the job evaluates only at its end"
+            )
+        if data.eval is None and data.eval_fraction == 0:
+            raise ValueError(
+                f"{asked[0]}: needs an eval set (data.eval, or data.eval_fraction above 0 of data.train)"
+            )
+        reported = EVAL_METRICS[self.model.task]
+        watched = [("train.early_stop.metric", train.early_stop.metric)] if train.early_stop else []
+        watched += [(f"train.stop_at.{metric}", metric) for metric in train.stop_at or {}]
+        for key, metric in watched:
+            if metric not in reported:
+                raise ValueError(
+                    f"{key}: {metric} is not a figure this job's evaluation reports (a "
+                    f"{self.model.task} job's: {', '.join(reported)})"
+                )
+        if train.keep_best and self.distributed.strategy == "fsdp":
+            raise ValueError("train.keep_best: not supported with distributed.strategy fsdp yet (use ddp)")
         return self
 
     @model_validator(mode="after")

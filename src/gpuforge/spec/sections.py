@@ -16,6 +16,12 @@ from gpuforge.spec.units import parse_bytes, parse_duration
 
 Task = Literal["sequence-classification", "causal-lm", "image-classification"]
 TASKS = get_args(Task)
+# the figures a task's evaluation reports, as metrics.jsonl names them (runtime/tasks.py EvalTally)
+EVAL_METRICS = {
+    "sequence-classification": ("eval_loss", "eval_accuracy"),
+    "image-classification": ("eval_loss", "eval_accuracy"),
+    "causal-lm": ("eval_loss", "eval_perplexity"),
+}
 MODEL_SCHEMES = ("bundled", "hf", "torchvision", "python")
 DATA_SCHEMES = ("sklearn", "stdlib")  # built-in data sets; anything else is a file path
 
@@ -81,6 +87,25 @@ class ProfileSpec(Section):
     )
 
 
+class EarlyStopSpec(Section):
+    """Stop a job whose evaluations stop improving (train.eval_every sets how often they come)."""
+
+    metric: str = Field(
+        "eval_loss",
+        description="an evaluation's figure as metrics.jsonl names it: eval_loss, eval_accuracy "
+        "(classification), eval_perplexity (causal-lm)",
+    )
+    patience: int = Field(
+        3, ge=1, le=10_000, description="evaluations in a row without improvement before the job stops"
+    )
+    min_delta: float = Field(
+        0.0, ge=0, description="an improvement is a change past the best by more than this"
+    )
+    direction: Literal["minimize", "maximize"] | None = Field(
+        None, description="default: minimize a metric named *loss* or *perplexity*, maximize any other"
+    )
+
+
 class TrainSpec(Section):
     max_steps: int | None = Field(None, ge=1)
     epochs: float | None = Field(None, gt=0)
@@ -109,6 +134,23 @@ class TrainSpec(Section):
     )
     profile: ProfileSpec | None = Field(
         None, description="record these steps with torch.profiler into <run>/profile/ (gpuforge profile RUN)"
+    )
+    early_stop: EarlyStopSpec | None = Field(
+        None,
+        description="end the job (finished, with the reason) once early_stop.metric has not improved for "
+        "early_stop.patience evaluations; needs eval_every",
+    )
+    stop_at: dict[str, float] | None = Field(
+        None,
+        max_length=8,
+        description="{metric: threshold}, e.g. {eval_accuracy: 0.9}: end the job (finished) at the first "
+        "evaluation where ANY metric reaches its threshold (<= for *loss*/*perplexity*, >= for others); "
+        "needs eval_every",
+    )
+    keep_best: bool = Field(
+        False,
+        description="the job's model is the best evaluation's weights (by early_stop.metric, else "
+        "eval_loss), not the last step's; needs eval_every",
     )
 
     @field_validator("batch_size")

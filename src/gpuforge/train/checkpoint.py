@@ -128,6 +128,25 @@ def load_checkpoint(
     return read_meta(path)
 
 
+def save_weights(path: Path, module: torch.nn.Module, adapter: bool = False) -> None:
+    """The weights alone (an adapter run: its trainable part), written under a temporary name and renamed:
+    keep_best's copy of the best evaluation's model."""
+    tmp = path.with_name(path.name + ".tmp")
+    if adapter:
+        save_file(trainable_state(module), str(tmp))
+    else:
+        save_model(module, str(tmp))
+    tmp.rename(path)
+
+
+def load_weights(path: Path, module: torch.nn.Module, device: torch.device, adapter: bool = False) -> None:
+    """Weights that save_weights wrote, back into `module`."""
+    if adapter:
+        module.load_state_dict(load_file(str(path), device=str(device)), strict=False)
+    else:
+        load_model(module, str(path), device=str(device))
+
+
 def read_meta(path: Path) -> dict[str, Any]:
     """A checkpoint's meta.json: its step, data position, micro-batch, precision and cost so far."""
     return json.loads((path / "meta.json").read_text())

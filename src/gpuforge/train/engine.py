@@ -60,7 +60,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     # --- processes, optimizer, schedule, loss scaling; then the newest checkpoint, if there is one ---
     trainer = Trainer.build(job, ranks, run, reporter or Reporter(), started)
     state = trainer.resume(latest)
-    finished = finished_already(run, state.resumed_from, job.total_steps)
+    finished = finished_already(run, state.resumed_from, job.total_steps, trainer.ended_early)
     if finished is not None:
         return finished.as_result(signal=None)
     run.truncate_metrics_after(state.start_step)  # steps logged past the checkpoint run again
@@ -83,14 +83,18 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     profiler.note_comm(result.comm)
                     with phase("evaluation"):
                         evaluation = trainer.evaluate_if_due(state)
+                        # train.early_stop, stop_at, keep_best: only at an evaluation, only when asked for
+                        ended = evaluation is not None and trainer.watch is not None
+                        ended = ended and trainer.judge(state, evaluation)
                     with phase("logging"):
                         record = trainer.log_if_due(state, result, evaluation, meter)
                         tracker.metric(record)  # TensorBoard, MLflow: as the spec's tracking section asks
                     with phase("checkpoint"):
-                        trainer.checkpoint_if_due(state)
+                        if not ended:  # an ended run's checkpoint is the end's
+                            trainer.checkpoint_if_due(state)
                 if result.profile_steps:  # every process agreed on it in the step's all-reduce
                     profiler.open(step + 1, result.profile_steps, job.total_steps)
-                if trainer.should_stop(state, result, stop):  # a signal, or the budget spent
+                if ended or trainer.should_stop(state, result, stop):  # early stop, a signal, the budget
                     break
         summary = finish(trainer, state, meter)  # the last checkpoint, the model, summary.json, the event
         tracker.finish(summary.as_dict(), run.model_dir)

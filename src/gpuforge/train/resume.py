@@ -33,6 +33,8 @@ RESUMABLE_CHANGES = {
 # Sections that may differ as a whole: where a run's figures are also sent does not change the run (and a
 # run stored before the section existed has none)
 RESUMABLE_SECTIONS = {"tracking"}
+# Keys added since runs were first stored, by their defaults: a stored spec without one meant the default
+ADDED_KEYS = {("train", "early_stop"): None, ("train", "stop_at"): None, ("train", "keep_best"): False}
 
 
 def check_same_job(run: RunDir, spec: JobSpec) -> None:
@@ -40,6 +42,9 @@ def check_same_job(run: RunDir, spec: JobSpec) -> None:
     if not run.spec_path.exists():
         return
     stored = yaml.safe_load(run.spec_path.read_text()) or {}
+    for (section, key), default in ADDED_KEYS.items():
+        if isinstance(stored.get(section), dict):
+            stored[section].setdefault(key, default)
     current = spec.model_dump(mode="json")
     differing = [
         key
@@ -72,9 +77,12 @@ def check_not_past(run: RunDir, checkpoint_step: int | None, total_steps: int) -
         )
 
 
-def finished_already(run: RunDir, resumed_from: int | None, total_steps: int) -> RunSummary | None:
-    """The summary of a run that finished all `total_steps` before: rerunning it has nothing to do."""
-    if resumed_from is None or resumed_from < total_steps:
+def finished_already(
+    run: RunDir, resumed_from: int | None, total_steps: int, ended_early: bool = False
+) -> RunSummary | None:
+    """The summary of a run that finished all `total_steps` before, or that train.early_stop or stop_at
+    ended (`ended_early`, as its checkpoint says): rerunning it has nothing to do."""
+    if resumed_from is None or (resumed_from < total_steps and not ended_early):
         return None
     finished = run.read_summary()
     if finished is None or finished.status != "finished":

@@ -25,8 +25,8 @@ def finish(t: Trainer, state: LoopState, meter: Meter) -> RunSummary:
     run, done = t.run, state.done_step
     if state.status != "failed" and done > state.start_step:
         t.checkpoint(state, done)
-    if state.status == "finished" and done == t.job.total_steps:
-        _save_model(t, done)
+    if state.status == "finished" and (done == t.job.total_steps or t.ended_early):
+        _save_model(t, _keep_best(t, state) or done)
     summary = summarize(t, state, meter)
     run.write_summary(summary)
     if state.status == "failed":
@@ -41,6 +41,21 @@ def finish(t: Trainer, state: LoopState, meter: Meter) -> RunSummary:
     reason = f" ({state.reason})" if state.reason else ""
     log.info("%s at step %d/%d%s", state.status, done, t.job.total_steps, reason)
     return summary
+
+
+def _keep_best(t: Trainer, state: LoopState) -> int | None:
+    """train.keep_best: the best evaluation's weights become the model, and its figures the summary's eval
+    (the last step's are in metrics.jsonl); the reason says which step's model it is. Its step, or None."""
+    if not t.spec.train.keep_best:
+        return None
+    step = t.restore_best()
+    watched = t.watch.state if t.watch is not None else None
+    if step is None or watched is None:
+        return None
+    state.last_eval = {k.removeprefix("eval_"): v for k, v in (watched.best_figures or {}).items()}
+    kept = f"model kept from step {step} (best {t.watch.metric} {watched.best:.4g})"
+    state.reason = f"{state.reason}; {kept}" if state.reason else kept
+    return step
 
 
 def _save_model(t: Trainer, step: int) -> None:

@@ -24,7 +24,15 @@ from gpuforge.runtime.evaluate import evaluate, to_device
 from gpuforge.runtime.phases import phase
 from gpuforge.runtime.precision import MixedPrecision
 from gpuforge.spec import JobSpec
-from gpuforge.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from gpuforge.train.checkpoint import (
+    load_checkpoint,
+    load_weights,
+    rng_state,
+    save_checkpoint,
+    save_weights,
+    set_rng_state,
+)
+from gpuforge.train.early_stop import Watch
 from gpuforge.train.metrics import FlopModel, Meter, StepClock, usd
 from gpuforge.train.progress import Reporter
 from gpuforge.train.schedule import make_scheduler
@@ -99,6 +107,7 @@ class Trainer:
     scheduler: Any
     amp: MixedPrecision
     trained: list[torch.Tensor]  # the optimizer's parameters (LoRA: a few of many), whose norm is clipped
+    watch: Watch | None = None  # train.early_stop, stop_at, keep_best: None when the spec sets none
 
     @classmethod
     def build(cls, job: Job, ranks: Ranks, run: RunDir, reporter: Reporter, started: float) -> Trainer:
@@ -125,7 +134,8 @@ class Trainer:
         )
         trained = [p for group in optimizer.param_groups for p in group["params"]]
         amp = MixedPrecision(job.precision, device)
-        return cls(job, ranks, run, reporter, started, parallel, optimizer, scheduler, amp, trained)
+        watch = Watch.from_spec(spec.train)
+        return cls(job, ranks, run, reporter, started, parallel, optimizer, scheduler, amp, trained, watch)
 
     @property
     def spec(self) -> JobSpec:
@@ -153,7 +163,16 @@ class Trainer:
             )  # fmt: skip
             state.start_step = state.step = state.resumed_from = meta["step"]
             state.cost_before = meta.get("cost_usd", 0.0)
+            if self.watch is not None:
+                self.watch.load_state_dict(meta.get("early_stop"))
+        if self.spec.train.keep_best and self.ranks.is_main:
+            self._drop_best(keep=lambda step: step <= state.start_step)  # steps that run again write theirs
         return state
+
+    @property
+    def ended_early(self) -> bool:
+        """early_stop or stop_at ended the run (as of the checkpoint it resumed from)."""
+        return self.watch is not None and self.watch.state.stopped is not None
 
     def start_meter(self) -> Meter:
         """FLOPs of a step (measured on the first micro-batch where no formula gives them) against the
@@ -250,6 +269,38 @@ class Trainer:
         self.module.train()
         return state.last_eval
 
+    def judge(self, state: LoopState, evaluation: dict[str, float]) -> bool:
+        """An evaluation against train.early_stop and stop_at (only where the spec sets them): True when the
+        run ends here (finished, with the reason); keep_best keeps the weights of the best so far. Every
+        process reads the same figures (summed over DDP's shards), so every one decides alike."""
+        assert self.watch is not None
+        decision = self.watch.observe(state.step, {f"eval_{k}": v for k, v in evaluation.items()})
+        if decision.best and self.spec.train.keep_best and self.ranks.is_main:
+            save_weights(self.best_path(state.step), self.module, self.job.built.adapter)
+        if decision.stop is None or state.step == self.job.total_steps:  # the last step ends it anyway
+            return False
+        self.watch.state.stopped = decision.stop
+        state.end("finished", decision.stop)
+        return True
+
+    def best_path(self, step: int) -> Path:
+        """keep_best's copy of the weights evaluated at `step` (beside the checkpoints, not one of them)."""
+        return self.run.checkpoints_dir / f"best-step-{step:06d}.safetensors"
+
+    def _drop_best(self, keep) -> None:
+        for path in self.run.checkpoints_dir.glob("best-step-*.safetensors"):
+            if not keep(int(path.name.removeprefix("best-step-").removesuffix(".safetensors"))):
+                path.unlink(missing_ok=True)
+
+    def restore_best(self) -> int | None:
+        """keep_best: the best evaluation's weights back into the model (its step), before it is saved;
+        None where no evaluation was the best (the last step's weights stay)."""
+        step = self.watch.state.best_step if self.watch is not None else None
+        if step is None or not self.ranks.is_main:
+            return None
+        load_weights(self.best_path(step), self.module, self.job.device, self.job.built.adapter)
+        return step
+
     def log_if_due(
         self, state: LoopState, result: StepResult, evaluation: dict[str, float] | None, meter: Meter
     ) -> dict[str, Any] | None:
@@ -301,12 +352,17 @@ class Trainer:
             "precision": job.precision.name,
             "processes": self.ranks.world,  # micro_batch was sized for this many shares
         }
+        if self.watch is not None:  # the best so far and the evaluations since: a resumed run judges alike
+            meta["early_stop"] = self.watch.state_dict()
         path = save_checkpoint(
             self.run, at_step, self.module, self.optimizer, self.scheduler, self.amp, meta,
             keep=self.spec.train.keep_checkpoints, adapter=job.built.adapter, rng_ranks=rng_ranks,
             full_states=full,
         )  # fmt: skip
         self.run.event("checkpoint", step=at_step, path=str(path.relative_to(self.run.root)))
+        if self.spec.train.keep_best:  # the checkpoint names the best: older bests are not needed again
+            best = self.watch.state.best_step
+            self._drop_best(keep=lambda step: step == best or step > at_step)
 
     def should_stop(self, state: LoopState, result: StepResult, stop: StopFlag) -> bool:
         """Stop after this step for a signal (cancelled) or a spent budget (paused: the same run directory

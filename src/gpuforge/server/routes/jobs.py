@@ -2,43 +2,32 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import yaml
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
-from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from gpuforge.run_files import log_tail, metrics_page, read_report, series, small_text
+from gpuforge.dashboard.read_routes import JobId
+from gpuforge.dashboard.read_schemas import JobPublic
+from gpuforge.run_files import small_text
 from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
 from gpuforge.server.follow import REVOKED, follow
-from gpuforge.server.schemas import (
-    EventPublic,
-    JobCreate,
-    JobPublic,
-    JobResume,
-    JobSpecPublic,
-    LogTail,
-    Series,
-)
+from gpuforge.server.schemas import JobCreate, JobResume
 from gpuforge.server.services import services
 from gpuforge.server.submit import Server, admit
-from gpuforge.server.visibility import check_change, may_read, readable
-from gpuforge.store import jobs, states
+from gpuforge.server.visibility import changeable_job, visible_job
+from gpuforge.store import states
 from gpuforge.store.db import session
 from gpuforge.store.keys import is_revoked
-from gpuforge.store.models import MAX_IDEMPOTENCY_KEY, QUEUE_JOB_STATES, Event, Job, JobState
+from gpuforge.store.models import MAX_IDEMPOTENCY_KEY, Job, JobState
 from gpuforge.store.quotas import INT32
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
-JobId = Annotated[int, PathParam(ge=1, le=INT32, description="the job's id")]
 MAX_SLURM_SCRIPT = 64 * 2**10  # a batch script is a few lines
-GZIP_MIN_BYTES = 8 * 2**10  # a chart's series past this is sent gzipped (numbers compress ~2.5x)
 
 
 IdempotencyKey = Annotated[
@@ -79,57 +68,6 @@ def wake_scheduler(request: Request) -> None:
     scheduler = services(request).scheduler
     if scheduler is not None:
         scheduler.wake()
-
-
-def visible_job(s, key, job_id: int) -> Job:
-    job = s.get(Job, job_id)
-    if job is None or not may_read(key, job):  # others' jobs do not exist for you (server/visibility.py)
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
-    return job
-
-
-def changeable_job(s, key, job_id: int) -> Job:
-    """The job, if `key` may change it: 404 as visible_job, 403 for a teammate's job."""
-    job = visible_job(s, key, job_id)
-    check_change(key, job, f"job {job_id}", job.owner)
-    return job
-
-
-# The two hot reads are `async def` with their (sub-millisecond, never-blocking WAL) store read inline:
-# the thread-pool hop of a plain `def` route cost 2.4x in throughput (402 against 968 requests/s,
-# benchmarks/api_load.py). Writes stay plain `def`, in the pool: they may wait for the store's lock.
-@router.get("", response_model=list[JobPublic])
-async def list_jobs(
-    request: Request,
-    response: Response,
-    key: Key,
-    state: Annotated[str | None, Query(description="only jobs in this state", max_length=20)] = None,
-    owner: Annotated[str | None, Query(description="only this key's jobs (its name)", max_length=100)] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0, le=INT32)] = 0,
-) -> list[Job]:
-    """Jobs, newest first: your own and your project's, or everyone's with an admin key. X-Total-Count: how
-    many match."""
-    with session(services(request).engine) as s:
-        total, page = jobs.page(s, readable(key, Job), state, owner, limit, offset)
-        response.headers["X-Total-Count"] = str(total)
-        return with_places(request, page)
-
-
-def with_places(request: Request, rows: list[Job]) -> list[Job]:
-    """Each waiting job with its place in the queue as the scheduler's last tick ordered it."""
-    scheduler = services(request).scheduler
-    places = scheduler.queue_positions if scheduler is not None else {}
-    for job in rows:
-        job.queue_position = places.get(job.id) if job.state in QUEUE_JOB_STATES else None
-    return rows
-
-
-@router.get("/{job_id}", response_model=JobPublic)
-async def get_job(job_id: JobId, request: Request, key: Key) -> Job:
-    """One job."""
-    with session(services(request).engine) as s:
-        return with_places(request, [visible_job(s, key, job_id)])[0]
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
@@ -187,59 +125,6 @@ def resume_job(job_id: JobId, body: JobResume, request: Request, key: Key) -> Jo
     return job
 
 
-@router.get("/{job_id}/events", response_model=list[EventPublic])
-def job_events(
-    job_id: JobId,
-    request: Request,
-    key: Key,
-    after: Annotated[int, Query(ge=-1, le=INT32, description="only events after this seq")] = -1,
-    limit: Annotated[int, Query(ge=1, le=10_000, description="at most this many (next page: after)")] = 1000,
-) -> list[Event]:
-    """The job's events, in order, a page at a time."""
-    with session(services(request).engine) as s:
-        visible_job(s, key, job_id)
-        return jobs.events(s, job_id, after, limit)
-
-
-@router.get("/{job_id}/metrics", response_model=list[dict[str, Any]])
-def job_metrics(
-    job_id: JobId,
-    request: Request,
-    key: Key,
-    after_step: Annotated[int, Query(ge=-1, le=INT32, description="only steps after this one")] = -1,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-) -> list[dict[str, Any]]:
-    """The job's metrics records (DESIGN: metrics.jsonl), a page at a time, by step."""
-    with session(services(request).engine) as s:
-        run_dir = Path(visible_job(s, key, job_id).run_dir)
-    return metrics_page(run_dir / "metrics.jsonl", after_step, limit)
-
-
-@router.get("/{job_id}/summary", response_model=dict[str, Any])
-def job_summary(job_id: JobId, request: Request, key: Key) -> dict[str, Any]:
-    """The run's summary.json: written when the runner stops (finished, failed, cancelled, paused)."""
-    with session(services(request).engine) as s:
-        run_dir = Path(visible_job(s, key, job_id).run_dir)
-    summary = RunDir(run_dir).readable_summary()  # torn, or not a summary: as good as none
-    if summary is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no summary yet")
-    return summary
-
-
-@router.get("/{job_id}/logs", response_model=LogTail)
-def job_logs(
-    job_id: JobId,
-    request: Request,
-    key: Key,
-    tail: Annotated[int, Query(ge=0, le=100_000, description="the last N lines")] = 200,
-) -> LogTail:
-    """The end of the job's process log (its runner's output, all restarts appended)."""
-    with session(services(request).engine) as s:
-        run_dir = Path(visible_job(s, key, job_id).run_dir)
-    lines, offset = log_tail(run_dir / "logs" / "process.log", tail)
-    return LogTail(lines=lines, offset=offset)
-
-
 @router.get(
     "/{job_id}/slurm-script",
     response_class=PlainTextResponse,
@@ -257,54 +142,6 @@ def job_slurm_script(job_id: JobId, request: Request, key: Key) -> PlainTextResp
     if text is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has not been submitted to Slurm")
     return PlainTextResponse(text)
-
-
-@router.get("/{job_id}/spec", response_model=JobSpecPublic)
-def job_spec(job_id: JobId, request: Request, key: Key) -> JobSpecPublic:
-    """The resolved spec the job runs (defaults filled in, paths absolute)."""
-    with session(services(request).engine) as s:
-        job = visible_job(s, key, job_id)
-        text, files = job.spec_yaml, job.files or {}
-    return JobSpecPublic(yaml=text, spec=yaml.safe_load(text) or {}, files=files)
-
-
-@router.get("/{job_id}/series", response_model=Series, responses={304: {"description": "unchanged"}})
-def job_series(
-    job_id: JobId,
-    request: Request,
-    key: Key,
-    max_points: Annotated[int, Query(ge=10, le=20_000, description="points a metric at most")] = 1000,
-) -> Response:
-    """The job's metrics as one series a metric, for charts: a long run is downsampled here (the min and
-    max of each bucket of steps), never sent whole. With an ETag: a page polling a run that has logged
-    nothing new gets 304 and no body."""
-    with session(services(request).engine) as s:
-        path = Path(visible_job(s, key, job_id).run_dir) / "metrics.jsonl"
-    try:
-        stat = path.stat()
-        tag = f'W/"{stat.st_ino:x}-{stat.st_size:x}-{stat.st_mtime_ns:x}-{max_points}"'
-    except FileNotFoundError:
-        tag = f'W/"none-{max_points}"'
-    # the browser asks again each time; the answer depends on how it may be encoded
-    headers = {"ETag": tag, "Cache-Control": "private, no-cache", "Vary": "Accept-Encoding"}
-    if request.headers.get("if-none-match") == tag:
-        return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
-    body = json.dumps(series(path, max_points), separators=(",", ":")).encode()
-    if len(body) > GZIP_MIN_BYTES and "gzip" in request.headers.get("accept-encoding", ""):
-        # gzipped here, not by a middleware: that would wrap every request of the API, hot reads too
-        body, headers["Content-Encoding"] = gzip.compress(body, compresslevel=5), "gzip"
-    return Response(body, media_type="application/json", headers=headers)
-
-
-@router.get("/{job_id}/report", response_model=dict[str, Any])
-def job_report(job_id: JobId, request: Request, key: Key) -> dict[str, Any]:
-    """The compression report of the run (compressed/report.json), where it has one."""
-    with session(services(request).engine) as s:
-        run_dir = Path(visible_job(s, key, job_id).run_dir)
-    report = read_report(run_dir)
-    if report is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no compression report")
-    return report
 
 
 SSE = {200: {"content": {"text/event-stream": {}}, "description": "server-sent events"}}

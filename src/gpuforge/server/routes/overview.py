@@ -7,65 +7,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from fastapi import APIRouter, HTTPException, Query, Request, status
 
-from gpuforge.dashboard.run_diff import finals, in_users_spec, parse_ids, spec_diff
 from gpuforge.run_files import last_record
-from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
 from gpuforge.server.pricing import prices_of, server_prices, set_price_command, shown_price
-from gpuforge.server.schemas import Comparison, CostsPublic, DevicePublic, PricesPublic, WhoAmI
+from gpuforge.server.schemas import CostsPublic, DevicePublic, PricesPublic
 from gpuforge.server.services import services
 from gpuforge.server.visibility import may_read
 from gpuforge.store.costs import CostBy, costs_for, period
 from gpuforge.store.db import session
 from gpuforge.store.deployments import replica_devices
 from gpuforge.store.device_busy import device_busy
-from gpuforge.store.jobs import by_ids, device_holders
-from gpuforge.store.models import Job, utcnow
+from gpuforge.store.jobs import device_holders
+from gpuforge.store.models import utcnow
 
 router = APIRouter(prefix="/api/v1", tags=["overview"])
-
-
-@router.get("/whoami", response_model=WhoAmI)
-async def whoami(key: Key) -> WhoAmI:
-    """The key's name and whether it is an admin's: the dashboard signs in with it."""
-    return WhoAmI(name=key.name, admin=key.admin)
-
-
-@router.get("/compare", response_model=Comparison)
-def compare(
-    request: Request,
-    key: Key,
-    ids: Annotated[str, Query(max_length=200, description="2 to 8 job ids: 3,5,8")],
-) -> dict[str, Any]:
-    """The spec keys that differ between the jobs (only those) and their final figures; a job the key
-    may not see is a 404, as everywhere."""
-    try:
-        wanted = parse_ids(ids)
-    except ValueError as err:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from None
-    with session(services(request).engine) as s:
-        jobs = by_ids(s, wanted)
-        for job_id in wanted:
-            job = jobs.get(job_id)
-            if job is None or not may_read(key, job):
-                raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
-        rows = [jobs[i] for i in wanted]
-        specs = [in_users_spec(yaml.safe_load(j.spec_yaml) or {}, j.files) for j in rows]  # names, not hashes
-    return {
-        "jobs": [{"id": j.id, "name": j.name, "state": j.state, "owner": j.owner} for j in rows],
-        "spec_diff": spec_diff(specs),
-        "finals": [finals(j.id, RunDir(j.run_dir).readable_summary(), _latest(j)) for j in rows],
-    }
-
-
-def _latest(job: Job) -> dict[str, Any]:
-    figures = {"loss": job.loss, "samples_per_s": job.samples_per_s, "mfu": job.mfu, "cost_usd": job.cost_usd}
-    if job.started_at is not None:
-        figures["wall_s"] = ((job.finished_at or utcnow()) - job.started_at).total_seconds()
-    return figures
 
 
 @router.get("/devices", response_model=list[DevicePublic])

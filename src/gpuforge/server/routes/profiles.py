@@ -8,18 +8,16 @@ runner re-attached after a server restart takes it all the same.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
 
 import yaml
-from fastapi import APIRouter, HTTPException, Query, Request, status
-from fastapi.responses import FileResponse
+from fastapi import APIRouter, HTTPException, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuforge.dashboard.profiles import profile_answer, trace_answer
+from gpuforge.dashboard.read_routes import JobId
 from gpuforge.profile_files import REQUEST_FILE, ask
 from gpuforge.server.auth import Key
-from gpuforge.server.routes.jobs import JobId, changeable_job, visible_job
 from gpuforge.server.services import services
+from gpuforge.server.visibility import changeable_job
 from gpuforge.spec import MAX_PROFILE_STEPS
 from gpuforge.store.db import session
 from gpuforge.store.models import JobState
@@ -63,30 +61,3 @@ def ask_profile(job_id: JobId, body: ProfileAsk, request: Request, key: Key) -> 
         ) from None
     note = "the runner takes the request at its next step and profiles the steps after it"
     return ProfileAsked(job_id=job_id, steps=body.steps, note=note)
-
-
-@router.get("/{job_id}/profile", response_model=dict[str, Any])
-def job_profile(job_id: JobId, request: Request, key: Key) -> dict[str, Any]:
-    """The run's profile: the mean step's breakdown, the top operators, memory, advice, and the slowest
-    rank's breakdown beside rank 0's."""
-    with session(services(request).engine) as s:
-        run_dir = Path(visible_job(s, key, job_id).run_dir)
-    return profile_answer(run_dir, job_id)
-
-
-TRACE = {
-    200: {"content": {"application/gzip": {}}, "description": "the trace: Chrome / Perfetto JSON, gzipped"}
-}
-
-
-@router.get("/{job_id}/profile/trace", response_class=FileResponse, responses=TRACE)
-def job_profile_trace(
-    job_id: JobId,
-    request: Request,
-    key: Key,
-    rank: Annotated[int, Query(ge=0, le=4096, description="the process whose trace (0: the main one)")] = 0,
-) -> FileResponse:
-    """A rank's trace (Chrome / Perfetto JSON, gzipped): open it in Perfetto or chrome://tracing."""
-    with session(services(request).engine) as s:
-        run_dir = Path(visible_job(s, key, job_id).run_dir)
-    return trace_answer(run_dir, job_id, rank)
