@@ -30,8 +30,10 @@ fi
 ruff check src tests benchmarks scripts
 lint-imports  # the layer contracts in pyproject.toml
 # two workers: most tests wait on subprocesses, servers and sleeps rather than on the CPU (24 min in one,
-# 16 in two, on this 2-core machine); a module goes whole to one worker (--dist loadscope), so that the
-# server or trained run its tests share is made once (tests/conftest.py hands out the heaviest first); the
-# slowest 20 printed, and every test's time kept in test-durations.xml (JUnit XML: `python
+# 16 in two, on this 2-core machine). --dist worksteal: each worker takes one half of the run in order (a
+# module's tests together, so the server or trained run they share is made once; tests/conftest.py puts the
+# heaviest modules first) and takes from the other's end when it runs out. Not loadscope: it hands out work
+# by node id, and schemathesis gives all 47 cases of tests/server/test_fuzz.py one id (it ran one).
+# The slowest 20 printed, and every test's time kept in test-durations.xml (JUnit XML: `python
 # scripts/durations.py` sums it per file), to make the run cheaper
-python -m pytest -n 2 --dist loadscope --durations=20 --junitxml=test-durations.xml "${tier[@]}" "$@"
+python -m pytest -n 2 --dist worksteal --durations=20 --junitxml=test-durations.xml "${tier[@]}" "$@"

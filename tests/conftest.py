@@ -36,9 +36,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _heaviest_modules_first(items: list[pytest.Item]) -> None:
-    """Modules with the most slow tests first, each module whole: scripts/test.sh hands a module to one
-    xdist worker (--dist loadscope, so that a module's shared server is started once), and the two workers
-    end together when the long modules are not the last ones handed out."""
+    """Modules with the most slow tests first, each module whole: scripts/test.sh splits the run in two
+    halves, one a worker, each module mostly on one (--dist worksteal: the server a module's tests share is
+    started once), and the long modules are not the last to start."""
     slow: dict[str, int] = {}
     for item in items:
         slow[item.module.__name__] = slow.get(item.module.__name__, 0) + (
