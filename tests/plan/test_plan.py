@@ -26,10 +26,11 @@ def _plan(*args, env=None):
 def test_plan_is_within_30_percent_of_the_measured_run(tmp_path, example, steps):
     """The machine is shared: a neighbour's burst slows the steps it lands on (a 6 ms step took 0.4 s
     under load), so one process's median can be 60x another's for the same work. So: plans and runs are
-    interleaved, three of each, and the median of their three ratios decides (one burst moves one pair);
-    each pair compares its fastest steps (a neighbour only adds time: the fastest step is the step's own
-    cost, which is what the calibration measures; under load a quarter of the steps may all be slowed);
-    each on one thread (two threads wait for each other at every op, and a neighbour on either core
+    interleaved, three of each, and the fastest step of each side over all three decides (a neighbour only
+    adds time: the fastest step is the step's own cost, which is what the calibration measures; under load
+    a quarter of a run's steps may all be slowed, and a plan's few steps all of them: with a two-rank
+    neighbour on both cores each of its steps took 1.5x its own, in two plans of three, in CI); each on one
+    thread (two threads wait for each other at every op, and a neighbour on either core
     stalls both). Whether the plan's median can be trusted is what its own spread says."""
     spec = str(EXAMPLES / f"{example}.yaml")
     one_thread = {"OMP_NUM_THREADS": "1"}
@@ -62,8 +63,8 @@ def test_plan_is_within_30_percent_of_the_measured_run(tmp_path, example, steps)
         times = [m["step_time_s"] for m in lines if m.get("step_time_s") and m["step"] > 1]  # 1 warms up
         assert len(times) >= steps // 2
         pairs.append((plan["step_time_fastest_s"], min(times)))
-    ratios = sorted(planned / measured for planned, measured in pairs)
-    assert ratios[1] == pytest.approx(1.0, abs=0.30), pairs
+    planned, measured = min(p for p, _ in pairs), min(m for _, m in pairs)
+    assert planned / measured == pytest.approx(1.0, abs=0.30), pairs
 
 
 def _mib(text: str) -> float:
