@@ -519,4 +519,14 @@ def test_the_pytorch_example_under_torchrun_stops_on_sigterm_and_resumes_one_pro
     assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node=2" in command
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["processes"] == 2
-    assert summary["resumed_from"] == saved + 1
+    events = _events(run)
+    last_start = max(i for i, e in enumerate(events) if e["event"] == "started")
+    assert events[last_start]["resumes_from"] == saved + 1  # this run went on from the checkpoint
+    restarts = [e for e in events[last_start:] if e["event"] == "restarted"]
+    if restarts:
+        # gloo's teardown may abort a rank as it exits after the last epoch ("terminate called without an
+        # active exception", once in four CI runs): the runner restarts it, and nothing is left to run
+        assert [(e["reason"], e["resumes_from"]) for e in restarts] == [
+            ("a rank was killed by SIGABRT", epochs)
+        ]
+    assert summary["resumed_from"] == (epochs if restarts else saved + 1)
