@@ -103,3 +103,27 @@ def _check_answer(body: str, words: list[str]) -> None:
     path = urlsplit(f"http://{next(w for w in words if w.startswith('localhost:'))}").path
     expected = {"/predict": "outputs", "/info": "task"}.get(path, "choices")  # choices: /v1/...
     assert expected in answer, body
+
+
+def _search_lines() -> list[list[str]]:
+    """The bash lines of the "Search hyperparameters" section, each as the shell splits it."""
+    section = README.read_text().split("\n## Search hyperparameters\n", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"^```bash\n(.*?)^```", section, re.M | re.S)[0]
+    return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_search_runs_as_written_and_shows_its_best_trial(tmp_path):
+    from tests.helpers.cli import run_cli
+
+    tune, show = _search_lines()
+    assert tune[:2] == ["gpuforge", "tune"] and show[:3] == ["gpuforge", "tune", "show"]
+    at = tune.index("--out") + 1
+    out = tmp_path / "digits-search"
+    assert show[3] == tune[at]  # show reads the folder the search wrote
+    tune[at] = show[3] = str(out)
+    result = run_cli(*tune[1:], "--max-trials", "3", cwd=ROOT)  # a search's worth of trials, but fewer
+    assert result.returncode == 0, result.stderr
+    shown = run_cli(*show[1:], "--json", cwd=ROOT)
+    doc = json.loads(shown.stdout)
+    assert doc["state"] == "finished" and len(doc["trials"]) == 3
+    assert doc["best"] is not None and (out / "trials" / f"trial-{doc['best']['trial']:04d}" / "model").is_dir()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from gpuforge.cli import deployments, local, profile, serve, server  # noqa: F401  (each module's verbs join `app`)
+from gpuforge.cli import deployments, local, profile, serve, server, tune  # noqa: F401  (each module's verbs join `app`)
 from gpuforge.cli.app import EXIT_BAD_INPUT, EXIT_FAILED, app, console
 from gpuforge.errors import GpuforgeError, TrainingFailed
 

@@ -6,7 +6,8 @@ together; the resolved spec (defaults filled in, paths absolute) is what a run d
 
 The package by concern: `sections` (the sections' models), `compress_bounds` (the `compress:` section and
 the bounds `gpuforge compress` shares), `jobs` (the two kinds of job), `units` (sizes, durations), `paths`
-(relative paths made absolute), `overrides` (`--set`), `problems` (error wording and suggestions),
+(relative paths made absolute), `overrides` (`--set`), `tune` (a search's `tune:` section), `problems`
+(error wording and suggestions),
 `script_files` (a script job's working copy) and `load` (file -> spec). Import from `gpuforge.spec`.
 """
 
@@ -22,7 +23,7 @@ from gpuforge.spec.compress_bounds import (
 )
 from gpuforge.spec.jobs import JobSpec, ScriptJobSpec
 from gpuforge.spec.load import load_spec, load_train_spec, parse_spec
-from gpuforge.spec.overrides import apply_override
+from gpuforge.spec.overrides import apply_override, set_key
 from gpuforge.spec.paths import mlflow_local_path
 from gpuforge.spec.problems import (
     ALIASES,
@@ -58,6 +59,7 @@ from gpuforge.spec.sections import (
     TrackingSpec,
     TrainSpec,
 )
+from gpuforge.spec.tune import SearchSpec, TuneSpec, check_search, load_search, parse_tune
 from gpuforge.spec.units import parse_bytes, parse_duration
 
 __all__ = [
@@ -90,21 +92,27 @@ __all__ = [
     "ResourcesSpec",
     "ScriptJobSpec",
     "ScriptSpec",
+    "SearchSpec",
     "Section",
     "Sparsity",
     "Task",
     "TrackingSpec",
     "TrainSpec",
+    "TuneSpec",
     "apply_override",
+    "check_search",
     "check_sparsity",
     "format_validation_error",
+    "load_search",
     "load_spec",
     "load_train_spec",
     "mlflow_local_path",
     "parse_bytes",
     "parse_duration",
     "parse_spec",
+    "parse_tune",
     "problem_paths",
+    "set_key",
     "pruning_problem",
     "suggest_key",
     "validation_problems",

@@ -29,6 +29,12 @@ def parse_spec(
             f"{where}the spec must be a mapping of sections (model, data, train, ...), "
             f"got {type(raw).__name__}"
         )
+    if "tune" in raw:
+        where = f"{origin}: " if origin else ""
+        raise SpecError(
+            f"{where}tune: is a search's section: `gpuforge tune SPEC` runs the search; "
+            "this verb takes one job"
+        )
     for assignment in overrides:
         apply_override(raw, assignment)
     raw.setdefault("name", default_name)

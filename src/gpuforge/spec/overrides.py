@@ -19,11 +19,16 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
         value = yaml.safe_load(value_text) if value_text.strip() else None
     except yaml.YAMLError:
         value = value_text
+    set_key(raw, key, value, f"--set {assignment}")
+
+
+def set_key(raw: dict[str, Any], key: str, value: Any, told_as: str | None = None) -> None:
+    """Set the dotted `key` of the raw spec to `value`, making the sections on the way."""
     node = raw
     parts = key.split(".")
     for depth, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise SpecError(f"--set {assignment}: {'.'.join(parts[: depth + 1])} is not a section")
+            raise SpecError(f"{told_as or key}: {'.'.join(parts[: depth + 1])} is not a section")
         node = child
     node[parts[-1]] = value

@@ -71,7 +71,7 @@ ALIASES = {
 }
 
 
-def _section(path: tuple) -> type[BaseModel] | None:
+def section_at(path: tuple) -> type[BaseModel] | None:
     """The section model at a dotted path of JobSpec (`("adapt", "lora")` -> LoraSpec), if there is one."""
     section: type[BaseModel] = JobSpec
     for part in path:
@@ -88,7 +88,7 @@ def _section(path: tuple) -> type[BaseModel] | None:
 def suggest_key(path: tuple) -> str | None:
     """The field an unknown key probably meant: a close spelling of a field of its section, or of another
     tool's name for one (learning_rate -> lr)."""
-    section = _section(path[:-1])
+    section = section_at(path[:-1])
     if section is None:
         return None
     fields = list(section.model_fields)

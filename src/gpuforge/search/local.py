@@ -1,0 +1,343 @@
+"""`gpuforge tune SPEC --local --out DIR`: a search on this machine, with no server.
+
+Each trial is `gpuforge train` in a process of its own, on its own spec and run directory, as a server
+would run it: what a trial does is what a job does (checkpoints, resume, its summary). This process
+reads each trial's evaluations as they are written, tells the study, and ends a pruned trial at once
+(SIGKILL: a pruned trial needs no checkpoint). The search's folder:
+
+    DIR/search.yaml         the search as given (a rerun must give the same one)
+    DIR/study.db            the Optuna study (SQLite): every trial, its values and figures
+    DIR/state.json          the search's state: running, finished, budget_spent, stopped, paused
+    DIR/trials/trial-0003.yaml, trial-0003/ (its run directory), trial-0003.log (its output)
+
+Running the same command again goes on where the search was: trials that were running resume from their
+checkpoints (gpuforge's resume), the study is not asked again for them. Ctrl-C (or SIGTERM) stops the
+trials at a checkpoint and leaves the search `paused`; `gpuforge tune stop DIR` ends it (`stopped`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuforge.errors import GpuforgeError
+from gpuforge.run_files import json_line, read_lines
+from gpuforge.runs import RunSummary, read_summary, write_json_atomic
+from gpuforge.runtime.host import is_alive, usable_cores
+from gpuforge.search.study import SearchStudy
+from gpuforge.spec import SearchSpec
+
+STOP_FILE = "stop"  # `gpuforge tune stop DIR` writes it; the driver ends the search at its next look
+POLL_S = 0.1  # how often the driver reads its trials' new lines: a pruned trial runs on this long at most
+STOP_WAIT_S = 120.0  # a trial asked to stop has this long to save its checkpoint
+
+
+def trial_name(number: int) -> str:
+    return f"trial-{number:04d}"
+
+
+@dataclass
+class Spend:
+    usd: float
+    device_s: float
+
+
+@dataclass
+class RunningTrial:
+    number: int
+    process: subprocess.Popen | None  # None: a trial a killed driver left, still ending on its own
+    run_dir: Path
+    started: float  # time.monotonic() at its (re)start
+    device_s_before: float  # device-seconds of earlier processes of this trial (before a resume)
+    usd_per_device_s: float
+    devices: int
+    offset: int = 0  # how far its metrics.jsonl has been read
+    last_step: int | None = None  # the last step its metrics told
+    stopping: str | None = None  # why the driver asked it to stop (it then ends `stopped` or `paused`)
+
+    def device_s(self, now: float) -> float:
+        return self.device_s_before + (now - self.started) * self.devices
+
+    def cost(self, now: float) -> float:
+        return self.device_s(now) * self.usd_per_device_s
+
+
+def _die_with_parent() -> None:
+    """In the trial's process before exec: SIGTERM when the driver dies (even by kill -9), so that a trial
+    never runs on unwatched; it saves a checkpoint, and the next driver resumes it."""
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: Ctrl-C and `tune stop` still stop trials
+
+
+class LocalSearch:
+    def __init__(self, search: SearchSpec, out: Path, parallel: int | None = None, announce=None):
+        self.search, self.out = search, Path(out)
+        self.parallel = parallel or search.tune.parallel
+        self.announce = announce or (lambda line: None)
+        self.trials_dir = self.out / "trials"
+        self.running: dict[int, RunningTrial] = {}
+        self._interrupted: str | None = None
+
+    # --- the folder
+
+    def _claim_folder(self) -> None:
+        given = {"tune": self.search.tune.model_dump(mode="json", by_alias=True), "job": self.search.job_raw}
+        path = self.out / "search.yaml"
+        if path.exists():
+            held = yaml.safe_load(path.read_text())
+            if held != yaml.safe_load(yaml.safe_dump(given)):
+                raise GpuforgeError(
+                    f"{self.out}: holds another search (its search.yaml differs from this spec): "
+                    "give another --out, or the same spec to go on with it"
+                )
+        else:
+            self.out.mkdir(parents=True, exist_ok=True)
+            path.write_text(yaml.safe_dump(given, sort_keys=False))
+        self.trials_dir.mkdir(exist_ok=True)
+        (self.out / STOP_FILE).unlink(missing_ok=True)
+
+    def _set_state(self, state: str, reason: str | None = None) -> None:
+        write_json_atomic(self.out / "state.json", {"state": state, "reason": reason, "at": time.time()})
+
+    # --- trials
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.parallel > 1:  # trials share the cores instead of each spinning on all of them
+            env["OMP_NUM_THREADS"] = str(max(1, usable_cores() // self.parallel))
+        return env
+
+    def _launch(self, number: int, params: dict[str, Any], device_s_before: float = 0.0) -> None:
+        name = trial_name(number)
+        spec_path, run_dir = self.trials_dir / f"{name}.yaml", self.trials_dir / name
+        if not spec_path.exists():  # a resumed trial keeps the spec it started with
+            spec = self.search.trial_spec(params, name=f"{self.search.job.name}-{name}")
+            spec_path.write_text(spec.to_yaml())
+        spec = self.search.trial_spec(params)
+        with open(self.trials_dir / f"{name}.log", "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "gpuforge", "train", str(spec_path), "--out", str(run_dir)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=self._child_env(), preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        devices = spec.resources.devices
+        self.running[number] = RunningTrial(
+            number, process, run_dir, time.monotonic(), device_s_before,
+            spec.cost.usd_per_hour / 3600, devices,
+        )  # fmt: skip
+        self.study.note(number, run=str(run_dir), pid=process.pid)
+
+    def _read_evaluations(self, trial: RunningTrial) -> str | None:
+        """Tell the study the trial's new evaluations; the reason to prune it, if one says so."""
+        metric = self.study.metric
+        lines, trial.offset = read_lines(trial.run_dir / "metrics.jsonl", trial.offset)
+        for line in lines:
+            record = json_line(line)
+            step = record.get("step") if record is not None else None
+            if not isinstance(step, int) or isinstance(step, bool):
+                continue
+            trial.last_step = step
+            value = record.get(metric)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            reason = self.study.report(trial.number, step, float(value))
+            if reason is not None:
+                return reason
+        if lines:  # what it has cost so far, for `tune show` while it runs
+            now = time.monotonic()
+            self.study.note(trial.number, steps=trial.last_step, cost_usd=trial.cost(now),
+                            device_s=trial.device_s(now))  # fmt: skip
+        return None
+
+    def _end(self, trial: RunningTrial, state: str, reason: str | None, value: float | None = None,
+             steps: int | None = None) -> None:  # fmt: skip
+        now = time.monotonic()
+        self.study.finish(
+            trial.number, state, value, reason,
+            steps=steps, cost_usd=trial.cost(now), device_s=trial.device_s(now),
+        )  # fmt: skip
+        del self.running[trial.number]
+        shown = f"{self.study.metric} {value:.4g}" if value is not None else ""
+        self.announce(f"{trial_name(trial.number)} {state}" + (f": {reason}" if reason else f" {shown}"))
+
+    def _prune(self, trial: RunningTrial, reason: str) -> None:
+        if trial.process is not None:
+            try:
+                os.killpg(trial.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            trial.process.wait()
+        self._end(trial, "pruned", reason, steps=trial.last_step)
+
+    def _ended(self, trial: RunningTrial, code: int) -> None:
+        """The trial's process ended by itself: its summary says how."""
+        try:
+            summary = read_summary(trial.run_dir / "summary.json")
+        except ValueError:
+            summary = None
+        if summary is None and trial.stopping and not self._interrupted:
+            self._end(trial, "stopped", f"{trial.stopping} (before its first step)")  # stopped as it started
+        elif summary is None:
+            self._end(trial, "failed", f"its process ended with code {code} and wrote no summary")
+        elif summary.status == "finished":
+            self._end(trial, "finished", summary.reason, self._final_value(trial, summary), summary.steps)
+        elif summary.status in ("cancelled", "paused") and trial.stopping:
+            if self._interrupted:  # Ctrl-C: left running in the study, resumed by the next driver
+                del self.running[trial.number]
+                self.study.note(trial.number, device_s=trial.device_s(time.monotonic()), pid=None)
+            else:
+                value = self._final_value(trial, summary)
+                self._end(trial, "stopped", trial.stopping, value, steps=summary.steps)
+        else:
+            self._end(trial, "failed", summary.reason or f"ended {summary.status}", steps=summary.steps)
+
+    def _final_value(self, trial: RunningTrial, summary: RunSummary) -> float | None:
+        """The objective of the trial's model: the summary's last evaluation (keep_best's best), else the
+        last one it reported."""
+        figure = (summary.eval or {}).get(self.study.metric.removeprefix("eval_"))
+        if isinstance(figure, int | float) and math.isfinite(figure):
+            return float(figure)
+        curve = self.study.frozen(trial.number).intermediate_values
+        return curve[max(curve)] if curve else None
+
+    # --- the search's spend, and its end
+
+    def spend(self) -> Spend:
+        now = time.monotonic()
+        done = [t for t in self.study.trials() if t.number not in self.running]
+        usd = sum(t.cost_usd for t in done) + sum(t.cost(now) for t in self.running.values())
+        device_s = sum(t.device_s for t in done) + sum(t.device_s(now) for t in self.running.values())
+        return Spend(usd, device_s)
+
+    def _budget_reason(self) -> str | None:
+        budget, spent = self.search.tune.budget, self.spend()
+        if budget.usd is not None and spent.usd >= budget.usd:
+            return f"spent ${spent.usd:.4f} of its ${budget.usd:g} budget"
+        if budget.hours is not None and spent.device_s >= budget.hours * 3600:
+            return f"held devices {spent.device_s / 3600:.3f} h of its {budget.hours:g} h budget"
+        return None
+
+    def _stop_all(self, why: str) -> None:
+        for trial in self.running.values():
+            if trial.stopping is None and trial.process is not None:
+                trial.stopping = why
+                try:
+                    os.killpg(trial.process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    # --- the loop
+
+    def _adopt_running(self) -> None:
+        """Trials the study still holds as running: a driver that stopped left them. Each resumes from its
+        checkpoint, once the process the last driver started (if it lives) has ended."""
+        for frozen in self.study.running():
+            attrs = frozen.user_attrs
+            run_dir = self.trials_dir / trial_name(frozen.number)
+            pid = attrs.get("pid")
+            deadline = time.monotonic() + STOP_WAIT_S
+            while is_alive(pid, str(run_dir)) and time.monotonic() < deadline:
+                time.sleep(POLL_S)  # it got SIGTERM with its driver: let it save its checkpoint
+            self.announce(f"{trial_name(frozen.number)} resumes")
+            self._launch(frozen.number, dict(frozen.params), float(attrs.get("device_s") or 0.0))
+
+    def run(self) -> str:
+        """Run the search to its end (or Ctrl-C); the search's final state."""
+        self._claim_folder()
+        self.study = SearchStudy(self.search, f"sqlite:///{self.out.resolve() / 'study.db'}", "search")
+        self._set_state("running")
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._adopt_running()
+            state, reason = self._loop()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        self._set_state(state, reason)
+        return state
+
+    def _on_signal(self, signum, frame) -> None:
+        self._interrupted = signal.Signals(signum).name
+
+    def _loop(self) -> tuple[str, str | None]:
+        ending: tuple[str, str] | None = None
+        while True:
+            for trial in list(self.running.values()):
+                reason = self._read_evaluations(trial)
+                if reason is not None and trial.stopping is None:
+                    self._prune(trial, reason)
+                    continue
+                code = trial.process.poll() if trial.process is not None else None
+                if code is not None:
+                    self._read_evaluations(trial)  # the lines written after the last look
+                    self._ended(trial, code)
+            if ending is None:
+                if self._interrupted:
+                    ending = ("paused", f"interrupted ({self._interrupted}): the same command goes on")
+                elif (self.out / STOP_FILE).exists():
+                    ending = ("stopped", "stopped by `gpuforge tune stop`")
+                elif (why := self._budget_reason()) is not None:
+                    ending = ("budget_spent", why)
+                if ending is not None:
+                    self.announce(f"search {ending[0]}: {ending[1]}")
+                    self._stop_all(ending[1])
+            if ending is None:
+                self._start_trials()
+            if not self.running:
+                return ending or ("finished", None)
+            time.sleep(POLL_S)
+
+    def _start_trials(self) -> None:
+        started = len(self.study.study.get_trials(deepcopy=False))
+        while len(self.running) < self.parallel and started < self.search.tune.max_trials:
+            number, params = self.study.ask()
+            shown = ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()
+            )
+            self.announce(f"{trial_name(number)} starts: {shown}")
+            self._launch(number, params)
+            started += 1
+
+
+def read_state(out: Path) -> dict[str, Any]:
+    try:
+        return json.loads((Path(out) / "state.json").read_text())
+    except (OSError, ValueError):
+        return {"state": "unknown", "reason": None}
+
+
+def open_search(out: Path) -> tuple[SearchSpec, SearchStudy]:
+    """A local search's folder, to read (`tune show`): its spec as it was given, and its study."""
+    import copy
+
+    from gpuforge.spec import JobSpec, check_search, parse_spec, parse_tune
+
+    out = Path(out)
+    path = out / "search.yaml"
+    if not path.is_file() or not (out / "study.db").is_file():
+        raise GpuforgeError(f"{out}: not a search's folder (no search.yaml and study.db in it)")
+    held = yaml.safe_load(path.read_text())
+    tune = parse_tune(held["tune"], str(path))
+    job = parse_spec(copy.deepcopy(held["job"]), out.resolve(), origin=str(path))
+    assert isinstance(job, JobSpec)
+    search = check_search(tune, job, held["job"])
+    return search, SearchStudy(search, f"sqlite:///{out.resolve() / 'study.db'}", "search")
+
+
+def request_stop(out: Path) -> None:
+    open_search(out)  # refuses a folder that is not a search's
+    (Path(out) / STOP_FILE).write_text("stop\n")

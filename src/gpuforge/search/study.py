@@ -1,0 +1,206 @@
+"""A search's Optuna study, through ask and tell: which values a new trial tries, whether a trial's
+evaluation at a step prunes it (and why, in figures), and how each trial ended.
+
+The study lives in a database (Optuna's RDB storage: a SQLite file for a local search, the server's own
+database for a server's), so a search outlives the process that drives it: a driver that starts again
+opens the same study and finds each trial where it was. What Optuna does not keep, each trial's user
+attributes do: `state` (gpuforge's words: running, finished, pruned, stopped, failed), `reason`,
+`run` (its run directory or job id), `steps`, `cost_usd` and `device_s`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from gpuforge.search.space import distributions, first_rung, pruner, sampler
+from gpuforge.spec import SearchSpec
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)  # a trial's every tell is not news
+
+# gpuforge's trial states, and Optuna's for each (a stopped trial keeps its figures, as a pruned one does)
+TRIAL_STATES = ("queued", "running", "finished", "pruned", "stopped", "failed")
+_OPTUNA_STATE = {
+    "finished": TrialState.COMPLETE,
+    "pruned": TrialState.PRUNED,
+    "stopped": TrialState.PRUNED,
+    "failed": TrialState.FAIL,
+}
+
+
+@dataclass
+class TrialRecord:
+    """One trial as a search shows it."""
+
+    number: int
+    params: dict[str, Any]
+    state: str
+    value: float | None  # the objective: the last evaluation's (a finished trial's final figure)
+    steps: int | None
+    cost_usd: float
+    device_s: float
+    run: str | None
+    reason: str | None
+    curve: list[tuple[int, float]] = field(default_factory=list)  # the objective at each evaluation
+
+
+def _shown(value: float) -> str:
+    return f"{value:.4g}"
+
+
+class SearchStudy:
+    def __init__(self, search: SearchSpec, storage: str, name: str):
+        self.search, self.name = search, name
+        self.metric = search.tune.objective.metric
+        self.direction = search.tune.direction()
+        self.storage = optuna.storages.RDBStorage(storage)
+        self.study = optuna.create_study(
+            storage=self.storage,
+            study_name=name,
+            direction=self.direction,
+            sampler=sampler(search.tune),
+            pruner=pruner(search),
+            load_if_exists=True,
+        )
+        self._space = distributions(search.tune)
+        self._study_id = self.storage.get_study_id_from_name(name)
+
+    # --- asking and telling
+
+    def ask(self) -> tuple[int, dict[str, Any]]:
+        trial = self.study.ask(self._space)
+        trial.set_user_attr("state", "running")
+        return trial.number, dict(trial.params)
+
+    def _trial(self, number: int) -> optuna.trial.Trial:
+        return optuna.trial.Trial(self.study, self._trial_id(number))
+
+    def note(self, number: int, **attrs: Any) -> None:
+        trial = self._trial(number)
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+
+    def report(self, number: int, step: int, value: float) -> str | None:
+        """One evaluation's objective at `step`: the reason to prune the trial there, or None. A step
+        reported before (a driver that started again reads the trial's metrics from the top) is
+        skipped."""
+        frozen = self.frozen(number)
+        if frozen.state != TrialState.RUNNING or step in frozen.intermediate_values:
+            return None
+        if not math.isfinite(value):
+            value = float("nan")  # Optuna prunes a NaN at its rung
+        trial = self._trial(number)
+        trial.report(value, step)
+        if not trial.should_prune():
+            return None
+        return self._prune_reason(number, step, value)
+
+    def _trial_id(self, number: int) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(self._study_id, number)
+
+    def frozen(self, number: int) -> FrozenTrial:
+        return self.storage.get_trial(self._trial_id(number))
+
+    def finish(self, number: int, state: str, value: float | None = None, reason: str | None = None,
+               **figures: Any) -> None:  # fmt: skip
+        """Tell the study how the trial ended: its gpuforge state, its objective where it has one."""
+        self.note(number, state=state, reason=reason, **figures)
+        if self.frozen(number).state != TrialState.RUNNING:
+            return  # told before (a driver that stopped between tell and note)
+        optuna_state = _OPTUNA_STATE[state]
+        if optuna_state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
+            optuna_state = TrialState.FAIL  # a run that finished without a figure to rank by
+            self.note(number, state="failed", reason=reason or f"finished with no {self.metric}")
+        try:
+            self.study.tell(
+                number, value if optuna_state == TrialState.COMPLETE else None, state=optuna_state
+            )
+        except RuntimeError:
+            # the grid sampler calls study.stop() once the grid is covered, which only an objective
+            # function may do; the trial's end is stored before it (Optuna's tell writes it in `finally`)
+            if self.frozen(number).state == TrialState.RUNNING:
+                raise
+
+    # --- why a trial was pruned, in figures
+
+    def _prune_reason(self, number: int, step: int, value: float) -> str:
+        metric, kind = self.metric, self.search.tune.pruner.kind
+        if math.isnan(value):
+            return f"pruned at step {step}: {metric} is not a number"
+        trials = self.study.get_trials(deepcopy=False)
+        if kind == "asha":
+            me = next(t for t in trials if t.number == number)
+            rung = max(int(k.rsplit("_", 1)[1]) for k in me.system_attrs if k.startswith("completed_rung_"))
+            key = f"completed_rung_{rung}"
+            peers = sorted(
+                (t.system_attrs[key] for t in trials if key in t.system_attrs),
+                reverse=self.direction == "maximize",
+            )
+            factor = self.search.tune.pruner.asha.reduction_factor
+            cutoff = peers[max(0, len(peers) // factor - 1)]
+            rung_step = first_rung(self.search) * factor**rung
+            return (
+                f"pruned at step {step}: {metric} {_shown(value)} is not in the best 1/{factor} of the "
+                f"{len(peers)} trials that reached step {rung_step} (needed {_shown(cutoff)})"
+            )
+        if kind == "median":
+            others = [
+                t.intermediate_values[step]
+                for t in trials
+                if t.state == TrialState.COMPLETE and step in t.intermediate_values
+            ]
+            if others:
+                middle = statistics.median(others)
+                worse = "below" if self.direction == "maximize" else "above"
+                return (
+                    f"pruned at step {step}: {metric} {_shown(value)} is {worse} the median "
+                    f"{_shown(middle)} of the {len(others)} finished trials at that step"
+                )
+        return f"pruned at step {step} by {kind}: {metric} {_shown(value)}"
+
+    # --- reading it back
+
+    def trials(self) -> list[TrialRecord]:
+        records = []
+        for t in self.study.get_trials(deepcopy=False):
+            attrs = t.user_attrs
+            state = attrs.get("state") or ("running" if t.state == TrialState.RUNNING else "failed")
+            curve = sorted(t.intermediate_values.items())
+            value = t.value if t.state == TrialState.COMPLETE else (curve[-1][1] if curve else None)
+            records.append(
+                TrialRecord(
+                    number=t.number,
+                    params=dict(t.params),
+                    state=state,
+                    value=value if value is None or math.isfinite(value) else None,
+                    steps=attrs.get("steps"),
+                    cost_usd=float(attrs.get("cost_usd") or 0.0),
+                    device_s=float(attrs.get("device_s") or 0.0),
+                    run=attrs.get("run"),
+                    reason=attrs.get("reason"),
+                    curve=[(s, v) for s, v in curve if math.isfinite(v)],
+                )
+            )
+        return records
+
+    def running(self) -> list[FrozenTrial]:
+        return self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+
+    def importances(self) -> dict[str, float]:
+        """Each parameter's share of the objective's variance over the finished trials (fANOVA), once
+        there are enough of them to say; {} before."""
+        complete = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if len(complete) < 3 or len(self._space) < 1:
+            return {}
+        if len(self._space) == 1:
+            return {next(iter(self._space)): 1.0}
+        try:
+            found = optuna.importance.get_param_importances(self.study)
+        except (RuntimeError, ValueError):  # every trial with the same value: nothing to apportion
+            return {}
+        return {k: float(v) for k, v in found.items()}
