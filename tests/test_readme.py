@@ -126,4 +126,5 @@ def test_the_readme_search_runs_as_written_and_shows_its_best_trial(tmp_path):
     shown = run_cli(*show[1:], "--json", cwd=ROOT)
     doc = json.loads(shown.stdout)
     assert doc["state"] == "finished" and len(doc["trials"]) == 3
-    assert doc["best"] is not None and (out / "trials" / f"trial-{doc['best']['trial']:04d}" / "model").is_dir()
+    best = doc["best"]
+    assert best is not None and (out / "trials" / f"trial-{best['trial']:04d}" / "model").is_dir()

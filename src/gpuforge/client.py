@@ -27,7 +27,7 @@ import yaml
 
 from gpuforge.errors import GpuforgeError
 from gpuforge.settings import current
-from gpuforge.spec import JobSpec, ScriptJobSpec, apply_override, working_copy_files
+from gpuforge.spec import JobSpec, ScriptJobSpec, SearchSpec, apply_override, working_copy_files
 
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # a server restarting takes seconds: 15 s of tries in all
 TRANSIENT_STATUS = (502, 503, 504)  # a proxy or the server saying "not now"; the same request may pass
@@ -95,6 +95,24 @@ class Client:
         response = self._retried(lambda: self.http.post("/api/v1/jobs", json=body, headers=headers))
         _raise_for(response)
         return response.json()
+
+    def search(self, search: SearchSpec, name: str | None = None, priority: int | None = None) -> dict:
+        """Start a search on the server (the job's local files sent first, as a submit sends them)."""
+        check_local_files(search.job, None)
+        sent, files = self.with_uploads(search.job)
+        tune = yaml.safe_dump(search.tune.model_dump(mode="json", by_alias=True), sort_keys=False)
+        body = {"spec": sent.to_yaml(exclude_unset=True), "tune": tune, "name": name, "priority": priority,
+                "files": files or None}  # fmt: skip
+        return self._call("POST", "/api/v1/searches", json=body)
+
+    def searches(self) -> list[dict]:
+        return self._call("GET", "/api/v1/searches")
+
+    def search_view(self, search_id: int) -> dict:
+        return self._call("GET", f"/api/v1/searches/{search_id}")
+
+    def stop_search(self, search_id: int) -> dict:
+        return self._call("POST", f"/api/v1/searches/{search_id}/stop")
 
     def jobs(self, state: str | None = None) -> list[dict]:
         return self._call("GET", "/api/v1/jobs", params={"state": state} if state else None)

@@ -68,6 +68,8 @@ def test_the_tune_section_may_be_a_file_beside_any_job_spec(tmp_path):
         ({"train.max_steps": {"uniform": [10, 21]}}, "tune.parameters.train.max_steps: 15.5 is not a value"),
         ({"train.precision": {"choice": ["bf16", "fp8"]}}, "'fp8' is not a value this job takes"),
         ({"lr": {"uniform": [0.1, 0.2]}}, "tune.parameters.lr: expected a spec key such as train.lr"),
+        ({"resources.devices": {"choice": [1, 2]}}, "resources.devices is the job's"),
+        ({"data.train": {"choice": ["/etc/passwd"]}}, "not what it reads"),
     ],
 )
 def test_a_searched_key_the_job_lacks_or_a_range_it_cannot_take_is_refused_by_name(

@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from gpuforge.cli.app import Overrides, app, console, out_console
+from gpuforge.cli.server import AsJson, KeyFile, Url, client_for
 from gpuforge.errors import GpuforgeError
 
 VERBS = ("show", "stop")
@@ -23,7 +24,9 @@ VERBS = ("show", "stop")
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def tune(
     target: Annotated[str, typer.Argument(help="a job spec with a tune: section; or show / stop")],
-    search: Annotated[str | None, typer.Argument(help="show, stop: the search's folder")] = None,
+    search: Annotated[
+        str | None, typer.Argument(help="show, stop: the search's id (a server's) or folder (--local's)")
+    ] = None,
     tune_file: Annotated[
         Path | None, typer.Option("--tune", help="the tune section in a file of its own, beside any job spec")
     ] = None,
@@ -36,13 +39,25 @@ def tune(
         int | None, typer.Option("--max-trials", min=1, max=1000, help="override tune.max_trials")
     ] = None,
     set_: Overrides = None,
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    as_json: AsJson = False,
+    url: Url = None,
+    key_file: KeyFile = None,
 ) -> None:
     """Search hyperparameters: trials of a job with the values a sampler picks, the hopeless ones pruned
     at their evaluations, within a budget of dollars or device-hours."""
     if target in VERBS:
         if search is None:
-            raise GpuforgeError(f"tune {target}: name the search's folder (gpuforge tune {target} DIR)")
+            raise GpuforgeError(
+                f"tune {target}: name the search (gpuforge tune {target} ID, or DIR for --local's)"
+            )
+        if search.isdigit():  # a server's search
+            client = client_for(url, key_file)
+            if target == "show":
+                _print(client.search_view(int(search)), as_json)
+            else:
+                stopped = client.stop_search(int(search))
+                console.print(f"tune: search {stopped['id']} stops (its trials save a checkpoint first)")
+            return
         (_show if target == "show" else _stop)(Path(search), as_json)
         return
     if search is not None:
@@ -53,9 +68,17 @@ def tune(
     if max_trials is not None:
         spec.tune.max_trials = max_trials
     if not local:
-        raise GpuforgeError(
-            "tune: a search through the server is not built yet: run it here with --local --out DIR"
-        )
+        if out is not None or parallel is not None:
+            raise GpuforgeError(
+                "tune: --out and --parallel are for --local (a server's search: tune.parallel)"
+            )
+        started = client_for(url, key_file).search(spec)
+        if as_json:
+            out_console.print(json.dumps({"id": started["id"]}), highlight=False, markup=False)
+        else:
+            out_console.print(f"search {started['id']} started: gpuforge tune show {started['id']}",
+                              highlight=False, markup=False)  # fmt: skip
+        return
     from gpuforge.search.local import LocalSearch
 
     out = out or Path("runs") / f"{spec.job.name}-search"
@@ -76,7 +99,10 @@ def _show(folder: Path, as_json: bool) -> None:
     from gpuforge.search.report import describe
 
     search, study = open_search(folder)
-    doc = describe(study, read_state(folder), search.tune)
+    _print(describe(study, read_state(folder), search.tune), as_json)
+
+
+def _print(doc: dict, as_json: bool) -> None:
     if as_json:
         out_console.print(json.dumps(doc), highlight=False, soft_wrap=True, markup=False)
         return
@@ -86,7 +112,8 @@ def _show(folder: Path, as_json: bool) -> None:
     if best:
         out_console.print(
             f"best: trial {best['trial']}, {metric} {best['value']:.4g}, {_params(best['params'])}\n"
-            f"its model: {best['run']}/model", highlight=False, markup=False, soft_wrap=True,
+            + (f"its model: {best['run']}/model" if best.get("run") else f"its job: {best['job']}"),
+            highlight=False, markup=False, soft_wrap=True,
         )  # fmt: skip
     if doc["importances"]:
         shown = ", ".join(f"{k} {v:.2f}" for k, v in doc["importances"].items())
@@ -110,11 +137,12 @@ def _params(params: dict) -> str:
 
 def _table(doc: dict) -> Table:
     table = Table(title=f"{doc['objective']['metric']} ({doc['objective']['direction']})")
-    for column in ("trial", "state", "parameters", "value", "steps", "cost $", "why"):
+    for column in ("trial", "job", "state", "parameters", "value", "steps", "cost $", "why"):
         table.add_column(column, overflow="fold")
     for t in doc["trials"]:
         table.add_row(
-            str(t["number"]), t["state"], _params(t["params"]),
+            str(t["number"]), "-" if t.get("job") is None else str(t["job"]), t["state"],
+            _params(t["params"]),
             "" if t["value"] is None else f"{t['value']:.4g}",
             "" if t["steps"] is None else str(t["steps"]), f"{t['cost_usd']:.5f}", t["reason"] or "",
         )  # fmt: skip
@@ -126,3 +154,18 @@ def _stop(folder: Path, as_json: bool) -> None:
 
     request_stop(folder)
     console.print(f"tune: asked the search in {folder} to stop (its trials save a checkpoint first)")
+
+
+@app.command()
+def tunes(url: Url = None, key_file: KeyFile = None, as_json: AsJson = False) -> None:
+    """List the server's searches this key may read: id, name, owner, state, why it ended."""
+    rows = client_for(url, key_file).searches()
+    if as_json:
+        out_console.print(json.dumps(rows), highlight=False, soft_wrap=True, markup=False)
+        return
+    table = Table(title="gpuforge searches")
+    for column in ("id", "name", "owner", "state", "why"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        table.add_row(str(r["id"]), r["name"], r["owner"] or "-", r["state"], r["reason"] or "")
+    out_console.print(table)

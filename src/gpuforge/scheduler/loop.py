@@ -6,7 +6,8 @@ A tick, in one transaction:
    finished, failed, cancelled, paused (its cost budget spent), or, with no ending event: failed at once
    with the runner's one-line error when it refused its input (exit 2: it would refuse it again), else
    (killed, OOM-killed) queued again to resume from its last checkpoint while `restarts < max_restarts`;
-2. deployments (scheduler/deployments.py): replicas started, restarted, checked, stopped;
+2. deployments (scheduler/deployments.py): replicas started, restarted, checked, stopped; then searches
+   (scheduler/searches.py): trials' evaluations told to their studies, trials pruned, new trials queued;
 3. the queue, in three phases: a snapshot of what it reads (scheduler/snapshot.py), the pure plan_starts()
    on the devices no running job or deployment holds, and one apply step: jobs rejected, held, preempted,
    and each job to start claimed, its spec written beside its run directory and its runner started by the
@@ -46,6 +47,7 @@ from gpuforge.scheduler.autoscale import Autoscaler
 from gpuforge.scheduler.budgets import ProjectBudgets
 from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Executor, Launched
 from gpuforge.scheduler.queue import HELD, Plan
+from gpuforge.scheduler.searches import Searches
 from gpuforge.scheduler.snapshot import QueueSnapshot, read_queue
 from gpuforge.scheduler.traffic import Traffic
 from gpuforge.scheduler.usage import HALF_LIFE_S, recent_usage
@@ -134,6 +136,7 @@ class Scheduler:
             adapters_root=options.runs_dir or deployments_dir.parent / "runs",  # where jobs' models lie
             autoscaler=Autoscaler(self.traffic), ports=options.replica_ports,
         )  # fmt: skip
+        self.searches = Searches(engine, options.runs_dir or deployments_dir.parent / "runs")
         self._usage_read: tuple[float, tuple[dict, dict]] | None = None
         self._last_tick: float | None = None
         self._stop, self._wake = threading.Event(), threading.Event()
@@ -220,6 +223,8 @@ class Scheduler:
                 for d in job.devices.split(",")
             }
             deployments.keep(s, jobs_hold, self.keeper)
+            s.commit()  # what the tick did so far stands, whatever a search's pass does
+            self.searches.keep(s)  # trials told, pruned, asked for: before the queue, which starts them
             self._start_queued(s)
         self.tick_seconds = [*self.tick_seconds[-999:], time.perf_counter() - began]
 
@@ -392,7 +397,12 @@ class Scheduler:
         return None
 
     def _stopped_by_server(self, s: Session, job: Job) -> None:
-        """A job the server stopped has ended its process: preempted back into the queue, or paused."""
+        """A job the server stopped has ended its process: preempted back into the queue, pruned (a
+        search's trial), or paused."""
+        if job.stop_requested == "prune":
+            if not states.prune(s, job.id, job.reason or "pruned"):
+                states.end(s, job.id, "cancelled", None)  # a cancel landed meanwhile: its reason stays
+            return
         if job.stop_requested != "preempt":
             if not states.pause(s, job.id, job.reason or "paused by the server"):
                 states.end(s, job.id, "cancelled", None)  # a cancel landed meanwhile: its reason stays

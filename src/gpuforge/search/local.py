@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
 import os
 import signal
 import subprocess
@@ -32,8 +31,7 @@ from typing import Any
 import yaml
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.run_files import json_line, read_lines
-from gpuforge.runs import RunSummary, read_summary, write_json_atomic
+from gpuforge.runs import read_summary, write_json_atomic
 from gpuforge.runtime.host import is_alive, usable_cores
 from gpuforge.search.study import SearchStudy
 from gpuforge.spec import SearchSpec
@@ -143,25 +141,16 @@ class LocalSearch:
 
     def _read_evaluations(self, trial: RunningTrial) -> str | None:
         """Tell the study the trial's new evaluations; the reason to prune it, if one says so."""
-        metric = self.study.metric
-        lines, trial.offset = read_lines(trial.run_dir / "metrics.jsonl", trial.offset)
-        for line in lines:
-            record = json_line(line)
-            step = record.get("step") if record is not None else None
-            if not isinstance(step, int) or isinstance(step, bool):
-                continue
-            trial.last_step = step
-            value = record.get(metric)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            reason = self.study.report(trial.number, step, float(value))
-            if reason is not None:
-                return reason
-        if lines:  # what it has cost so far, for `tune show` while it runs
+        taken = self.study.take_evaluations(trial.number, trial.run_dir / "metrics.jsonl", trial.offset)
+        moved = taken.offset != trial.offset
+        trial.offset = taken.offset
+        if taken.last_step is not None:
+            trial.last_step = taken.last_step
+        if moved and taken.prune is None:  # what it has cost so far, for `tune show` while it runs
             now = time.monotonic()
             self.study.note(trial.number, steps=trial.last_step, cost_usd=trial.cost(now),
                             device_s=trial.device_s(now))  # fmt: skip
-        return None
+        return taken.prune
 
     def _end(self, trial: RunningTrial, state: str, reason: str | None, value: float | None = None,
              steps: int | None = None) -> None:  # fmt: skip
@@ -194,25 +183,17 @@ class LocalSearch:
         elif summary is None:
             self._end(trial, "failed", f"its process ended with code {code} and wrote no summary")
         elif summary.status == "finished":
-            self._end(trial, "finished", summary.reason, self._final_value(trial, summary), summary.steps)
+            value = self.study.final_value(trial.number, trial.run_dir)
+            self._end(trial, "finished", summary.reason, value, summary.steps)
         elif summary.status in ("cancelled", "paused") and trial.stopping:
             if self._interrupted:  # Ctrl-C: left running in the study, resumed by the next driver
                 del self.running[trial.number]
                 self.study.note(trial.number, device_s=trial.device_s(time.monotonic()), pid=None)
             else:
-                value = self._final_value(trial, summary)
+                value = self.study.final_value(trial.number, trial.run_dir)
                 self._end(trial, "stopped", trial.stopping, value, steps=summary.steps)
         else:
             self._end(trial, "failed", summary.reason or f"ended {summary.status}", steps=summary.steps)
-
-    def _final_value(self, trial: RunningTrial, summary: RunSummary) -> float | None:
-        """The objective of the trial's model: the summary's last evaluation (keep_best's best), else the
-        last one it reported."""
-        figure = (summary.eval or {}).get(self.study.metric.removeprefix("eval_"))
-        if isinstance(figure, int | float) and math.isfinite(figure):
-            return float(figure)
-        curve = self.study.frozen(trial.number).intermediate_values
-        return curve[max(curve)] if curve else None
 
     # --- the search's spend, and its end
 

@@ -23,8 +23,11 @@ def _left(limit: float | None, spent: float) -> float | None:
     return None if limit is None else max(0.0, limit - spent)
 
 
-def describe(study: SearchStudy, state: dict[str, Any], tune: TuneSpec) -> dict[str, Any]:
-    trials = study.trials()
+def describe(
+    study: SearchStudy, state: dict[str, Any], tune: TuneSpec, trials: list[TrialRecord] | None = None
+) -> dict[str, Any]:
+    """`trials`: the study's, as the caller knows them better (a server: each its job's state and cost)."""
+    trials = study.trials() if trials is None else trials
     best = best_trial(trials, study.direction)
     spent_usd = sum(t.cost_usd for t in trials)
     device_hours = sum(t.device_s for t in trials) / 3600
@@ -45,6 +48,7 @@ def describe(study: SearchStudy, state: dict[str, Any], tune: TuneSpec) -> dict[
         if best is None
         else {
             "trial": best.number,
+            "job": best.job,
             "value": best.value,
             "params": best.params,
             "run": best.run,

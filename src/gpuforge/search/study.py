@@ -13,11 +13,14 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from gpuforge.run_files import json_line, read_lines
+from gpuforge.runs import read_summary
 from gpuforge.search.space import distributions, first_rung, pruner, sampler
 from gpuforge.spec import SearchSpec
 
@@ -33,6 +36,16 @@ _OPTUNA_STATE = {
 }
 
 
+@dataclass(frozen=True)
+class Taken:
+    """What a trial's new metrics lines said: how far its file is read, its last step, and the reason
+    to prune it (None: it goes on)."""
+
+    offset: int
+    last_step: int | None
+    prune: str | None
+
+
 @dataclass
 class TrialRecord:
     """One trial as a search shows it."""
@@ -44,8 +57,9 @@ class TrialRecord:
     steps: int | None
     cost_usd: float
     device_s: float
-    run: str | None
+    run: str | None  # a local search's run directory
     reason: str | None
+    job: int | None = None  # a server's search: the trial's job
     curve: list[tuple[int, float]] = field(default_factory=list)  # the objective at each evaluation
 
 
@@ -54,11 +68,12 @@ def _shown(value: float) -> str:
 
 
 class SearchStudy:
-    def __init__(self, search: SearchSpec, storage: str, name: str):
+    def __init__(self, search: SearchSpec, storage: str | optuna.storages.BaseStorage, name: str):
+        """`storage`: a database URL, or an Optuna storage several studies share (a server's)."""
         self.search, self.name = search, name
         self.metric = search.tune.objective.metric
         self.direction = search.tune.direction()
-        self.storage = optuna.storages.RDBStorage(storage)
+        self.storage = optuna.storages.RDBStorage(storage) if isinstance(storage, str) else storage
         self.study = optuna.create_study(
             storage=self.storage,
             study_name=name,
@@ -126,6 +141,39 @@ class SearchStudy:
             if self.frozen(number).state == TrialState.RUNNING:
                 raise
 
+    def take_evaluations(self, number: int, metrics: Path, offset: int) -> Taken:
+        """Report the trial's evaluations written past `offset` in its metrics.jsonl (untrusted lines: a
+        line that is not a step's record, or whose objective is not a number, is skipped); stop at the
+        first that prunes it."""
+        lines, end = read_lines(metrics, offset)
+        last_step = None
+        for line in lines:
+            record = json_line(line)
+            step = record.get("step") if record is not None else None
+            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+                continue
+            last_step = step
+            value = record.get(self.metric)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            reason = self.report(number, step, float(value))
+            if reason is not None:
+                return Taken(end, last_step, reason)
+        return Taken(end, last_step, None)
+
+    def final_value(self, number: int, run_dir: Path) -> float | None:
+        """The objective of a finished trial's model: its summary's last evaluation (keep_best's best),
+        else the last evaluation it reported. The run's own figure, read as untrusted input."""
+        try:
+            summary = read_summary(Path(run_dir) / "summary.json")
+        except (ValueError, OSError):
+            summary = None
+        figure = ((summary.eval if summary else None) or {}).get(self.metric.removeprefix("eval_"))
+        if isinstance(figure, int | float) and not isinstance(figure, bool) and math.isfinite(figure):
+            return float(figure)
+        curve = self.frozen(number).intermediate_values
+        return curve[max(curve)] if curve else None
+
     # --- why a trial was pruned, in figures
 
     def _prune_reason(self, number: int, step: int, value: float) -> str:
@@ -183,6 +231,7 @@ class SearchStudy:
                     device_s=float(attrs.get("device_s") or 0.0),
                     run=attrs.get("run"),
                     reason=attrs.get("reason"),
+                    job=attrs.get("job"),
                     curve=[(s, v) for s, v in curve if math.isfinite(v)],
                 )
             )

@@ -36,6 +36,7 @@ from gpuforge.server.routes import (
     overview,
     profiles,
     projects,
+    searches,
     system,
     uploads,
 )
@@ -78,8 +79,8 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
     app.state.services = state = Services(settings)  # what the routes use (server/services.py)
     app.include_router(read_routes(store_reader))  # the jobs' reads, shared with `gpuforge dashboard`
-    for routes in (jobs, profiles, keys, projects, uploads, deployments, deployment_versions, forward,
-                   overview, system):  # fmt: skip
+    for routes in (jobs, searches, profiles, keys, projects, uploads, deployments, deployment_versions,
+                   forward, overview, system):  # fmt: skip
         app.include_router(routes.router)
     add_pages(app)
 

@@ -48,6 +48,30 @@ class JobCreate(BaseModel):
     )
 
 
+class SearchCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: str = Field(description="the job spec, YAML text; its `tune:` section says what to search")
+    tune: str | None = Field(None, description="the tune section, YAML text, when the spec has none")
+    priority: int | None = Field(None, ge=-1000, le=1000, description="its trials'; default: the spec's")
+    name: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100, description="default: the spec's name"
+    )
+    files: dict[FilePath, FilePath] | None = Field(None, max_length=16, description="as a job's submit")
+
+
+class SearchPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    state: str
+    reason: str | None
+    owner: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
 class Health(BaseModel):
     status: str
 

@@ -65,9 +65,9 @@ class Admitted:
     replayed: bool  # queued by an earlier submit with the same Idempotency-Key: 200, not 201
 
 
-def admit(body: JobCreate, key: ApiKey, idempotency_key: str | None, server: Server) -> Admitted:
-    """The job `body` asks for, queued, or the one an earlier submit with `idempotency_key` queued; an
-    HTTPException for any rule it fails (nothing queued then)."""
+def admitted_job(body: JobCreate, key: ApiKey, server: Server) -> tuple[JobSpec | ScriptJobSpec, Job]:
+    """The spec `body` sends, checked by every rule but the quotas, and the job it would queue (not
+    stored: its run_dir unset); an HTTPException for any rule it fails."""
     spec = _parse(body, key, server)
     device_type = _device_type(spec, server.devices)
     _check_devices(spec, device_type, server.devices)
@@ -80,7 +80,7 @@ def admit(body: JobCreate, key: ApiKey, idempotency_key: str | None, server: Ser
         )
     _fill_price(spec, device_type, key, server)
     priority = body.priority if body.priority is not None else spec.priority
-    job = Job(
+    return spec, Job(
         name=body.name or spec.name,
         owner_id=key.id,
         project_id=key.project_id,
@@ -93,9 +93,16 @@ def admit(body: JobCreate, key: ApiKey, idempotency_key: str | None, server: Ser
         placement=dict(spec.resources.placement) or None,
         spec_yaml=spec.to_yaml(),
         run_dir="",
-        idempotency_key=idempotency_key,
         files=body.files,
     )
+
+
+def admit(body: JobCreate, key: ApiKey, idempotency_key: str | None, server: Server) -> Admitted:
+    """The job `body` asks for, queued, or the one an earlier submit with `idempotency_key` queued; an
+    HTTPException for any rule it fails (nothing queued then)."""
+    spec, job = admitted_job(body, key, server)
+    job.idempotency_key = idempotency_key
+    priority = job.priority
     if idempotency_key is not None and (earlier := _earlier(server, key, idempotency_key)) is not None:
         return _replayed(earlier, job)  # before the quotas: a job queued already counts once
     try:

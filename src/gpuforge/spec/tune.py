@@ -197,11 +197,23 @@ def _where(key: str) -> str:
     return f"tune.parameters.{key}"
 
 
+# what a search may not vary: what a job reads, where it runs and what it costs are the job's, checked once
+FIXED_KEYS = (
+    "name", "kind", "priority", "resources", "cost", "distributed", "tracking", "compress",
+    "model.source", "data.train", "data.eval", "data.tokenizer",
+)  # fmt: skip
+
+
 def _check_key(job: JobSpec, key: str) -> None:
-    """A searched key must be a field (not a section) of a section this job has."""
+    """A searched key must be a field (not a section) of a section this job has, and not a FIXED_KEYS."""
     path = tuple(key.split("."))
     if not all(path) or len(path) < 2:
         raise SpecError(f"{_where(key)}: expected a spec key such as train.lr")
+    if any(key == fixed or key.startswith(fixed + ".") for fixed in FIXED_KEYS):
+        raise SpecError(
+            f"{_where(key)}: a search varies how a job trains, not what it reads, where it runs or what it "
+            f"costs: {key} is the job's"
+        )
     if len(path) == 3 and path[:2] == ("model", "options"):
         return  # the builder's own keyword arguments: a free mapping, checked where the model is built
     section = section_at(path[:-1])

@@ -47,6 +47,17 @@ class JobState(_StoredState):
     FINISHED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PRUNED = "pruned"  # a search's trial its pruner stopped: its evaluations were not among the best
+
+
+class SearchState(_StoredState):
+    """Where a hyperparameter search is (scheduler/searches.py drives it; store/states.py moves it)."""
+
+    RUNNING = "running"
+    FINISHED = "finished"  # its trials all ended
+    BUDGET_SPENT = "budget_spent"  # its budget in dollars or device-hours reached: no trial runs on
+    STOPPED = "stopped"  # `gpuforge tune stop`
+    FAILED = "failed"  # it could not go on (its study unreadable): the reason says why
 
 
 class DeploymentState(_StoredState):
@@ -66,7 +77,7 @@ ACTIVE_JOB_STATES = (
     JobState.RUNNING,
     JobState.PAUSED,
 )  # not ended: max_queued counts them
-ENDED_JOB_STATES = (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)  # for good: nothing moves them
+ENDED_JOB_STATES = (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED)  # for good
 
 
 def state_lists(also_ended: tuple[str, ...] = ()) -> dict[str, list[str]]:
@@ -163,6 +174,31 @@ class ApiKey(Base):
     project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), default=None)  # admin: none
 
 
+class Search(Base):
+    """A hyperparameter search: trials of one job (each a Job with search_id) with the values its Optuna
+    study asks for; the study itself lives in Optuna's own tables (scheduler/searches.py says where)."""
+
+    __tablename__ = "searches"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), default=None)
+    state: Mapped[SearchState] = mapped_column(StateColumn(SearchState), default=SearchState.RUNNING)
+    reason: Mapped[str | None] = mapped_column(Text)
+    tune_yaml: Mapped[str] = mapped_column(Text)  # the tune section, as checked
+    job_yaml: Mapped[str] = mapped_column(Text)  # the job each trial varies, as admitted (its price set)
+    # the columns of each trial's Job, as admission computed them for the job (priority, devices, rate...)
+    trial_job: Mapped[dict[str, Any]] = mapped_column(JSON)
+    stop_requested: Mapped[bool] = mapped_column(default=False)  # `tune stop`: the loop ends it
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    owner: Mapped[str | None] = column_property(
+        select(ApiKey.name).where(ApiKey.id == owner_id).correlate_except(ApiKey).scalar_subquery()
+    )
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -196,7 +232,11 @@ class Job(Base):
     preemptible: Mapped[bool] = mapped_column(default=True)  # resources.preemptible (false: admin keys only)
     preemptions: Mapped[int] = mapped_column(default=0)  # preempted in a row: past a limit it gains priority
     boost: Mapped[int] = mapped_column(default=0)  # added to its priority in the queue (never preempted)
-    # the loop stops its process for a reason of the server's, not the user's: preempt | pause | timeout
+    # a search's trial: its search and its trial number there (the Optuna study's)
+    search_id: Mapped[int | None] = mapped_column(ForeignKey("searches.id"), default=None, index=True)
+    trial: Mapped[int | None] = mapped_column(default=None)
+    # the loop stops its process for a reason of the server's, not the user's: preempt | pause | timeout |
+    # prune
     stop_requested: Mapped[str | None] = mapped_column(String(16), default=None)
     max_time_s: Mapped[float | None] = mapped_column(default=None)  # resources.max_time: stopped past it
     placement: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)

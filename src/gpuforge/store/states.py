@@ -13,12 +13,18 @@ Jobs (the API submits them `queued`):
     queued | preempted | paused --cancel-->  cancelled (no process: it ends at once)
     running  --cancel-->           running   (cancel_requested: the loop stops its runner, whose
                                               `cancelled` event ends it)
-    running  --request_stop-->     running   (stop_requested: preempt | pause | timeout; the loop stops
-                                              its runner, which checkpoints)
+    running  --request_stop-->     running   (stop_requested: preempt | pause | timeout | prune; the loop
+                                              stops its runner, which checkpoints)
     running  --preempt-->          preempted (stopped for a job of higher priority: back in the queue,
                                               resumed from its checkpoint at its turn)
     running  --pause-->            paused    (its project's budget spent, or its max_time run)
+    running  --prune-->            pruned    (a search's trial its pruner stopped: ended for good)
     paused | cancelled --resume--> queued    (from its last checkpoint: a cancelled one must have one)
+
+Searches (the API makes them `running`; their trials are jobs):
+
+    running --stop_search-->       running   (stop_requested: the loop stops its trials, then ends it)
+    running --end_search-->        finished | budget_spent | stopped | failed
 
 The queue is queued and preempted jobs (QUEUE_JOB_STATES): a preempted job waits like a queued one and
 only says what happened to it.
@@ -54,6 +60,8 @@ from gpuforge.store.models import (
     DeploymentState,
     Job,
     JobState,
+    Search,
+    SearchState,
     utcnow,
 )
 
@@ -95,7 +103,7 @@ def _move_deployment(
 
 # --- jobs ---
 _QUEUED, _RUNNING, _PAUSED = QUEUE_JOB_STATES, (JobState.RUNNING,), (JobState.PAUSED,)  # to leave from
-STOPS = ("preempt", "pause", "timeout")  # what the server may stop a running job for (Job.stop_requested)
+STOPS = ("preempt", "pause", "timeout", "prune")  # what the server stops a running job for (stop_requested)
 
 
 def claim(s: Session, job_id: int, device_ids: list[str], waiting_reason: str) -> bool:
@@ -208,6 +216,15 @@ def pause(s: Session, job_id: int, reason: str) -> bool:
     )
 
 
+def prune(s: Session, job_id: int, reason: str) -> bool:
+    """running → pruned, for `reason` (the figures that condemned it): a search's trial its pruner
+    stopped, ended for good. False when a cancel was asked for meanwhile."""
+    return _move_job(
+        s, job_id, _RUNNING, NOT_CANCELLED, state=JobState.PRUNED, pid=None, devices=None,
+        stop_requested=None, finished_at=utcnow(), reason=reason,
+    )  # fmt: skip
+
+
 def fail(s: Session, job_id: int, reason: str, at: datetime | None = None) -> bool:
     """running → failed, for `reason`: its runner refused its input, or died once too often; `at` as
     for end()."""
@@ -245,6 +262,20 @@ def resume(s: Session, job_id: int, spec_yaml: str, reason: str, seen: JobState 
         s, job_id, (seen,), state=JobState.QUEUED, spec_yaml=spec_yaml, restarts=0, reason=reason,
         finished_at=None, cancel_requested=False,
     )  # fmt: skip
+
+
+# --- searches ---
+def stop_search(s: Session, search_id: int) -> bool:
+    """A running search is to stop: the loop stops its trials at a checkpoint, then ends it `stopped`."""
+    return _move(s, Search, search_id, (SearchState.RUNNING,), {"stop_requested": True})
+
+
+def end_search(s: Session, search_id: int, state: SearchState, reason: str | None) -> bool:
+    """running → `state` (finished, budget_spent, stopped, failed), for `reason`."""
+    if state is SearchState.RUNNING:
+        raise ValueError("a search ends in another state than running")
+    values = {"state": state, "reason": reason, "finished_at": utcnow()}
+    return _move(s, Search, search_id, (SearchState.RUNNING,), values)
 
 
 # --- deployments ---
