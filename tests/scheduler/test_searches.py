@@ -56,8 +56,11 @@ def test_a_search_queues_its_trials_as_jobs_and_prunes_the_hopeless_ones(api):
         assert job["state"] == "pruned" and job["reason"].startswith("pruned at step 10: eval_accuracy")
         assert job["step"] < 200  # stopped, not trained to its end
         assert trials[number]["reason"] == job["reason"]
-    jobs = [api.get(f"/api/v1/jobs/{t['job']}").json() for t in doc["trials"]]
-    assert {j["name"] for j in jobs} == {f"tiny-digits-trial-{n:04d}" for n in range(4)}
+    jobs = api.get("/api/v1/jobs", params={"search": search_id}).json()  # the job list, by search
+    assert sorted(j["id"] for j in jobs) == sorted(t["job"] for t in doc["trials"])
+    assert {(j["name"], j["search_id"], j["trial"]) for j in jobs} == {
+        (f"tiny-digits-trial-{n:04d}", search_id, n) for n in range(4)
+    }
     assert api.get("/api/v1/searches").json()[0]["id"] == search_id
 
 

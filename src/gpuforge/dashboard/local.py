@@ -161,7 +161,11 @@ class LocalJobReader:
     def whoami(self) -> WhoAmI:
         return WhoAmI(name="local", admin=True, read_only=True, states=state_lists(("stopped",)))
 
-    def page(self, state: str | None, owner: str | None, limit: int, offset: int) -> tuple[int, list[dict]]:
+    def page(
+        self, state: str | None, owner: str | None, limit: int, offset: int, search: int | None = None
+    ) -> tuple[int, list[dict]]:
+        if search is not None:
+            return 0, []  # run directories belong to no server's search
         newest_first = list(reversed(list(enumerate(self.runs(), start=1))))
         if not state and not owner:  # only the page's runs are read
             return len(newest_first), [describe(i, run) for i, run in newest_first[offset : offset + limit]]

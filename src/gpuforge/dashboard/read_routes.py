@@ -60,9 +60,10 @@ class JobReader(Protocol):
     def whoami(self) -> WhoAmI: ...
 
     def page(
-        self, state: str | None, owner: str | None, limit: int, offset: int
+        self, state: str | None, owner: str | None, limit: int, offset: int, search: int | None = None
     ) -> tuple[int, Sequence[Any]]:
-        """(how many match, the page of them newest first), each with JobPublic's fields."""
+        """(how many match, the page of them newest first), each with JobPublic's fields; `search`: only
+        that search's trials."""
         ...
 
     def job(self, job_id: int) -> Any:
@@ -103,10 +104,11 @@ def read_routes(reader: Callable[..., Any]) -> APIRouter:
         ] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         offset: Annotated[int, Query(ge=0, le=INT32)] = 0,
+        search: Annotated[int | None, Query(ge=1, le=INT32, description="only this search's trials")] = None,
     ) -> Sequence[Any]:
         """Jobs, newest first: your own and your project's, or everyone's with an admin key. X-Total-Count:
         how many match."""
-        total, page = jobs.page(state, owner, limit, offset)
+        total, page = jobs.page(state, owner, limit, offset, search)
         response.headers["X-Total-Count"] = str(total)
         return page
 

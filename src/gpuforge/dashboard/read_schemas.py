@@ -38,6 +38,8 @@ class JobPublic(BaseModel):
     usd_per_hour: float | None = Field(
         None, description="what the server charges it an hour, all its devices together (the ledger's rate)"
     )
+    search_id: int | None = Field(None, description="a search's trial: its search (gpuforge tune show ID)")
+    trial: int | None = Field(None, description="a search's trial: its number there")
     restarts: int = Field(description="times its process was started again after dying")
     max_restarts: int
     reason: str | None

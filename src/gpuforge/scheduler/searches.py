@@ -226,6 +226,8 @@ def search_view(s: Session, study: SearchStudy, search: Search) -> dict:
             record.cost_usd, record.device_s = spend.get(job.id, (0.0, 0.0))
             record.steps = job.step if record.steps is None else record.steps
             record.reason = record.reason or job.reason
+        elif record.state == "running":
+            record.state = "queued"  # asked of the study this moment, its job being stored
         record.run = None  # a server's path: the job's id says where its files are read
         trials.append(record)
     doc = describe(study, {"state": str(search.state), "reason": search.reason}, study.search.tune, trials)

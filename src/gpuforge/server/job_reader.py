@@ -29,9 +29,11 @@ class StoreJobReader:
     def whoami(self) -> WhoAmI:
         return WhoAmI(name=self.key.name, admin=self.key.admin)
 
-    def page(self, state: str | None, owner: str | None, limit: int, offset: int) -> tuple[int, list[Job]]:
+    def page(
+        self, state: str | None, owner: str | None, limit: int, offset: int, search: int | None = None
+    ) -> tuple[int, list[Job]]:
         with session(self.served.engine) as s:
-            total, rows = jobs.page(s, readable(self.key, Job), state, owner, limit, offset)
+            total, rows = jobs.page(s, readable(self.key, Job), state, owner, limit, offset, search)
             return total, self._with_places(rows)
 
     def job(self, job_id: int) -> Job:

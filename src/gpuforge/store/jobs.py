@@ -13,11 +13,14 @@ from gpuforge.store.models import ApiKey, Device, Event, Job, JobState
 
 
 def page(
-    s: Session, readable: ColumnElement[bool], state: str | None, owner: str | None, limit: int, offset: int
+    s: Session, readable: ColumnElement[bool], state: str | None, owner: str | None, limit: int, offset: int,
+    search: int | None = None,
 ) -> tuple[int, list[Job]]:
     """(how many jobs match, the page of them asked for, newest first): those `readable` lets the caller
-    see, in `state`, of the key named `owner`, where given."""
+    see, in `state`, of the key named `owner`, trials of `search`, where given."""
     which = select(Job.id).where(readable)
+    if search is not None:
+        which = which.where(Job.search_id == search)
     if state:
         which = which.where(Job.state == state)
     if owner:
