@@ -7,6 +7,7 @@
     gpuforge compress RUN/model --sweep --out DIR
     gpuforge export RUN/model --format onnx --out DIR [--quantize int8] [--opset N]
     gpuforge hw
+    gpuforge tune SPEC [--local --out DIR] | tune show ID|DIR | tune stop ID|DIR | tunes  (cli/tune.py)
     gpuforge profile RUN                                 (a run trained with --profile START:STEPS)
     gpuforge server | submit | jobs | job | logs | cancel | resume | wait | keys      (cli/server.py)
     gpuforge serve RUN/model [--port 8700] [--max-batch 32] [--max-wait-ms 5]        (cli/serve.py)

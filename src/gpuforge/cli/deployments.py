@@ -30,7 +30,10 @@ ROLLOUT_WAIT_S = 300.0  # deploy --wait's default --timeout
 
 @app.command()
 def deploy(
-    job_id: int,
+    job_id: Annotated[int | None, typer.Argument(help="the finished job whose model to serve")] = None,
+    search: Annotated[
+        int | None, typer.Option("--tune", help="instead of a job: this search's best finished trial")
+    ] = None,
     name: Annotated[str | None, typer.Option("--name", help="the deployment's name (its address)")] = None,
     into: Annotated[
         str | None, typer.Option("--into", help="add the job's LoRA adapter to this running deployment")
@@ -78,6 +81,7 @@ def deploy(
     the name of a live deployment, make it that deployment's next version; with --into, add a LoRA job's
     adapter to a running deployment."""
     client = client_for(url, key_file)
+    job_id = _job_or_best_trial(client, job_id, search)
     if into is not None:
         if name is not None:
             raise GpuforgeError("deploy: --name or --into, not both")
@@ -102,6 +106,23 @@ def deploy(
         _say(made, as_json, f"deployment {name}: v{version} rolling out (v{made['version']} serves); {where}")
     else:
         _say(made, as_json, f"deployment {name}: {made['state']}, v{made['version']}; {where}")
+
+
+def _job_or_best_trial(client, job_id: int | None, search: int | None) -> int:
+    """The job to deploy: the one named, or a search's best finished trial (gpuforge tune show ID)."""
+    if (job_id is None) == (search is None):
+        raise GpuforgeError("deploy: name a JOB, or --tune SEARCH for its best trial (one of the two)")
+    if job_id is not None:
+        return job_id
+    best = client.search_view(search)["best"]
+    if best is None or best.get("job") is None:
+        raise GpuforgeError(
+            f"deploy --tune {search}: the search has no finished trial yet (gpuforge tune show {search})"
+        )
+    console.print(
+        f"deploy: search {search}'s best trial {best['trial']} is job {best['job']}", highlight=False
+    )
+    return best["job"]
 
 
 def _wait_for(client, name: str, version: int | None, timeout_s: float) -> dict:
