@@ -11,15 +11,15 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # always open: probes carry no 
 # the schema, its pages and Prometheus' text: with a key, unless opened (GPUFORGE_PUBLIC_METRICS=true)
 DOCUMENT_PATHS = frozenset({"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 # the dashboard's pages (dashboard/pages.py): the same data-free shell, which asks for the key itself
-PAGE_PATHS = frozenset({"/", "/compare", "/devices", "/deployments", "/costs"})
+PAGE_PATHS = frozenset({"/", "/compare", "/devices", "/deployments", "/costs", "/searches"})
 
 
 def is_page_path(path: str) -> bool:
     """A page of the dashboard, or one of its static files: open, since none of them holds data."""
     if path in PAGE_PATHS or path.startswith("/static/"):
         return True
-    head, _, job_id = path.rpartition("/")
-    return head == "/jobs" and job_id.isdigit() and len(job_id) <= 10
+    head, _, item_id = path.rpartition("/")
+    return head in ("/jobs", "/searches") and item_id.isdigit() and len(item_id) <= 10
 
 
 def is_loopback(host: str) -> bool:

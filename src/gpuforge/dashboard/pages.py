@@ -41,3 +41,4 @@ def add_pages(app: FastAPI) -> None:
     for path in sorted(PAGE_PATHS):
         app.add_api_route(path, shell, methods=["GET"], include_in_schema=False)
     app.add_api_route("/jobs/{job_id:int}", shell, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/searches/{search_id:int}", shell, methods=["GET"], include_in_schema=False)

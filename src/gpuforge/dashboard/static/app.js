@@ -146,6 +146,8 @@ const ROUTES = [
   { path: /^\/devices\/?$/, module: "/static/devices.js", full: true },
   { path: /^\/deployments\/?$/, module: "/static/deployments.js", full: true },
   { path: /^\/costs\/?$/, module: "/static/costs.js", full: true },
+  { path: /^\/searches\/?$/, module: "/static/searches.js", full: true },
+  { path: /^\/searches\/(\d+)\/?$/, module: "/static/searches.js", full: true },
 ];
 
 const NAV = [
@@ -153,6 +155,7 @@ const NAV = [
   { href: "/devices", text: "Devices", full: true },
   { href: "/deployments", text: "Deployments", full: true },
   { href: "/costs", text: "Costs", full: true },
+  { href: "/searches", text: "Searches", full: true },
 ];
 
 // Pages this tab may show: under `gpuforge dashboard` (read-only) only the jobs, a job, and compare.

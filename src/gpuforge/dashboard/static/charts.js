@@ -137,3 +137,22 @@ export function costChart(div, days, totals) {
   };
   return mount(div, opts, [x, totals]);
 }
+
+// y against a numeric x that is not a step (dollars spent, say): one or more series, lines and points.
+export function xyChart(div, { title, xLabel, yLabel, xFormat = sig4, yFormat = sig4, labels }) {
+  const series = labels.map((label, i) => ({
+    label,
+    stroke: PALETTE[i % PALETTE.length],
+    width: 1.5,
+    spanGaps: true,
+    points: { show: true, size: 6 },
+    value: (u, v) => (v === null || v === undefined ? "—" : yFormat(v)),
+  }));
+  const opts = {
+    title,
+    scales: { x: { time: false, range: (u, lo, hi) => padded(lo, hi) }, y: { range: (u, lo, hi) => padded(lo, hi) } },
+    series: [{ label: xLabel, value: (u, v) => (v === null || v === undefined ? "—" : xFormat(v)) }, ...series],
+    axes: [{ ...AXIS, values: (u, vals) => vals.map(xFormat) }, { ...Y_AXIS, label: yLabel, values: (u, vals) => vals.map(yFormat) }],
+  };
+  return mount(div, opts, [[], ...labels.map(() => [])]);
+}
