@@ -243,15 +243,22 @@ def plan(
     ] = None,
     max_steps: MaxSteps = None,
     set_: Overrides = None,
+    tune_file: Annotated[
+        Path | None, typer.Option("--tune", help="a search's tune section: plan the search (its cost range)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Say before anything runs: parameters, memory, batch, time and cost; refuse a job that cannot fit.
-    With --compare: the same job's memory, batch, step time, total time and cost on each device named."""
+    With --compare: the same job's memory, batch, step time, total time and cost on each device named. A
+    search's spec (a tune: section, or --tune FILE): one trial's plan, and the search's cost range."""
     import json
 
     from gpuforge.spec import load_train_spec
 
     overrides = list(set_ or []) + ([f"train.max_steps={max_steps}"] if max_steps else [])
+    if tune_file is not None or _has_tune_section(spec):
+        _plan_search(spec, tune_file, overrides, measure, as_json)
+        return
     if compare is not None:
         from gpuforge.plan.compare import compare as compare_devices
         from gpuforge.plan.compare import notes, table
@@ -287,6 +294,38 @@ def plan(
         )
     if not result.fits:
         raise GpuforgeError(result.verdict)
+
+
+def _has_tune_section(spec: Path) -> bool:
+    import yaml
+
+    try:
+        raw = yaml.safe_load(spec.read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return False  # load_train_spec says what is wrong with it
+    return isinstance(raw, dict) and "tune" in raw
+
+
+def _plan_search(
+    spec: Path, tune_file: Path | None, overrides: list[str], measure: bool, as_json: bool
+) -> None:
+    """One trial's plan (the job at its own values), and what the search is expected to cost."""
+    import json
+
+    from gpuforge.plan import make_plan, process_age_s, table
+    from gpuforge.plan.search import plan_search
+    from gpuforge.spec import load_search
+
+    search = load_search(spec, tune_file, overrides)
+    one = make_plan(search.job, measure=measure, launched_s=process_age_s())
+    searched = plan_search(search, one.total_time_s, one.startup_s, one.usd_per_hour, one.total_steps)
+    if as_json:
+        out_console.print_json(json.dumps({"trial": one.as_dict(), "search": searched.as_dict()}))
+    else:
+        out_console.print(table(one))
+        out_console.print(searched.line(), highlight=False, markup=False, soft_wrap=True)
+    if not one.fits:
+        raise GpuforgeError(one.verdict)
 
 
 @app.command()

@@ -51,21 +51,15 @@ def sampler(tune: TuneSpec) -> optuna.samplers.BaseSampler:
     )
 
 
-def first_rung(search: SearchSpec) -> int:
-    """The step of the first rung: asha's min_steps, else the job's first evaluation."""
-    asha = search.tune.pruner.asha or search.tune.pruner.hyperband
-    return (asha.min_steps if asha and asha.min_steps else None) or search.job.train.eval_every or 1
-
-
 def pruner(search: SearchSpec) -> optuna.pruners.BasePruner:
     spec = search.tune.pruner
     if spec.asha is not None:
         return optuna.pruners.SuccessiveHalvingPruner(
-            min_resource=first_rung(search), reduction_factor=spec.asha.reduction_factor
+            min_resource=search.first_rung(), reduction_factor=spec.asha.reduction_factor
         )
     if spec.hyperband is not None:
         return optuna.pruners.HyperbandPruner(
-            min_resource=first_rung(search),
+            min_resource=search.first_rung(),
             max_resource=search.job.train.max_steps or "auto",
             reduction_factor=spec.hyperband.reduction_factor,
         )

@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from gpuforge.run_files import json_line, read_lines
 from gpuforge.runs import read_summary
-from gpuforge.search.space import distributions, first_rung, pruner, sampler
+from gpuforge.search.space import distributions, pruner, sampler
 from gpuforge.spec import SearchSpec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # a trial's every tell is not news
@@ -191,7 +191,7 @@ class SearchStudy:
             )
             factor = self.search.tune.pruner.asha.reduction_factor
             cutoff = peers[max(0, len(peers) // factor - 1)]
-            rung_step = first_rung(self.search) * factor**rung
+            rung_step = self.search.first_rung() * factor**rung
             return (
                 f"pruned at step {step}: {metric} {_shown(value)} is not in the best 1/{factor} of the "
                 f"{len(peers)} trials that reached step {rung_step} (needed {_shown(cutoff)})"

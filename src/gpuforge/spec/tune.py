@@ -178,6 +178,11 @@ class SearchSpec:
     job: JobSpec
     job_raw: dict[str, Any]
 
+    def first_rung(self) -> int:
+        """The step of a pruner's first rung: asha's (hyperband's) min_steps, else the first evaluation."""
+        asha = self.tune.pruner.asha or self.tune.pruner.hyperband
+        return (asha.min_steps if asha and asha.min_steps else None) or self.job.train.eval_every or 1
+
     def trial_spec(self, params: dict[str, Any], name: str | None = None) -> JobSpec:
         """The job with a trial's values set (checked again: a value inside a checked range is one the
         key takes, but the spec's rules between keys still apply). A trial does not compress its model:
