@@ -16,8 +16,9 @@ def visible(key: ApiKey):
     return or_(mine, Search.project_id == key.project_id) if key.project_id is not None else mine
 
 
-def select_visible(key: ApiKey, search_id: int):
-    return select(Search).where(Search.id == search_id, visible(key))
+def visible_search(s: Session, key: ApiKey, search_id: int) -> Search | None:
+    """The search, where `key` may read it."""
+    return s.scalar(select(Search).where(Search.id == search_id, visible(key)))
 
 
 def searches_of(s: Session, key: ApiKey, limit: int = 100) -> list[Search]:

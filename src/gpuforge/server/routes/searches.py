@@ -108,7 +108,7 @@ def list_searches(request: Request, key: Key) -> list[Search]:
 
 
 def _visible(s, key, search_id: int) -> Search:
-    search = s.scalar(searches.select_visible(key, search_id))
+    search = searches.visible_search(s, key, search_id)
     if search is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"search {search_id}: no such search")
     return search
