@@ -1,6 +1,8 @@
 """Hyperparameter searches on the server, with real trials (jobs of the tiny image model): pruning that
 prunes, a budget reached mid-search, a stop, bad tune sections refused with nothing stored."""
 
+import time
+
 import pytest
 import yaml
 from fastapi.testclient import TestClient
@@ -20,7 +22,7 @@ def api(tmp_path_factory):
     home = tmp_path_factory.mktemp("server") / "home"
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("GPUFORGE_CPU_SLOTS", "1")
-        settings = Settings(home=home, data_roots=str(TEST_MODELS.parent))
+        settings = Settings(home=home, data_roots=str(TEST_MODELS.parent), allow_user_code=True)
         with TestClient(create_app(settings)) as client:
             client.headers["Authorization"] = f"Bearer {(home / 'admin.key').read_text().strip()}"
             yield client
@@ -148,3 +150,39 @@ def test_two_projects_searches_share_one_device_by_fair_share(tmp_path, monkeypa
         assert sorted(order) == ["a", "a", "a", "b", "b", "b"]
         assert order.index("b") < 2 + order.count("a") - 1, order  # b's first before a's last
         assert order[:3] != ["a", "a", "a"], order  # not first in, first out
+
+
+def test_a_trial_whose_values_break_a_rule_between_keys_fails_alone_and_the_search_goes_on(api):
+    # each value passes alone; global batch 48 is no multiple of a batch of 32
+    batches = {"train.batch_size": {"choice": [16, 32]}, "train.global_batch_size": {"choice": [32, 48]}}
+    tune = {"objective": {"metric": "eval_loss"}, "sampler": "grid", "pruner": "none", "parameters": batches}
+    search_id = _search(api, tune, max_steps=3, eval_every=3, batch_size=16, global_batch_size=32)
+    doc = _ended(api, search_id)
+    assert doc["state"] == "finished" and doc["counts"] == {"finished": 3, "failed": 1}, doc
+    (failed,) = [t for t in doc["trials"] if t["state"] == "failed"]
+    assert (
+        failed["params"] == {"train.batch_size": 32, "train.global_batch_size": 48} and failed["job"] is None
+    )
+    assert failed["reason"].startswith("its spec: ") and "multiple of" in failed["reason"]
+
+
+def test_a_search_queues_no_more_trials_than_its_keys_quota_allows(api):
+    made = api.post("/api/v1/keys", json={"name": "quota-searcher", "max_queued": 1})
+    key = {"Authorization": f"Bearer {made.json()['key']}"}
+    tune = {"objective": {"metric": "eval_loss"}, "parameters": {"train.lr": {"uniform": [1.0e-3, 1.0e-2]}},
+            "sampler": "random", "max_trials": 3, "parallel": 3}  # fmt: skip
+    spec = {**image_spec(None, max_steps=20, eval_every=10, options={"sleep_s": 0.05}), "tune": tune}
+    made = api.post("/api/v1/searches", json={"spec": yaml.safe_dump(spec)}, headers=key)
+    assert made.status_code == 201, made.text
+    search_id = made.json()["id"]
+    most = 0
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        doc = api.get(f"/api/v1/searches/{search_id}").json()
+        jobs = api.get("/api/v1/jobs", params={"search": search_id}).json()
+        most = max(most, sum(j["state"] in ("queued", "running", "preempted", "paused") for j in jobs))
+        if doc["state"] in ENDED:
+            break
+        time.sleep(0.2)
+    assert doc["state"] == "finished" and len(doc["trials"]) == 3
+    assert most == 1  # max_queued 1: one trial at a time, though parallel asks 3

@@ -116,6 +116,12 @@ def test_a_grid_search_runs_each_point_once_at_most(tmp_path):
     assert load_search(_write(tmp_path, DIGITS, tune)).tune.max_trials == 6
 
 
+def test_a_grid_too_large_to_list_is_refused(tmp_path):
+    wide = {f"model.options.k{i}": {"int": [1, 100]} for i in range(6)}  # 10^12 points
+    told = _refused(tmp_path, {"sampler": "grid", "parameters": wide})
+    assert "sampler grid: 1,000,000,000,000 points, over 10,000; use tpe or random" in told
+
+
 def test_train_refuses_a_spec_with_a_tune_section_and_says_which_verb_runs_it(tmp_path):
     with pytest.raises(SpecError, match="gpuforge tune SPEC"):
         load_spec(_write(tmp_path, DIGITS))

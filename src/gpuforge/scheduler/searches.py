@@ -34,16 +34,20 @@ import yaml
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
+from gpuforge.errors import GpuforgeError
 from gpuforge.search.report import describe
 from gpuforge.search.study import SearchStudy
 from gpuforge.spec import JobSpec, SearchSpec, check_search, parse_spec, parse_tune
 from gpuforge.store import searches, states
-from gpuforge.store.models import QUEUE_JOB_STATES, Job, JobState, Search, SearchState
+from gpuforge.store.models import QUEUE_JOB_STATES, ApiKey, Job, JobState, Search, SearchState
+from gpuforge.store.quotas import QuotaExceeded, check_job
 
 log = logging.getLogger("gpuforge.scheduler")
 STUDIES_SCHEMA = "gpuforge_studies"  # PostgreSQL: Optuna's tables, apart from the store's
 TROUBLE_LOG_S = 60.0
+MAX_FAILED_PASSES = 20  # a search whose pass fails this many ticks in a row ends `failed`
 ACTIVE = (*QUEUE_JOB_STATES, JobState.RUNNING)
+STOPPED_BY_SEARCH = "stopped: the search"  # the reason a trial's pause starts with when its search stopped it
 TRIAL_ENDINGS = {  # a trial job's end, as the study's trial ends
     JobState.FINISHED: "finished",
     JobState.PRUNED: "pruned",
@@ -78,6 +82,14 @@ def search_spec(search: Search) -> SearchSpec:
     return check_search(tune, job, raw)
 
 
+def _ended(job: Job) -> bool:
+    """Whether a trial's job has ended for its search: ended for good, or paused by its search. A trial
+    paused for another reason (its project's budget, its max_time) waits to be resumed: not ended."""
+    if job.state == JobState.PAUSED:
+        return (job.reason or "").startswith(STOPPED_BY_SEARCH)
+    return job.state in TRIAL_ENDINGS
+
+
 def study_name(search_id: int) -> str:
     return f"search-{search_id}"
 
@@ -94,16 +106,19 @@ class Searches:
         self._studies: dict[int, SearchStudy] = {}
         self._watched: dict[int, _Watched] = {}  # trial job id -> what was read of it
         self._troubled: dict[int, float] = {}
+        self._failures: dict[int, int] = {}  # search id -> passes failed in a row
         self._lock = threading.Lock()  # the loop's thread and the routes' open studies: once each
 
     def study(self, search: Search) -> SearchStudy:
+        """The search's study (kept for the next pass while the search runs)."""
         with self._lock:
             if self._storage is None:
                 self._storage = study_storage(self.engine)
             study = self._studies.get(search.id)
             if study is None:
                 study = SearchStudy(search_spec(search), self._storage, study_name(search.id))
-                self._studies[search.id] = study
+                if search.state == SearchState.RUNNING:
+                    self._studies[search.id] = study
             return study
 
     def keep(self, s: Session) -> None:
@@ -111,36 +126,58 @@ class Searches:
             try:
                 self._keep(s, search)
                 s.commit()
-            except Exception:  # one search's trouble stops no other's, nor the tick
+                self._failures.pop(search.id, None)
+            except Exception as err:  # one search's trouble stops no other's, nor the tick
                 s.rollback()
-                last = self._troubled.get(search.id)
-                if last is None or time.monotonic() - last > TROUBLE_LOG_S:
-                    log.warning("search %d: not kept this tick", search.id, exc_info=last is None)
-                    self._troubled[search.id] = time.monotonic()
+                self._trouble(s, search, err)
+
+    def _trouble(self, s: Session, search: Search, err: Exception) -> None:
+        """Log a pass that failed (its traceback once, then once a minute); past MAX_FAILED_PASSES in a row
+        the search ends `failed`, saying why, and its trials stop: it cannot be kept."""
+        failures = self._failures[search.id] = self._failures.get(search.id, 0) + 1
+        last = self._troubled.get(search.id)
+        if last is None or time.monotonic() - last > TROUBLE_LOG_S:
+            log.warning("search %d: not kept this tick", search.id, exc_info=last is None)
+            self._troubled[search.id] = time.monotonic()
+        if failures < MAX_FAILED_PASSES:
+            return
+        why = f"could not be kept {failures} ticks in a row: {type(err).__name__}: {err}"[:500]
+        try:
+            self._stop_trials(s, [j for j in searches.trials_of(s, search.id) if j.state in ACTIVE], why)
+            states.end_search(s, search.id, SearchState.FAILED, why)
+            s.commit()
+            self._studies.pop(search.id, None)
+            log.warning("search %d: failed: %s", search.id, why)
+        except Exception:
+            s.rollback()
 
     def _keep(self, s: Session, search: Search) -> None:
         study = self.study(search)
         tune = study.search.tune
         trials = searches.trials_of(s, search.id)
         spend = searches.spend_by_job(s, [j.id for j in trials])
-        held = {t.number: t for t in study.trials()}
+        untold = {t.number for t in study.running()}  # Optuna's own state: what drivers go by
         for job in trials:
             if job.state == JobState.RUNNING and not job.stop_requested:
                 self._read(s, study, job)
-            elif job.state in TRIAL_ENDINGS and held.get(job.trial) and held[job.trial].state == "running":
+            elif job.trial in untold and _ended(job):
                 self._tell(study, job, spend.get(job.id, (0.0, 0.0)))
                 self._watched.pop(job.id, None)
-        active = [j for j in trials if j.state in ACTIVE]
+        active = [j for j in trials if not _ended(j)]
         ending = self._ending(search, tune, spend)
         if ending is not None:
             self._stop_trials(s, active, ending[1])
             if not active:
+                have = {j.trial for j in trials}
+                for number in untold - have:  # asked of the study, never queued: it ends with its search
+                    study.finish(number, "stopped", reason=ending[1])
                 states.end_search(s, search.id, *ending)
                 self._studies.pop(search.id, None)
                 log.info("search %d: %s (%s)", search.id, ending[0], ending[1])
             return
         self._start_trials(s, search, study, trials, len(active))
-        if not active and len(held) >= tune.max_trials and all(t.state != "running" for t in held.values()):
+        asked = len(study.study.get_trials(deepcopy=False))
+        if not active and asked >= tune.max_trials and not study.running():
             states.end_search(s, search.id, SearchState.FINISHED, None)
             self._studies.pop(search.id, None)
             log.info("search %d: finished", search.id)
@@ -150,6 +187,7 @@ class Searches:
         taken = study.take_evaluations(job.trial, Path(job.run_dir) / "metrics.jsonl", watched.offset)
         watched.offset = taken.offset
         if taken.prune is not None and states.request_stop(s, job.id, "prune", taken.prune):
+            s.commit()  # the study has the evaluation that condemned it: the stop must not be lost
             log.info("job %d: %s", job.id, taken.prune)
 
     def _tell(self, study: SearchStudy, job: Job, spend: tuple[float, float]) -> None:
@@ -177,9 +215,11 @@ class Searches:
         for job in active:
             if job.state == JobState.RUNNING:
                 if not job.stop_requested and not job.cancel_requested:
-                    states.request_stop(s, job.id, "pause", f"stopped: the search {why}")
-            else:
+                    states.request_stop(s, job.id, "pause", f"{STOPPED_BY_SEARCH} {why}")
+            elif job.state != JobState.PAUSED:
                 states.cancel(s, job.id, f"not started: the search {why}")
+            else:  # paused for another reason (its project's budget): the search's end ends it
+                states.cancel(s, job.id, f"cancelled: the search {why}")
 
     def _start_trials(self, s: Session, search: Search, study: SearchStudy, trials: list[Job], active: int):
         tune = study.search.tune
@@ -187,16 +227,37 @@ class Searches:
         # asked by the study but never stored (a server killed between the two): their jobs first
         orphans = [t for t in study.running() if t.number not in have]
         while active < tune.parallel:
+            if not orphans and len(study.study.get_trials(deepcopy=False)) >= tune.max_trials:
+                return
+            refused = self._refused(s, search, study.search)
+            if refused is not None:  # the key's quotas (its trials are its jobs), or the key revoked
+                states.hold_search(s, search.id, refused)
+                return
             if orphans:
                 frozen = orphans.pop(0)
                 number, params = frozen.number, dict(frozen.params)
-            elif len(study.study.get_trials(deepcopy=False)) < tune.max_trials:
-                number, params = study.ask()
             else:
-                return
-            self._queue_trial(s, search, study.search, number, params)
+                number, params = study.ask()
+            try:
+                self._queue_trial(s, search, study.search, number, params)
+            except GpuforgeError as err:  # values that break a rule between keys: this trial alone fails
+                study.finish(number, "failed", reason=f"its spec: {err}"[:1000])
+                continue
             s.commit()  # the store holds the trial before anything else is asked
+            states.hold_search(s, search.id, None)
             active += 1
+
+    @staticmethod
+    def _refused(s: Session, search: Search, spec: SearchSpec) -> str | None:
+        """Why the search's key may not queue a trial now, or None."""
+        owner = s.get(ApiKey, search.owner_id) if search.owner_id is not None else None
+        if owner is None or owner.revoked_at is not None:
+            return "waiting: its key is revoked"
+        try:
+            check_job(s, owner, search.trial_job.get("priority", 0))
+        except QuotaExceeded as err:
+            return f"waiting: {err}"
+        return None
 
     def _queue_trial(self, s: Session, search: Search, spec: SearchSpec, number: int, params: dict) -> Job:
         name = f"{search.name}-trial-{number:04d}"

@@ -63,12 +63,20 @@ class RunningTrial:
     offset: int = 0  # how far its metrics.jsonl has been read
     last_step: int | None = None  # the last step its metrics told
     stopping: str | None = None  # why the driver asked it to stop (it then ends `stopped` or `paused`)
+    stop_sent: float | None = None  # time.monotonic() of that SIGTERM
 
     def device_s(self, now: float) -> float:
         return self.device_s_before + (now - self.started) * self.devices
 
     def cost(self, now: float) -> float:
         return self.device_s(now) * self.usd_per_device_s
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _die_with_parent() -> None:
@@ -165,10 +173,7 @@ class LocalSearch:
 
     def _prune(self, trial: RunningTrial, reason: str) -> None:
         if trial.process is not None:
-            try:
-                os.killpg(trial.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _signal_group(trial.process.pid, signal.SIGKILL)
             trial.process.wait()
         self._end(trial, "pruned", reason, steps=trial.last_step)
 
@@ -178,7 +183,10 @@ class LocalSearch:
             summary = read_summary(trial.run_dir / "summary.json")
         except ValueError:
             summary = None
-        if summary is None and trial.stopping and not self._interrupted:
+        if summary is None and trial.stopping and self._interrupted:
+            del self.running[trial.number]  # stopped before its first step: the next driver starts it again
+            self.study.note(trial.number, pid=None)
+        elif summary is None and trial.stopping:
             self._end(trial, "stopped", f"{trial.stopping} (before its first step)")  # stopped as it started
         elif summary is None:
             self._end(trial, "failed", f"its process ended with code {code} and wrote no summary")
@@ -215,11 +223,14 @@ class LocalSearch:
     def _stop_all(self, why: str) -> None:
         for trial in self.running.values():
             if trial.stopping is None and trial.process is not None:
-                trial.stopping = why
-                try:
-                    os.killpg(trial.process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+                trial.stopping, trial.stop_sent = why, time.monotonic()
+                _signal_group(trial.process.pid, signal.SIGTERM)
+
+    def _kill_stragglers(self) -> None:
+        """A trial asked to stop that has not within STOP_WAIT_S (no checkpoint coming): killed."""
+        for trial in self.running.values():
+            if trial.stop_sent is not None and time.monotonic() - trial.stop_sent > STOP_WAIT_S:
+                _signal_group(trial.process.pid, signal.SIGKILL)
 
     # --- the loop
 
@@ -233,8 +244,15 @@ class LocalSearch:
             deadline = time.monotonic() + STOP_WAIT_S
             while is_alive(pid, str(run_dir)) and time.monotonic() < deadline:
                 time.sleep(POLL_S)  # it got SIGTERM with its driver: let it save its checkpoint
+            if is_alive(pid, str(run_dir)):  # no checkpoint coming: never two processes on one run
+                _signal_group(pid, signal.SIGKILL)
+                while is_alive(pid, str(run_dir)):
+                    time.sleep(POLL_S)
             self.announce(f"{trial_name(frozen.number)} resumes")
-            self._launch(frozen.number, dict(frozen.params), float(attrs.get("device_s") or 0.0))
+            try:
+                self._launch(frozen.number, dict(frozen.params), float(attrs.get("device_s") or 0.0))
+            except GpuforgeError as err:
+                self.study.finish(frozen.number, "failed", reason=f"its spec: {err}"[:1000])
 
     def run(self) -> str:
         """Run the search to its end (or Ctrl-C); the search's final state."""
@@ -276,6 +294,7 @@ class LocalSearch:
                 if ending is not None:
                     self.announce(f"search {ending[0]}: {ending[1]}")
                     self._stop_all(ending[1])
+            self._kill_stragglers()
             if ending is None:
                 self._start_trials()
             if not self.running:
@@ -286,12 +305,17 @@ class LocalSearch:
         started = len(self.study.study.get_trials(deepcopy=False))
         while len(self.running) < self.parallel and started < self.search.tune.max_trials:
             number, params = self.study.ask()
+            started += 1
             shown = ", ".join(
                 f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()
             )
+            try:
+                self._launch(number, params)
+            except GpuforgeError as err:  # values that break a rule between keys: this trial alone fails
+                self.study.finish(number, "failed", reason=f"its spec: {err}"[:1000])
+                self.announce(f"{trial_name(number)} failed: its spec: {err}")
+                continue
             self.announce(f"{trial_name(number)} starts: {shown}")
-            self._launch(number, params)
-            started += 1
 
 
 def read_state(out: Path) -> dict[str, Any]:

@@ -34,6 +34,7 @@ _OPTUNA_STATE = {
     "stopped": TrialState.PRUNED,
     "failed": TrialState.FAIL,
 }
+_ENDED_AS = {TrialState.COMPLETE: "finished", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,21 @@ class TrialRecord:
     reason: str | None
     job: int | None = None  # a server's search: the trial's job
     curve: list[tuple[int, float]] = field(default_factory=list)  # the objective at each evaluation
+
+
+MAX_STEP = 2**31  # a step past it is no real run's (and PostgreSQL's integer column would refuse it)
+MAX_REPORTED = 20  # evaluations told to the study from one read of a trial's metrics
+
+
+def _figure(value: Any) -> float | None:
+    """A metrics value as a float (NaN and infinities kept: Optuna prunes a NaN), or None for one that is
+    not a number or does not fit a float (an integer of 400 digits)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
 
 
 def _shown(value: float) -> str:
@@ -123,14 +139,16 @@ class SearchStudy:
 
     def finish(self, number: int, state: str, value: float | None = None, reason: str | None = None,
                **figures: Any) -> None:  # fmt: skip
-        """Tell the study how the trial ended: its gpuforge state, its objective where it has one."""
-        self.note(number, state=state, reason=reason, **figures)
+        """Tell the study how the trial ended: its gpuforge state, its objective where it has one. Noted
+        first (Optuna refuses a note on an ended trial), told after: drivers go by Optuna's own state, so
+        one stopped between the two tells it again. A trial told before is left as it was."""
         if self.frozen(number).state != TrialState.RUNNING:
-            return  # told before (a driver that stopped between tell and note)
+            return
         optuna_state = _OPTUNA_STATE[state]
         if optuna_state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
             optuna_state = TrialState.FAIL  # a run that finished without a figure to rank by
-            self.note(number, state="failed", reason=reason or f"finished with no {self.metric}")
+            state, reason = "failed", reason or f"finished with no {self.metric}"
+        self.note(number, state=state, reason=reason, **figures)
         try:
             self.study.tell(
                 number, value if optuna_state == TrialState.COMPLETE else None, state=optuna_state
@@ -142,21 +160,23 @@ class SearchStudy:
                 raise
 
     def take_evaluations(self, number: int, metrics: Path, offset: int) -> Taken:
-        """Report the trial's evaluations written past `offset` in its metrics.jsonl (untrusted lines: a
-        line that is not a step's record, or whose objective is not a number, is skipped); stop at the
-        first that prunes it."""
+        """Report the trial's evaluations written past `offset` in its metrics.jsonl, the last
+        MAX_REPORTED of them at most (each is a few writes to the study: a flood of lines costs a pass no
+        more); stop at the first that prunes it. Untrusted lines: one that is not a step's record, whose
+        step is out of bounds or whose objective is not a number, is skipped, never an error."""
         lines, end = read_lines(metrics, offset)
-        last_step = None
+        last_step, evaluations = None, []
         for line in lines:
             record = json_line(line)
             step = record.get("step") if record is not None else None
-            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < MAX_STEP:
                 continue
             last_step = step
-            value = record.get(self.metric)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            reason = self.report(number, step, float(value))
+            value = _figure(record.get(self.metric))
+            if value is not None:
+                evaluations.append((step, value))
+        for step, value in evaluations[-MAX_REPORTED:]:
+            reason = self.report(number, step, value)
             if reason is not None:
                 return Taken(end, last_step, reason)
         return Taken(end, last_step, None)
@@ -217,7 +237,11 @@ class SearchStudy:
         records = []
         for t in self.study.get_trials(deepcopy=False):
             attrs = t.user_attrs
-            state = attrs.get("state") or ("running" if t.state == TrialState.RUNNING else "failed")
+            state = attrs.get("state") or "running"
+            if t.state == TrialState.RUNNING:
+                state = "running"  # noted as ended, not told yet (a driver stopped between the two)
+            elif state == "running":
+                state = _ENDED_AS.get(t.state, "failed")
             curve = sorted(t.intermediate_values.items())
             value = t.value if t.state == TrialState.COMPLETE else (curve[-1][1] if curve else None)
             records.append(

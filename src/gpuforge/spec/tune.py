@@ -29,6 +29,7 @@ Direction = Literal["minimize", "maximize"]
 Scalar = str | int | float | bool | None
 MAX_PARAMETERS = 32
 MAX_CHOICES = 100
+MAX_GRID = 10_000  # points of a grid search
 
 
 class Objective(Section):
@@ -153,6 +154,10 @@ class TuneSpec(Section):
             ranged = [k for k, p in self.parameters.items() if p.kind in ("uniform", "loguniform")]
             if ranged:
                 raise ValueError(f"sampler grid: {ranged[0]} has a continuous range; give it choice or int")
+            if self.grid_size() > MAX_GRID:  # the sampler lists every point: a bound on its work
+                raise ValueError(
+                    f"sampler grid: {self.grid_size():,} points, over {MAX_GRID:,}; use tpe or random"
+                )
             if self.max_trials > self.grid_size():  # (an assignment validates again: this time it holds)
                 self.max_trials = self.grid_size()
         return self

@@ -206,6 +206,7 @@ class Job(Base):
         Index("ix_jobs_project_id", "project_id"),  # a member's list: its own jobs or its project's
         # a submit retried with its Idempotency-Key finds its first job: never a second (routes/jobs.py)
         UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency_key"),
+        UniqueConstraint("search_id", "trial", name="uq_jobs_search_trial"),  # a trial is one job
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)  # also the FIFO order within a priority
@@ -233,7 +234,7 @@ class Job(Base):
     preemptions: Mapped[int] = mapped_column(default=0)  # preempted in a row: past a limit it gains priority
     boost: Mapped[int] = mapped_column(default=0)  # added to its priority in the queue (never preempted)
     # a search's trial: its search and its trial number there (the Optuna study's)
-    search_id: Mapped[int | None] = mapped_column(ForeignKey("searches.id"), default=None, index=True)
+    search_id: Mapped[int | None] = mapped_column(ForeignKey("searches.id"), default=None)
     trial: Mapped[int | None] = mapped_column(default=None)
     # the loop stops its process for a reason of the server's, not the user's: preempt | pause | timeout |
     # prune

@@ -24,6 +24,7 @@ Jobs (the API submits them `queued`):
 Searches (the API makes them `running`; their trials are jobs):
 
     running --stop_search-->       running   (stop_requested: the loop stops its trials, then ends it)
+    running --hold_search-->       running   (its reason says why it queues no trial now: its key's quotas)
     running --end_search-->        finished | budget_spent | stopped | failed
 
 The queue is queued and preempted jobs (QUEUE_JOB_STATES): a preempted job waits like a queued one and
@@ -268,6 +269,18 @@ def resume(s: Session, job_id: int, spec_yaml: str, reason: str, seen: JobState 
 def stop_search(s: Session, search_id: int) -> bool:
     """A running search is to stop: the loop stops its trials at a checkpoint, then ends it `stopped`."""
     return _move(s, Search, search_id, (SearchState.RUNNING,), {"stop_requested": True})
+
+
+def hold_search(s: Session, search_id: int, reason: str | None) -> bool:
+    """A running search says why it queues no trial now (its key's quotas), or nothing (None)."""
+    return _move(
+        s,
+        Search,
+        search_id,
+        (SearchState.RUNNING,),
+        {"reason": reason},
+        Search.reason.is_distinct_from(reason),
+    )
 
 
 def end_search(s: Session, search_id: int, state: SearchState, reason: str | None) -> bool:

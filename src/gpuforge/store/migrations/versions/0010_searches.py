@@ -37,12 +37,12 @@ def upgrade() -> None:
         table.add_column(sa.Column("search_id", sa.Integer(), nullable=True))
         table.add_column(sa.Column("trial", sa.Integer(), nullable=True))
         table.create_foreign_key("fk_jobs_search_id", "searches", ["search_id"], ["id"])
-        table.create_index("ix_jobs_search_id", ["search_id"])
+        table.create_unique_constraint("uq_jobs_search_trial", ["search_id", "trial"])  # its lookups too
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as table:
-        table.drop_index("ix_jobs_search_id")
+        table.drop_constraint("uq_jobs_search_trial", type_="unique")
         table.drop_constraint("fk_jobs_search_id", type_="foreignkey")
         table.drop_column("trial")
         table.drop_column("search_id")
