@@ -10,7 +10,8 @@ digits, 20% held out, batch 64, AdamW, linear warm-up then cosine decay) trained
 evaluation every --eval-every steps. The space: train.lr loguniform [1e-4, 3e-2], train.warmup_ratio
 uniform [0, 0.2]; the objective: the held-out accuracy (maximize) at the last step. Every contender gets
 the same budget of device-seconds, B = --budget-trials x the device-seconds of one full trial, measured
-first (each seed) by a search of one trial with no pruner.
+first (each seed) by a search of two trials with no pruner, the faster one (a first trial process can
+be slower: cold file caches).
 
 Contenders (each seed runs all of them, one after the other, one trial at a time):
   (a) gpuforge TPE+ASHA  gpuforge tune --local: TPE, pruner asha (reduction factor 3, min_steps = the
@@ -45,7 +46,8 @@ the first step's step_time_s added back), as a share of device_s; also the share
 a training step (1 - sum of step_time_s / device_s: evaluations and checkpoints count as overhead there).
 It is measured on the digits trials of (a) and (d), and on one MiniLM LoRA trial
 (examples/minilm-sentiment-lora.yaml, a tune file searching train.lr only, --max-trials 1, max_steps
---minilm-steps), which is where the floor applies.
+--minilm-steps), which is where the floor applies. The share depends on how fast the steps are: a
+neighbour slowing the steps ten-fold makes it look ten times smaller (its "others" figure is printed).
 
 Floors (PASS/BELOW on the medians over the seeds): (a) reaches (d)'s final best within 0.35 x (d)'s
 device-seconds; at the full budget (a)'s best is within 0.005 accuracy of (b)'s and (c)'s; the overhead
