@@ -28,7 +28,7 @@ def test_a_search_goes_on_after_its_server_is_killed_with_every_trial_once(tmp_p
     tune = {
         "objective": {"metric": "eval_accuracy"},
         "parameters": {"train.lr": {"loguniform": [1.0e-3, 3.0e-2]}},
-        "sampler": "random", "seed": 0, "max_trials": 3, "parallel": 1,
+        "sampler": "random", "seed": 0, "max_trials": 2, "parallel": 1,
     }  # fmt: skip
     train = {"max_steps": 60, "eval_every": 10, "checkpoint_every": 5, "options": {"sleep_s": 0.05}}
     spec = {**image_spec(None, **train), "tune": tune}
@@ -46,9 +46,9 @@ def test_a_search_goes_on_after_its_server_is_killed_with_every_trial_once(tmp_p
         server.start()
         doc = wait_for(http, path, lambda d: d["state"] != "running", timeout=240.0)
         assert doc["state"] == "finished", doc
-        assert [t["number"] for t in doc["trials"]] == [0, 1, 2]  # none lost, none asked twice
+        assert [t["number"] for t in doc["trials"]] == [0, 1]  # none lost, none asked twice
         jobs = [http.get(f"/api/v1/jobs/{t['job']}").json() for t in doc["trials"]]
-        assert len({j["id"] for j in jobs}) == 3
+        assert len({j["id"] for j in jobs}) == 2
         searched = http.get("/api/v1/jobs", params={"search": search_id}).json()
         assert sorted(j["id"] for j in searched) == sorted(j["id"] for j in jobs)  # none the study lacks
         for trial, j in zip(doc["trials"], jobs, strict=True):

@@ -117,8 +117,8 @@ def test_a_bad_tune_section_is_refused_naming_the_key_and_nothing_is_stored(api,
 
 
 def test_two_projects_searches_share_one_device_by_fair_share(tmp_path, monkeypatch):
-    """Project a's three trials are queued before project b's; with one CPU slot, first in first out would
-    run all of a's before b's first. Fair share (the ledger's recent device-time of each project, read
+    """Project a's two trials are queued before project b's; with one CPU slot, first in first out would
+    run both of a's before b's first. Fair share (the ledger's recent device-time of each project, read
     every 10 s) starts b's first trial once a has run a while."""
     monkeypatch.setenv("GPUFORGE_CPU_SLOTS", "1")
     settings = Settings(home=tmp_path / "home", data_roots=str(TEST_MODELS.parent), allow_user_code=True)
@@ -132,7 +132,7 @@ def test_two_projects_searches_share_one_device_by_fair_share(tmp_path, monkeypa
             keys[name] = {"Authorization": f"Bearer {made.json()['key']}"}
         tune = {
             "objective": {"metric": "eval_loss"}, "parameters": {"train.lr": {"uniform": [1.0e-3, 1.0e-2]}},
-            "sampler": "random", "max_trials": 3, "parallel": 3,
+            "sampler": "random", "max_trials": 2, "parallel": 2,
         }  # fmt: skip
         ids = {}
         for name in ("a", "b"):
@@ -141,15 +141,14 @@ def test_two_projects_searches_share_one_device_by_fair_share(tmp_path, monkeypa
             assert made.status_code == 201, made.text
             ids[name] = made.json()["id"]
             # every trial of a's is queued before b's search is even made
-            wait_for(client, f"/api/v1/jobs?search={ids[name]}", lambda jobs: len(jobs) == 3)
+            wait_for(client, f"/api/v1/jobs?search={ids[name]}", lambda jobs: len(jobs) == 2)
         for name in ("a", "b"):
             _ended(client, ids[name], timeout=240)
         jobs = client.get("/api/v1/jobs", params={"limit": 100}).json()
         started = sorted((j["started_at"], j["project"]) for j in jobs if j["search_id"] is not None)
         order = [project for _, project in started]
-        assert sorted(order) == ["a", "a", "a", "b", "b", "b"]
-        assert order.index("b") < 2 + order.count("a") - 1, order  # b's first before a's last
-        assert order[:3] != ["a", "a", "a"], order  # not first in, first out
+        assert sorted(order) == ["a", "a", "b", "b"]
+        assert order[:2] == ["a", "b"], order  # b's first before a's second: not first in, first out
 
 
 def test_a_trial_whose_values_break_a_rule_between_keys_fails_alone_and_the_search_goes_on(api):

@@ -64,7 +64,7 @@ def test_whoami_names_the_key_and_the_states_the_dashboard_shows(served):
     who = http.get("/api/v1/whoami").json()
     assert (who["name"], who["admin"], who["read_only"]) == ("admin", True, False)
     assert who["states"]["jobs"] == [s.value for s in JobState]  # one list: the store's
-    assert set(who["states"]["jobs_ended"]) == {"finished", "failed", "cancelled"}
+    assert set(who["states"]["jobs_ended"]) == {"finished", "failed", "cancelled", "pruned"}
     assert set(who["states"]["deployments_ended"]) == {"stopped", "failed"}
     assert _as(server, user).get("/api/v1/whoami").json()["name"] == "bob"
     assert httpx.get(f"{server.url}/api/v1/whoami").status_code == 401

@@ -90,6 +90,19 @@ def _ended(job: Job) -> bool:
     return job.state in TRIAL_ENDINGS
 
 
+def _room_for_a_trial(
+    tune, spend: dict[int, tuple[float, float]], cheapest: tuple[float, float] | None
+) -> bool:
+    """Whether what is left of the budget pays for the cheapest trial that reached an evaluation so far: a
+    trial that could not reach one before the budget ends is not queued."""
+    if cheapest is None:
+        return True
+    usd, device_s = sum(u for u, _ in spend.values()), sum(d for _, d in spend.values())
+    if tune.budget.usd is not None and tune.budget.usd - usd < cheapest[0]:
+        return False
+    return tune.budget.hours is None or tune.budget.hours * 3600 - device_s >= cheapest[1]
+
+
 def study_name(search_id: int) -> str:
     return f"search-{search_id}"
 
@@ -165,6 +178,20 @@ class Searches:
                 self._watched.pop(job.id, None)
         active = [j for j in trials if not _ended(j)]
         ending = self._ending(search, tune, spend)
+        judged = [
+            spend.get(j.id, (0.0, 0.0)) for j in trials if j.state in (JobState.FINISHED, JobState.PRUNED)
+        ]
+        cheapest = (min(u for u, _ in judged), min(d for _, d in judged)) if judged else None
+        room = _room_for_a_trial(tune, spend, cheapest)
+        asked = len(study.study.get_trials(deepcopy=False))
+        if ending is None and not active and not room and asked < tune.max_trials:
+            ending = (
+                SearchState.BUDGET_SPENT,
+                (
+                    f"what is left of its budget pays for no trial (the cheapest so far: ${cheapest[0]:.4f}, "
+                    f"{cheapest[1]:.1f} device-s)"
+                ),
+            )
         if ending is not None:
             self._stop_trials(s, active, ending[1])
             if not active:
@@ -175,7 +202,8 @@ class Searches:
                 self._studies.pop(search.id, None)
                 log.info("search %d: %s (%s)", search.id, ending[0], ending[1])
             return
-        self._start_trials(s, search, study, trials, len(active))
+        if room:
+            self._start_trials(s, search, study, trials, len(active))
         asked = len(study.study.get_trials(deepcopy=False))
         if not active and asked >= tune.max_trials and not study.running():
             states.end_search(s, search.id, SearchState.FINISHED, None)
@@ -197,7 +225,9 @@ class Searches:
         study.finish(job.trial, ending, value, job.reason, steps=job.step, cost_usd=usd, device_s=device_s)
 
     @staticmethod
-    def _ending(search: Search, tune, spend: dict[int, tuple[float, float]]) -> tuple[SearchState, str] | None:  # noqa: E501
+    def _ending(
+        search: Search, tune, spend: dict[int, tuple[float, float]]
+    ) -> tuple[SearchState, str] | None:  # noqa: E501
         if search.stop_requested:
             return SearchState.STOPPED, "stopped by `gpuforge tune stop`"
         usd = sum(u for u, _ in spend.values())

@@ -37,6 +37,7 @@ from gpuforge.search.study import SearchStudy
 from gpuforge.spec import SearchSpec
 
 STOP_FILE = "stop"  # `gpuforge tune stop DIR` writes it; the driver ends the search at its next look
+NOTE_EVERY_S = 2.0  # a running trial's figures are noted in the study this often at most
 POLL_S = 0.1  # how often the driver reads its trials' new lines: a pruned trial runs on this long at most
 STOP_WAIT_S = 120.0  # a trial asked to stop has this long to save its checkpoint
 
@@ -61,6 +62,7 @@ class RunningTrial:
     usd_per_device_s: float
     devices: int
     offset: int = 0  # how far its metrics.jsonl has been read
+    noted: float = 0.0  # time.monotonic() of its last figures noted in the study
     last_step: int | None = None  # the last step its metrics told
     stopping: str | None = None  # why the driver asked it to stop (it then ends `stopped` or `paused`)
     stop_sent: float | None = None  # time.monotonic() of that SIGTERM
@@ -97,6 +99,8 @@ class LocalSearch:
         self.trials_dir = self.out / "trials"
         self.running: dict[int, RunningTrial] = {}
         self._interrupted: str | None = None
+        self.done = Spend(0.0, 0.0)  # what the ended trials cost (read from the study at the start)
+        self.cheapest: tuple[float, float] | None = None  # the cheapest ended trial's dollars, device-s
 
     # --- the folder
 
@@ -154,8 +158,9 @@ class LocalSearch:
         trial.offset = taken.offset
         if taken.last_step is not None:
             trial.last_step = taken.last_step
-        if moved and taken.prune is None:  # what it has cost so far, for `tune show` while it runs
-            now = time.monotonic()
+        now = time.monotonic()
+        if moved and taken.prune is None and now - trial.noted >= NOTE_EVERY_S:
+            trial.noted = now  # what it has cost so far, for `tune show` while it runs (a few commits)
             self.study.note(trial.number, steps=trial.last_step, cost_usd=trial.cost(now),
                             device_s=trial.device_s(now))  # fmt: skip
         return taken.prune
@@ -163,10 +168,12 @@ class LocalSearch:
     def _end(self, trial: RunningTrial, state: str, reason: str | None, value: float | None = None,
              steps: int | None = None) -> None:  # fmt: skip
         now = time.monotonic()
-        self.study.finish(
-            trial.number, state, value, reason,
-            steps=steps, cost_usd=trial.cost(now), device_s=trial.device_s(now),
-        )  # fmt: skip
+        cost, device_s = trial.cost(now), trial.device_s(now)
+        self.study.finish(trial.number, state, value, reason, steps=steps, cost_usd=cost, device_s=device_s)
+        self.done = Spend(self.done.usd + cost, self.done.device_s + device_s)
+        if state in ("finished", "pruned"):  # what a trial that reached an evaluation cost
+            low = self.cheapest or (cost, device_s)
+            self.cheapest = min(low[0], cost), min(low[1], device_s)
         del self.running[trial.number]
         shown = f"{self.study.metric} {value:.4g}" if value is not None else ""
         self.announce(f"{trial_name(trial.number)} {state}" + (f": {reason}" if reason else f" {shown}"))
@@ -206,10 +213,10 @@ class LocalSearch:
     # --- the search's spend, and its end
 
     def spend(self) -> Spend:
+        """The ended trials' spend (kept as they end) and the running ones' so far."""
         now = time.monotonic()
-        done = [t for t in self.study.trials() if t.number not in self.running]
-        usd = sum(t.cost_usd for t in done) + sum(t.cost(now) for t in self.running.values())
-        device_s = sum(t.device_s for t in done) + sum(t.device_s(now) for t in self.running.values())
+        usd = self.done.usd + sum(t.cost(now) for t in self.running.values())
+        device_s = self.done.device_s + sum(t.device_s(now) for t in self.running.values())
         return Spend(usd, device_s)
 
     def _budget_reason(self) -> str | None:
@@ -219,6 +226,16 @@ class LocalSearch:
         if budget.hours is not None and spent.device_s >= budget.hours * 3600:
             return f"held devices {spent.device_s / 3600:.3f} h of its {budget.hours:g} h budget"
         return None
+
+    def _room_for_a_trial(self) -> bool:
+        """Whether what is left of the budget pays for the cheapest trial so far (one pruned at its first
+        rung, say): a trial that could not reach a first evaluation before the budget ends is not started."""
+        if self.cheapest is None:
+            return True
+        budget, spent = self.search.tune.budget, self.spend()
+        if budget.usd is not None and budget.usd - spent.usd < self.cheapest[0]:
+            return False
+        return budget.hours is None or budget.hours * 3600 - spent.device_s >= self.cheapest[1]
 
     def _stop_all(self, why: str) -> None:
         for trial in self.running.values():
@@ -259,6 +276,11 @@ class LocalSearch:
         self._claim_folder()
         self.study = SearchStudy(self.search, f"sqlite:///{self.out.resolve() / 'study.db'}", "search")
         self._set_state("running")
+        ended = [t for t in self.study.trials() if t.state != "running"]
+        self.done = Spend(sum(t.cost_usd for t in ended), sum(t.device_s for t in ended))
+        judged = [t for t in ended if t.state in ("finished", "pruned")]
+        if judged:
+            self.cheapest = min(t.cost_usd for t in judged), min(t.device_s for t in judged)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._adopt_running()
@@ -297,13 +319,26 @@ class LocalSearch:
             self._kill_stragglers()
             if ending is None:
                 self._start_trials()
+            if ending is None and not self.running and not self._room_for_a_trial() and self._trials_left():
+                spent, (usd, device_s) = self.spend(), self.cheapest
+                ending = ("budget_spent", (
+                    f"what is left of its budget pays for no trial (spent ${spent.usd:.4f}, "
+                    f"{spent.device_s / 3600:.4f} device-hours; the cheapest trial so far: ${usd:.4f}, "
+                    f"{device_s:.1f} device-s)"
+                ))  # fmt: skip
+                self.announce(f"search {ending[0]}: {ending[1]}")
             if not self.running:
                 return ending or ("finished", None)
             time.sleep(POLL_S)
 
+    def _trials_left(self) -> bool:
+        return len(self.study.study.get_trials(deepcopy=False)) < self.search.tune.max_trials
+
     def _start_trials(self) -> None:
         started = len(self.study.study.get_trials(deepcopy=False))
         while len(self.running) < self.parallel and started < self.search.tune.max_trials:
+            if not self._room_for_a_trial():
+                return
             number, params = self.study.ask()
             started += 1
             shown = ", ".join(
