@@ -26,9 +26,9 @@ from gpuforge.spec import SearchSpec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # a trial's every tell is not news
 
-# gpuforge's trial states, and Optuna's for each (a stopped trial keeps its figures, as a pruned one does)
-TRIAL_STATES = ("queued", "running", "finished", "pruned", "stopped", "failed")
-_OPTUNA_STATE = {
+# how a trial ends in gpuforge's words, and Optuna's state for each (a stopped trial keeps its figures, as a
+# pruned one does); before its end a trial is `running` (a server's: its job's state, queued or running)
+TRIAL_ENDS = {
     "finished": TrialState.COMPLETE,
     "pruned": TrialState.PRUNED,
     "stopped": TrialState.PRUNED,
@@ -144,7 +144,7 @@ class SearchStudy:
         one stopped between the two tells it again. A trial told before is left as it was."""
         if self.frozen(number).state != TrialState.RUNNING:
             return
-        optuna_state = _OPTUNA_STATE[state]
+        optuna_state = TRIAL_ENDS[state]
         if optuna_state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
             optuna_state = TrialState.FAIL  # a run that finished without a figure to rank by
             state, reason = "failed", reason or f"finished with no {self.metric}"
