@@ -23,6 +23,7 @@ at the next pass; no trial is asked twice, none is lost.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -77,7 +78,7 @@ def search_spec(search: Search) -> SearchSpec:
     """A stored search's spec: the tune section and the job as admitted (checked again: cheap)."""
     tune = parse_tune(yaml.safe_load(search.tune_yaml), f"search {search.id}")
     raw = yaml.safe_load(search.job_yaml)
-    job = parse_spec(yaml.safe_load(search.job_yaml), Path("."), origin=f"search {search.id}")
+    job = parse_spec(copy.deepcopy(raw), Path("."), origin=f"search {search.id}")
     assert isinstance(job, JobSpec)
     return check_search(tune, job, raw)
 

@@ -137,17 +137,17 @@ class LocalSearch:
         if not spec_path.exists():  # a resumed trial keeps the spec it started with
             spec = self.search.trial_spec(params, name=f"{self.search.job.name}-{name}")
             spec_path.write_text(spec.to_yaml())
-        spec = self.search.trial_spec(params)
+        job = self.search.job  # devices and price are the job's: a search may not vary them (FIXED_KEYS)
         with open(self.trials_dir / f"{name}.log", "ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "gpuforge", "train", str(spec_path), "--out", str(run_dir)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=self._child_env(), preexec_fn=_die_with_parent,
             )  # fmt: skip
-        devices = spec.resources.devices
+        devices = job.resources.devices
         self.running[number] = RunningTrial(
             number, process, run_dir, time.monotonic(), device_s_before,
-            spec.cost.usd_per_hour / 3600, devices,
+            job.cost.usd_per_hour / 3600, devices,
         )  # fmt: skip
         self.study.note(number, run=str(run_dir), pid=process.pid)
 
