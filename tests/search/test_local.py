@@ -175,3 +175,36 @@ def test_a_folder_holding_another_search_or_none_is_refused(tmp_path):
     result = run_cli("tune", str(_spec(tmp_path, PRUNING)), "--local", "--out", str(out))
     assert result.returncode == 2 and "holds another search" in result.stderr
     assert os.listdir(out) == ["search.yaml"]
+
+
+def test_trials_run_warm_in_one_worker_alike_a_fresh_train_and_one_that_raises_fails_alone(tmp_path):
+    job = {**JOB, "train": {**JOB["train"], "max_steps": 12, "eval_every": 6, "checkpoint_every": 6}}
+    tune = {
+        "objective": {"metric": "eval_accuracy"},
+        "parameters": {"model.options.dropout": {"choice": [0.1, 2.0, 0.0]}},  # 2.0: nn.Dropout raises
+        "sampler": "grid", "seed": 0, "max_trials": 3, "parallel": 1,
+    }  # fmt: skip
+    out = tmp_path / "search"
+    result = run_cli("tune", str(_spec(tmp_path, tune, job)), "--local", "--out", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    by_dropout = {t["params"]["model.options.dropout"]: t for t in doc["trials"]}
+    failed = by_dropout[2.0]
+    assert failed["state"] == "failed" and "ValueError" in failed["reason"] and "dropout" in failed["reason"]
+    assert "Traceback" in (out / "trials" / f"trial-{failed['number']:04d}.log").read_text()
+    assert by_dropout[0.1]["state"] == by_dropout[0.0]["state"] == "finished"
+    _, study = open_search(out)
+    pids = {t.number: t.user_attrs["pid"] for t in study.study.get_trials()}
+    assert len(set(pids.values())) == 1  # one worker ran the three, the failure included
+    # the last trial, after two others in that worker, trained as `gpuforge train` does in a fresh process
+    last = max(t["number"] for t in doc["trials"] if t["state"] == "finished")
+    assert last >= 1
+    fresh = tmp_path / "fresh"
+    trained = run_cli("train", str(out / "trials" / f"trial-{last:04d}.yaml"), "--out", str(fresh))
+    assert trained.returncode == 0, trained.stderr
+
+    def losses(run: Path) -> list[tuple[int, float]]:
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss"]) for r in rows if "loss" in r]
+
+    assert losses(out / "trials" / f"trial-{last:04d}") == losses(fresh)

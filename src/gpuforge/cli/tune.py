@@ -1,6 +1,6 @@
 """`gpuforge tune`: hyperparameter search (search/).
 
-gpuforge tune SPEC [--tune FILE] --local --out DIR [--parallel N] [--set k=v]...
+gpuforge tune SPEC [--tune FILE] --local --out DIR [--parallel N] [--process-per-trial] [--set k=v]...
 gpuforge tune show DIR [--json]
 gpuforge tune stop DIR
 """
@@ -35,6 +35,14 @@ def tune(
     parallel: Annotated[
         int | None, typer.Option("--parallel", min=1, max=64, help="trials at once (default: tune.parallel)")
     ] = None,
+    process_per_trial: Annotated[
+        bool,
+        typer.Option(
+            "--process-per-trial",
+            help="--local: each trial in a fresh process (each pays the imports again; nothing of a "
+            "trial's code outlives it), not in a warm worker that runs trial after trial",
+        ),
+    ] = False,
     max_trials: Annotated[
         int | None, typer.Option("--max-trials", min=1, max=1000, help="override tune.max_trials")
     ] = None,
@@ -68,9 +76,10 @@ def tune(
     if max_trials is not None:
         spec.tune.max_trials = max_trials
     if not local:
-        if out is not None or parallel is not None:
+        if out is not None or parallel is not None or process_per_trial:
             raise GpuforgeError(
-                "tune: --out and --parallel are for --local (a server's search: tune.parallel)"
+                "tune: --out, --parallel and --process-per-trial are for --local (a server's search: "
+                "tune.parallel; each trial a job)"
             )
         started = client_for(url, key_file).search(spec)
         if as_json:
@@ -85,7 +94,7 @@ def tune(
     say = (lambda line: None) if as_json else (
         lambda line: out_console.print(f"tune: {line}", highlight=False, markup=False, soft_wrap=True)
     )  # fmt: skip
-    state = LocalSearch(spec, out, parallel, announce=say).run()
+    state = LocalSearch(spec, out, parallel, announce=say, process_per_trial=process_per_trial).run()
     if as_json:
         _show(out, True)
         return

@@ -1,9 +1,11 @@
 """`gpuforge tune SPEC --local --out DIR`: a search on this machine, with no server.
 
-Each trial is `gpuforge train` in a process of its own, on its own spec and run directory, as a server
-would run it: what a trial does is what a job does (checkpoints, resume, its summary). This process
-reads each trial's evaluations as they are written, tells the study, and ends a pruned trial at once
-(SIGKILL: a pruned trial needs no checkpoint). The search's folder:
+Each trial runs as `gpuforge train` on its own spec and run directory, as a server would run it: what a
+trial does is what a job does (checkpoints, resume, its summary). By default a warm worker process per slot
+runs trial after trial, so that only the first pays the interpreter's start and the imports
+(`--process-per-trial`: a fresh process each; trials.py). This process reads each trial's evaluations as
+they are written, tells the study, and ends a pruned trial at once (no checkpoint: a pruned trial is not
+resumed). The search's folder:
 
     DIR/search.yaml         the search as given (a rerun must give the same one)
     DIR/study.db            the Optuna study (SQLite): every trial, its values and figures
@@ -17,12 +19,9 @@ trials at a checkpoint and leaves the search `paused`; `gpuforge tune stop DIR` 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from gpuforge.errors import GpuforgeError
 from gpuforge.runs import read_summary, write_json_atomic
 from gpuforge.runtime.host import is_alive, usable_cores
 from gpuforge.search.study import SearchStudy
+from gpuforge.search.trials import TrialPool, TrialProcess, signal_group
 from gpuforge.spec import SearchSpec
 
 STOP_FILE = "stop"  # `gpuforge tune stop DIR` writes it; the driver ends the search at its next look
@@ -55,7 +55,7 @@ class Spend:
 @dataclass
 class RunningTrial:
     number: int
-    process: subprocess.Popen | None  # None: a trial a killed driver left, still ending on its own
+    process: TrialProcess
     run_dir: Path
     started: float  # time.monotonic() at its (re)start
     device_s_before: float  # device-seconds of earlier processes of this trial (before a resume)
@@ -74,26 +74,12 @@ class RunningTrial:
         return self.device_s(now) * self.usd_per_device_s
 
 
-def _signal_group(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _die_with_parent() -> None:
-    """In the trial's process before exec: SIGTERM when the driver dies (even by kill -9), so that a trial
-    never runs on unwatched; it saves a checkpoint, and the next driver resumes it."""
-    os.setsid()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: Ctrl-C and `tune stop` still stop trials
-
-
 class LocalSearch:
-    def __init__(self, search: SearchSpec, out: Path, parallel: int | None = None, announce=None):
+    def __init__(self, search: SearchSpec, out: Path, parallel: int | None = None, announce=None,
+                 process_per_trial: bool = False):  # fmt: skip
         self.search, self.out = search, Path(out)
+        # warm workers for a job of one process; one of several processes launches its ranks per trial
+        self.warm = not process_per_trial and search.job.distributed.strategy == "none"
         self.parallel = parallel or search.tune.parallel
         self.announce = announce or (lambda line: None)
         self.trials_dir = self.out / "trials"
@@ -138,18 +124,12 @@ class LocalSearch:
             spec = self.search.trial_spec(params, name=f"{self.search.job.name}-{name}")
             spec_path.write_text(spec.to_yaml())
         job = self.search.job  # devices and price are the job's: a search may not vary them (FIXED_KEYS)
-        with open(self.trials_dir / f"{name}.log", "ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "gpuforge", "train", str(spec_path), "--out", str(run_dir)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self._child_env(), preexec_fn=_die_with_parent,
-            )  # fmt: skip
-        devices = job.resources.devices
+        process = self.pool.start(number, spec_path, run_dir, self.trials_dir / f"{name}.log")
         self.running[number] = RunningTrial(
-            number, process, run_dir, time.monotonic(), device_s_before,
-            job.cost.usd_per_hour / 3600, devices,
+            number, process, run_dir, process.started, device_s_before,
+            job.cost.usd_per_hour / 3600, job.resources.devices,
         )  # fmt: skip
-        self.study.note(number, run=str(run_dir), pid=process.pid)
+        self.study.note(number, run=str(run_dir), pid=process.pid, pid_mark=process.pid_mark)
 
     def _read_evaluations(self, trial: RunningTrial) -> str | None:
         """Tell the study the trial's new evaluations; the reason to prune it, if one says so."""
@@ -179,9 +159,7 @@ class LocalSearch:
         self.announce(f"{trial_name(trial.number)} {state}" + (f": {reason}" if reason else f" {shown}"))
 
     def _prune(self, trial: RunningTrial, reason: str) -> None:
-        if trial.process is not None:
-            _signal_group(trial.process.pid, signal.SIGKILL)
-            trial.process.wait()
+        trial.process.prune()
         self._end(trial, "pruned", reason, steps=trial.last_step)
 
     def _ended(self, trial: RunningTrial, code: int) -> None:
@@ -196,7 +174,8 @@ class LocalSearch:
         elif summary is None and trial.stopping:
             self._end(trial, "stopped", f"{trial.stopping} (before its first step)")  # stopped as it started
         elif summary is None:
-            self._end(trial, "failed", f"its process ended with code {code} and wrote no summary")
+            why = trial.process.error or f"its process ended with code {code} and wrote no summary"
+            self._end(trial, "failed", why)
         elif summary.status == "finished":
             value = self.study.final_value(trial.number, trial.run_dir)
             self._end(trial, "finished", summary.reason, value, summary.steps)
@@ -239,15 +218,15 @@ class LocalSearch:
 
     def _stop_all(self, why: str) -> None:
         for trial in self.running.values():
-            if trial.stopping is None and trial.process is not None:
+            if trial.stopping is None:
                 trial.stopping, trial.stop_sent = why, time.monotonic()
-                _signal_group(trial.process.pid, signal.SIGTERM)
+                trial.process.stop()
 
     def _kill_stragglers(self) -> None:
         """A trial asked to stop that has not within STOP_WAIT_S (no checkpoint coming): killed."""
         for trial in self.running.values():
             if trial.stop_sent is not None and time.monotonic() - trial.stop_sent > STOP_WAIT_S:
-                _signal_group(trial.process.pid, signal.SIGKILL)
+                trial.process.kill()
 
     # --- the loop
 
@@ -256,14 +235,14 @@ class LocalSearch:
         checkpoint, once the process the last driver started (if it lives) has ended."""
         for frozen in self.study.running():
             attrs = frozen.user_attrs
-            run_dir = self.trials_dir / trial_name(frozen.number)
             pid = attrs.get("pid")
+            mark = attrs.get("pid_mark") or str(self.trials_dir / trial_name(frozen.number))
             deadline = time.monotonic() + STOP_WAIT_S
-            while is_alive(pid, str(run_dir)) and time.monotonic() < deadline:
+            while is_alive(pid, mark) and time.monotonic() < deadline:
                 time.sleep(POLL_S)  # it got SIGTERM with its driver: let it save its checkpoint
-            if is_alive(pid, str(run_dir)):  # no checkpoint coming: never two processes on one run
-                _signal_group(pid, signal.SIGKILL)
-                while is_alive(pid, str(run_dir)):
+            if is_alive(pid, mark):  # no checkpoint coming: never two processes on one run
+                signal_group(pid, signal.SIGKILL)
+                while is_alive(pid, mark):
                     time.sleep(POLL_S)
             self.announce(f"{trial_name(frozen.number)} resumes")
             try:
@@ -282,10 +261,12 @@ class LocalSearch:
         if judged:
             self.cheapest = min(t.cost_usd for t in judged), min(t.device_s for t in judged)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.pool = TrialPool(self.trials_dir, self._child_env(), self.warm)
         try:
             self._adopt_running()
             state, reason = self._loop()
         finally:
+            self.pool.close(STOP_WAIT_S)
             for s, handler in previous.items():
                 signal.signal(s, handler)
         self._set_state(state, reason)
@@ -302,7 +283,7 @@ class LocalSearch:
                 if reason is not None and trial.stopping is None:
                     self._prune(trial, reason)
                     continue
-                code = trial.process.poll() if trial.process is not None else None
+                code = trial.process.poll()
                 if code is not None:
                     self._read_evaluations(trial)  # the lines written after the last look
                     self._ended(trial, code)
@@ -318,6 +299,7 @@ class LocalSearch:
                     self._stop_all(ending[1])
             self._kill_stragglers()
             if ending is None:
+                self.pool.trim(self.parallel)  # a pruned trial's worker may have been replaced meanwhile
                 self._start_trials()
             if ending is None and not self.running and not self._room_for_a_trial() and self._trials_left():
                 spent, (usd, device_s) = self.spend(), self.cheapest

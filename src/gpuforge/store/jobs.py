@@ -13,7 +13,12 @@ from gpuforge.store.models import ApiKey, Device, Event, Job, JobState
 
 
 def page(
-    s: Session, readable: ColumnElement[bool], state: str | None, owner: str | None, limit: int, offset: int,
+    s: Session,
+    readable: ColumnElement[bool],
+    state: str | None,
+    owner: str | None,
+    limit: int,
+    offset: int,
     search: int | None = None,
 ) -> tuple[int, list[Job]]:
     """(how many jobs match, the page of them asked for, newest first): those `readable` lets the caller

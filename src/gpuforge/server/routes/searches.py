@@ -140,4 +140,3 @@ def stop_search(search_id: SearchId, request: Request, key: Key) -> Search:
         s.refresh(search)
     wake_scheduler(request)
     return search
-
