@@ -104,6 +104,7 @@ NAMES = {
     "b": "(b) Optuna TPE+Hyperband, hand loop",
     "c": "(c) Ray Tune ASHA, hand loop",
     "d": "(d) gpuforge random, no pruner",
+    "e": "(e) gpuforge TPE+ASHA, pause at rungs",
 }
 
 
@@ -281,8 +282,16 @@ def trials_of(doc: dict[str, Any]) -> list[Trial]:
             t["params"],
             t.get("curve") or [],
         )  # fmt: skip
-        for t in sorted(doc["trials"], key=lambda t: t["number"])
+        for t in sorted(doc["trials"], key=_ended_at)
     ]
+
+
+def _ended_at(trial: dict[str, Any]) -> tuple[float, int]:
+    """When a trial last wrote to its run directory: the order trials end in (a paused trial, resumed
+    later, ends after trials numbered above it)."""
+    run = Path(trial["run"]) if trial.get("run") else None
+    times = [p.stat().st_mtime for p in run.iterdir() if p.is_file()] if run and run.is_dir() else []
+    return (max(times) if times else math.inf, trial["number"])
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -575,7 +584,8 @@ def run_seed(seed: int, args, work: Path) -> dict[str, Any]:
     outcomes: dict[str, Outcome] = {}
     docs: dict[str, dict[str, Any]] = {}
     asha = {"asha": {"min_steps": args.eval_every, "reduction_factor": REDUCTION_FACTOR}}
-    for key, sampler, pruner in (("a", "tpe", asha), ("d", "random", None)):
+    paused = {"asha": {**asha["asha"], "pause": True}}
+    for key, sampler, pruner in (("a", "tpe", asha), ("e", "tpe", paused), ("d", "random", None)):
         print(f"seed {seed}: {NAMES[key]} ...", flush=True)
         wait_quiet(args.quiet_wait, NAMES[key])
         watch = CpuWatch().start()
@@ -662,7 +672,7 @@ def seed_table(r: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]]]
     ]
     d_curve = outcomes["d"].curve()
     d_total = d_curve[-1][0] if d_curve else None  # (d)'s device-seconds within the budget
-    for key in ("a", "b", "c", "d"):
+    for key in ("a", "e", "b", "c", "d"):
         o = outcomes.get(key)
         if o is None:
             lines.append(f"  {NAMES[key]:<38} {'(not run)':>19}")
@@ -797,7 +807,7 @@ def main() -> int:
     floors = []
     if per_seed:
         print(f"\nmedian over {len(per_seed)} seed(s) ({cpu}):")
-        for key in ("a", "b", "c", "d"):
+        for key in ("a", "e", "b", "c", "d"):
             if any(key in f for f in per_seed):
                 print(f"  {NAMES[key]:<38} final best {_acc(med(key, 'final_best'))}   "
                       f"s to (d)'s best {_s(med(key, 'seconds_to_target'))}   "

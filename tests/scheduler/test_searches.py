@@ -106,6 +106,8 @@ def test_stop_ends_a_running_search(api):
          "eval_perplexity is not a figure"),
         ({"objective": {"metric": "eval_accuracy"}, "parameters": {"resources.devices": {"choice": [1, 2]}},
           "pruner": "none"}, "resources.devices is the job's"),
+        ({"objective": {"metric": "eval_accuracy"}, "parameters": {"train.lr": {"uniform": [0.1, 0.2]}},
+          "pruner": {"asha": {"pause": True}}}, "tune.pruner.asha.pause: a server's trials are not paused"),
     ],
 )  # fmt: skip
 def test_a_bad_tune_section_is_refused_naming_the_key_and_nothing_is_stored(api, tune, told):

@@ -69,6 +69,18 @@ def test_a_search_prunes_the_hopeless_trials_at_their_first_rung_and_says_why(tm
     assert doc["device_hours"] > 0 and doc["counts"] == {"finished": 1, "pruned": 3}
     table = run_cli("tune", "show", str(out))
     assert "best: trial 0, eval_accuracy" in table.stdout and "pruned at step 10" in table.stdout
+    # one worker ran the four: the last trained, after two trials dropped mid-run, as a fresh process does
+    _, study = open_search(out)
+    assert len({t.user_attrs["pid"] for t in study.study.get_trials()}) == 1
+    fresh = tmp_path / "fresh"
+    assert run_cli("train", str(out / "trials" / "trial-0003.yaml"), "--out", str(fresh)).returncode == 0
+    warm, cold = _losses(out / "trials" / "trial-0003"), dict(_losses(fresh))
+    assert warm and all(cold[step] == loss for step, loss in warm)
+
+
+def _losses(run: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in rows if "loss" in r]
 
 
 def test_a_budget_reached_mid_search_stops_the_running_trial_at_a_checkpoint_and_starts_no_more(tmp_path):
@@ -202,9 +214,37 @@ def test_trials_run_warm_in_one_worker_alike_a_fresh_train_and_one_that_raises_f
     fresh = tmp_path / "fresh"
     trained = run_cli("train", str(out / "trials" / f"trial-{last:04d}.yaml"), "--out", str(fresh))
     assert trained.returncode == 0, trained.stderr
+    assert _losses(out / "trials" / f"trial-{last:04d}") == _losses(fresh)
 
-    def losses(run: Path) -> list[tuple[int, float]]:
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        return [(r["step"], r["loss"]) for r in rows if "loss" in r]
 
-    assert losses(out / "trials" / f"trial-{last:04d}") == losses(fresh)
+def test_a_trial_paused_at_a_rung_too_few_have_reached_resumes_once_promoted_with_each_step_once(tmp_path):
+    """tune.pruner.asha.pause. The grid's order under seed 42: the good rate, then the second best, then
+    four hopeless ones. The second reaches step 10 with only the first there: ASHA alone would prune it
+    (the best of 2 goes on); paused, it waits; once six trials are there the best 2 go on, so it resumes
+    from its checkpoint and finishes."""
+    job = {**JOB, "model": {**JOB["model"], "options": {"sleep_s": 0.02}},
+           "train": {**JOB["train"], "max_steps": 29, "eval_every": 10, "checkpoint_every": 10}}  # fmt: skip
+    tune = {
+        "objective": {"metric": "eval_accuracy"},
+        "parameters": {"train.lr": {"choice": [0.02, 0.002, 1.0e-7, 2.0e-7, 3.0e-7, 4.0e-7]}},
+        "sampler": "grid", "seed": 42, "parallel": 1,
+        "pruner": {"asha": {"min_steps": 10, "reduction_factor": 3, "pause": True}},
+    }  # fmt: skip
+    out = tmp_path / "search"
+    result = run_cli("tune", str(_spec(tmp_path, tune, job)), "--local", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "trial-0001 pauses at step" in result.stdout and "trial-0001 resumes" in result.stdout
+    doc = _show(out)
+    by_number = {t["number"]: t for t in doc["trials"]}
+    assert [by_number[n]["params"]["train.lr"] for n in (0, 1)] == [0.02, 0.002], "the grid's order changed"
+    assert by_number[0]["state"] == by_number[1]["state"] == "finished"
+    assert by_number[1]["steps"] == 29
+    assert [by_number[n]["state"] for n in range(2, 6)] == ["pruned"] * 4
+    second = out / "trials" / "trial-0001"
+    events = [json.loads(line) for line in (second / "events.jsonl").read_text().splitlines()]
+    starts = [e for e in events if e["event"] == "started"]
+    assert len(starts) == 2 and starts[1]["resumed_from"] is not None  # resumed, not started over
+    steps = [json.loads(line)["step"] for line in (second / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 30))  # each step once
+    _, study = open_search(out)
+    assert [s for s, _ in study.trials()[1].curve] == [10, 20, 29]  # each evaluation told once

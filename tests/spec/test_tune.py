@@ -94,6 +94,7 @@ def test_a_searched_key_the_job_lacks_or_a_range_it_cannot_take_is_refused_by_na
         ({"max_trials": 0}, "tune.max_trials: must be >= 1"),
         ({"budget": {"usd": -1}}, "tune.budget.usd: must be > 0"),
         ({"objectve": {"metric": "eval_loss"}}, "tune.objectve: unknown key"),
+        ({"pruner": {"hyperband": {"pause": True}}}, "hyperband.pause: pausing at rungs is asha's"),
     ],
 )
 def test_a_bad_tune_section_is_refused_naming_the_key(tmp_path, changes, told):

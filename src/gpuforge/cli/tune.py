@@ -88,7 +88,12 @@ def tune(
             out_console.print(f"search {started['id']} started: gpuforge tune show {started['id']}",
                               highlight=False, markup=False)  # fmt: skip
         return
+    from gpuforge.executors import build as build_executor
     from gpuforge.search.local import LocalSearch
+    from gpuforge.settings import current as environment
+
+    # an executor that runs every job's ranks elsewhere (Ray, Slurm) does so from a process of its own
+    process_per_trial = process_per_trial or build_executor(environment()).launches_ranks
 
     out = out or Path("runs") / f"{spec.job.name}-search"
     say = (lambda line: None) if as_json else (

@@ -66,12 +66,24 @@ class RunningTrial:
     last_step: int | None = None  # the last step its metrics told
     stopping: str | None = None  # why the driver asked it to stop (it then ends `stopped` or `paused`)
     stop_sent: float | None = None  # time.monotonic() of that SIGTERM
+    pausing: bool = False  # stopped to wait at its rung for peers (tune.pruner.asha.pause)
 
     def device_s(self, now: float) -> float:
         return self.device_s_before + (now - self.started) * self.devices
 
     def cost(self, now: float) -> float:
         return self.device_s(now) * self.usd_per_device_s
+
+
+@dataclass
+class PausedTrial:
+    """A trial stopped at a checkpoint at a rung too few trials had reached to judge it: judged once
+    they have (or no new trial can start), then resumed or pruned."""
+
+    number: int
+    device_s: float
+    usd: float
+    steps: int | None
 
 
 class LocalSearch:
@@ -84,6 +96,9 @@ class LocalSearch:
         self.announce = announce or (lambda line: None)
         self.trials_dir = self.out / "trials"
         self.running: dict[int, RunningTrial] = {}
+        self.paused: dict[int, PausedTrial] = {}
+        asha = search.tune.pruner.asha
+        self.pause_factor = asha.reduction_factor if asha is not None and asha.pause else None
         self._interrupted: str | None = None
         self.done = Spend(0.0, 0.0)  # what the ended trials cost (read from the study at the start)
         self.cheapest: tuple[float, float] | None = None  # the cheapest ended trial's dollars, device-s
@@ -148,15 +163,19 @@ class LocalSearch:
     def _end(self, trial: RunningTrial, state: str, reason: str | None, value: float | None = None,
              steps: int | None = None) -> None:  # fmt: skip
         now = time.monotonic()
-        cost, device_s = trial.cost(now), trial.device_s(now)
-        self.study.finish(trial.number, state, value, reason, steps=steps, cost_usd=cost, device_s=device_s)
-        self.done = Spend(self.done.usd + cost, self.done.device_s + device_s)
-        if state in ("finished", "pruned"):  # what a trial that reached an evaluation cost
-            low = self.cheapest or (cost, device_s)
-            self.cheapest = min(low[0], cost), min(low[1], device_s)
         del self.running[trial.number]
+        self._close(trial.number, state, reason, value, steps, Spend(trial.cost(now), trial.device_s(now)))
+
+    def _close(self, number: int, state: str, reason: str | None, value: float | None, steps: int | None,
+               spent: Spend) -> None:  # fmt: skip
+        figures = {"steps": steps, "cost_usd": spent.usd, "device_s": spent.device_s}
+        self.study.finish(number, state, value, reason, **figures)
+        self.done = Spend(self.done.usd + spent.usd, self.done.device_s + spent.device_s)
+        if state in ("finished", "pruned"):  # what a trial that reached an evaluation cost
+            low = self.cheapest or (spent.usd, spent.device_s)
+            self.cheapest = min(low[0], spent.usd), min(low[1], spent.device_s)
         shown = f"{self.study.metric} {value:.4g}" if value is not None else ""
-        self.announce(f"{trial_name(trial.number)} {state}" + (f": {reason}" if reason else f" {shown}"))
+        self.announce(f"{trial_name(number)} {state}" + (f": {reason}" if reason else f" {shown}"))
 
     def _prune(self, trial: RunningTrial, reason: str) -> None:
         trial.process.prune()
@@ -176,6 +195,13 @@ class LocalSearch:
         elif summary is None:
             why = trial.process.error or f"its process ended with code {code} and wrote no summary"
             self._end(trial, "failed", why)
+        elif trial.pausing and summary.status in ("cancelled", "paused") and not self._interrupted:
+            now = time.monotonic()
+            paused = PausedTrial(trial.number, trial.device_s(now), trial.cost(now), summary.steps)
+            self.paused[trial.number] = paused
+            del self.running[trial.number]
+            self.study.note(trial.number, steps=paused.steps, cost_usd=paused.usd, device_s=paused.device_s,
+                            pid=None)  # fmt: skip
         elif summary.status == "finished":
             value = self.study.final_value(trial.number, trial.run_dir)
             self._end(trial, "finished", summary.reason, value, summary.steps)
@@ -189,13 +215,63 @@ class LocalSearch:
         else:
             self._end(trial, "failed", summary.reason or f"ended {summary.status}", steps=summary.steps)
 
+    # --- pausing at a rung (tune.pruner.asha.pause)
+
+    def _may_pause(self, trial: RunningTrial) -> bool:
+        """Whether a trial ASHA would prune now may wait instead: too few trials have reached its rung to
+        judge it, and a new trial can take its place meanwhile."""
+        if self.pause_factor is None:
+            return False
+        standing = self.study.rung_standing(trial.number)
+        if standing is None or len(standing[2]) >= self.pause_factor:
+            return False
+        return self._trials_left() and self._room_for_a_trial()
+
+    def _pause(self, trial: RunningTrial) -> None:
+        trial.stopping, trial.stop_sent, trial.pausing = "paused at its rung", time.monotonic(), True
+        trial.process.stop()
+        self.study.note(trial.number, paused=True)
+        self.announce(f"{trial_name(trial.number)} pauses at step {trial.last_step}: too few trials have "
+                      "reached its rung to judge it")  # fmt: skip
+
+    def _judge_paused(self) -> None:
+        """Each paused trial, against the trials at its rung now: one among the best resumes (ahead of new
+        trials, as a slot frees); one that the trials still to come could not lift among them is pruned;
+        the others wait."""
+        may_come = self._trials_to_come()
+        for number in sorted(self.paused):
+            verdict = self.study.judge_paused(number, may_come)
+            paused = self.paused[number]
+            if verdict == "resume" and len(self.running) < self.parallel:
+                del self.paused[number]
+                self.study.note(number, paused=False)
+                self._launch(number, {}, paused.device_s)
+                self.announce(f"{trial_name(number)} resumes: among the best at its rung")
+            elif verdict not in ("resume", "wait"):
+                del self.paused[number]
+                self._close(number, "pruned", f"after a pause: {verdict}", None, paused.steps,
+                            Spend(paused.usd, paused.device_s))  # fmt: skip
+
+    def _trials_to_come(self) -> int:
+        if not self._room_for_a_trial():
+            return 0
+        return max(0, self.search.tune.max_trials - len(self.study.study.get_trials(deepcopy=False)))
+
+    def _stop_paused(self, why: str) -> None:
+        for number, paused in list(self.paused.items()):
+            del self.paused[number]
+            value = self.study.final_value(number, self.trials_dir / trial_name(number))
+            self._close(number, "stopped", why, value, paused.steps, Spend(paused.usd, paused.device_s))
+
     # --- the search's spend, and its end
 
     def spend(self) -> Spend:
-        """The ended trials' spend (kept as they end) and the running ones' so far."""
+        """The ended trials' spend (kept as they end), the paused ones' and the running ones' so far."""
         now = time.monotonic()
         usd = self.done.usd + sum(t.cost(now) for t in self.running.values())
         device_s = self.done.device_s + sum(t.device_s(now) for t in self.running.values())
+        usd += sum(p.usd for p in self.paused.values())
+        device_s += sum(p.device_s for p in self.paused.values())
         return Spend(usd, device_s)
 
     def _budget_reason(self) -> str | None:
@@ -244,6 +320,12 @@ class LocalSearch:
                 signal_group(pid, signal.SIGKILL)
                 while is_alive(pid, mark):
                     time.sleep(POLL_S)
+            if attrs.get("paused"):  # it waits at its rung, as it did
+                self.paused[frozen.number] = PausedTrial(
+                    frozen.number, float(attrs.get("device_s") or 0.0), float(attrs.get("cost_usd") or 0.0),
+                    attrs.get("steps"),
+                )  # fmt: skip
+                continue
             self.announce(f"{trial_name(frozen.number)} resumes")
             try:
                 self._launch(frozen.number, dict(frozen.params), float(attrs.get("device_s") or 0.0))
@@ -281,8 +363,10 @@ class LocalSearch:
             for trial in list(self.running.values()):
                 reason = self._read_evaluations(trial)
                 if reason is not None and trial.stopping is None:
-                    self._prune(trial, reason)
-                    continue
+                    if not self._may_pause(trial):
+                        self._prune(trial, reason)
+                        continue
+                    self._pause(trial)
                 code = trial.process.poll()
                 if code is not None:
                     self._read_evaluations(trial)  # the lines written after the last look
@@ -300,6 +384,7 @@ class LocalSearch:
             self._kill_stragglers()
             if ending is None:
                 self.pool.trim(self.parallel)  # a pruned trial's worker may have been replaced meanwhile
+                self._judge_paused()
                 self._start_trials()
             if ending is None and not self.running and not self._room_for_a_trial() and self._trials_left():
                 spent, (usd, device_s) = self.spend(), self.cheapest
@@ -309,7 +394,9 @@ class LocalSearch:
                     f"{device_s:.1f} device-s)"
                 ))  # fmt: skip
                 self.announce(f"search {ending[0]}: {ending[1]}")
-            if not self.running:
+            if not self.running and (ending is not None or not self.paused):
+                if ending is not None and not self._interrupted:  # Ctrl-C: they wait for the next driver
+                    self._stop_paused(ending[1])
                 return ending or ("finished", None)
             time.sleep(POLL_S)
 

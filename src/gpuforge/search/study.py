@@ -194,6 +194,44 @@ class SearchStudy:
         curve = self.frozen(number).intermediate_values
         return curve[max(curve)] if curve else None
 
+    # --- a trial paused at a rung (tune.pruner.asha.pause)
+
+    def rung_standing(self, number: int) -> tuple[int, float, list[float]] | None:
+        """ASHA: the highest rung the trial has reached, its objective there and every trial's there (its
+        own included); None before its first rung."""
+        trials = self.study.get_trials(deepcopy=False)
+        me = next(t for t in trials if t.number == number)
+        rungs = [int(k.rsplit("_", 1)[1]) for k in me.system_attrs if k.startswith("completed_rung_")]
+        if not rungs:
+            return None
+        key = f"completed_rung_{max(rungs)}"
+        peers = [t.system_attrs[key] for t in trials if key in t.system_attrs]
+        return max(rungs), me.system_attrs[key], peers
+
+    def judge_paused(self, number: int, to_start: int) -> str | None:
+        """A paused trial at its rung, by ASHA's rule of promotion (the best 1/reduction_factor of the
+        trials there go on; the best alone while fewer are there): "resume" once it is among them,
+        "wait" while the trials that may still reach the rung (running ones that have not yet, and the
+        `to_start` still to start) could make it so, else the reason to prune it."""
+        standing = self.rung_standing(number)
+        if standing is None:
+            return "resume"
+        rung, value, peers = standing
+        key = f"completed_rung_{rung}"
+        on_the_way = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        may_come = to_start + sum(1 for t in on_the_way if key not in t.system_attrs)
+        factor = self.search.tune.pruner.asha.reduction_factor
+        if self.direction == "maximize":
+            rank = 1 + sum(1 for v in peers if v > value)
+        else:
+            rank = 1 + sum(1 for v in peers if v < value)
+        if rank <= max(1, len(peers) // factor):
+            return "resume"
+        if rank <= (len(peers) + may_come) // factor:  # if those to come all did worse
+            return "wait"
+        step = self.frozen(number).last_step
+        return self._prune_reason(number, step if step is not None else 0, value)
+
     # --- why a trial was pruned, in figures
 
     def _prune_reason(self, number: int, step: int, value: float) -> str:
@@ -238,8 +276,8 @@ class SearchStudy:
         for t in self.study.get_trials(deepcopy=False):
             attrs = t.user_attrs
             state = attrs.get("state") or "running"
-            if t.state == TrialState.RUNNING:
-                state = "running"  # noted as ended, not told yet (a driver stopped between the two)
+            if t.state == TrialState.RUNNING:  # (noted as ended, not told yet: a driver stopped between)
+                state = "paused" if attrs.get("paused") else "running"
             elif state == "running":
                 state = _ENDED_AS.get(t.state, "failed")
             curve = sorted(t.intermediate_values.items())

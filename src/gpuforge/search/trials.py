@@ -126,6 +126,8 @@ class Worker:
         self.trial, self.pruned_at = number, None
 
     def read(self) -> None:
+        if self.answers_fd < 0:
+            return  # closed: what it had written was read then
         while True:
             try:
                 chunk = os.read(self.answers_fd, 65536)
@@ -144,6 +146,14 @@ class Worker:
         if self.pruned_at is not None and self.trial is not None:
             if time.monotonic() - self.pruned_at > PRUNE_WAIT_S:
                 self.kill()
+            else:  # again at each look: one sent while the trial was still setting up was ignored
+                self.signal(signal.SIGUSR1)
+
+    def signal(self, signum: int) -> None:
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            pass
 
     def kill(self) -> None:
         signal_group(self.pid, signal.SIGKILL)
@@ -151,11 +161,15 @@ class Worker:
 
     def close(self) -> None:
         """No more orders: it ends once its trial has (a trial asked to stop saves its checkpoint)."""
+        if self.answers_fd < 0:
+            return
+        self.read()  # answers written before it ended stay for their trials
         try:
             self.process.stdin.close()
         except BrokenPipeError:
             pass
         os.close(self.answers_fd)
+        self.answers_fd = -1
 
 
 class WarmTrial:
@@ -194,10 +208,7 @@ class WarmTrial:
         self.worker.answers.pop(self.number, None)
         if self.worker.trial == self.number:
             self.worker.pruned_at = time.monotonic()
-            try:
-                os.kill(self.pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
+            self.worker.signal(signal.SIGUSR1)
 
     def kill(self) -> None:
         self.worker.kill()
@@ -213,12 +224,16 @@ class TrialPool:
     def start(self, number: int, spec: Path, run_dir: Path, log: Path) -> TrialProcess:
         if not self.warm:
             return ColdTrial(spec, run_dir, log, self.env)
-        self.workers = [w for w in self.workers if w.alive()]
+        self._forget_dead()
         worker = self._idle_worker()
-        if worker is None:
+        try:
+            if worker is None:
+                raise BrokenPipeError
+            worker.give(number, spec, run_dir, log)
+        except BrokenPipeError:  # none idle, or the idle one just ended: a new one
             worker = Worker(self.trials_dir, self.env)
             self.workers.append(worker)
-        worker.give(number, spec, run_dir, log)
+            worker.give(number, spec, run_dir, log)
         return WarmTrial(worker, number)
 
     def _idle_worker(self) -> Worker | None:
@@ -232,8 +247,15 @@ class TrialPool:
                 return worker
             time.sleep(0.01)
 
+    def _forget_dead(self) -> None:
+        for worker in self.workers:
+            if not worker.alive():
+                worker.close()
+        self.workers = [w for w in self.workers if w.alive()]
+
     def trim(self, slots: int) -> None:
         """Workers beyond `slots` that sit idle (a pruned trial's worker still dropping it is busy) end."""
+        self._forget_dead()
         idle = [w for w in self.workers if w.idle()]
         while len(self.workers) > slots and idle:
             worker = idle.pop()
@@ -241,8 +263,11 @@ class TrialPool:
             self.workers.remove(worker)
 
     def close(self, wait_s: float) -> None:
-        """Every worker told to end; each has `wait_s` (a trial saving its checkpoint), then is killed."""
+        """Every worker told to end, a busy one's trial stopped at a checkpoint (the driver may be ending
+        on an error); each has `wait_s`, then is killed."""
         for worker in self.workers:
+            if worker.alive() and not worker.idle():
+                signal_group(worker.pid, signal.SIGTERM)
             worker.close()
         deadline = time.monotonic() + wait_s
         for worker in self.workers:

@@ -95,6 +95,13 @@ class Asha(Section):
         None, ge=1, description="the first rung, in steps; default: the first evaluation (train.eval_every)"
     )
     reduction_factor: int = Field(3, ge=2, le=16, description="1 trial in this many goes on at each rung")
+    pause: bool = Field(
+        False,
+        description="asha, local searches: a trial at a rung that too few trials have reached to judge it "
+        "(fewer than reduction_factor) pauses at a checkpoint while new trials take its place, then "
+        "resumes if it is in the best 1/reduction_factor once they have (else it is pruned); off: ASHA "
+        "judges it at once against the few there",
+    )
 
 
 class Median(Section):
@@ -113,6 +120,8 @@ class Pruner(Section):
     def _one(self) -> Pruner:
         if sum(x is not None for x in (self.asha, self.hyperband, self.median)) > 1:
             raise ValueError("give one of asha, hyperband, median")
+        if self.hyperband is not None and self.hyperband.pause:
+            raise ValueError("hyperband.pause: pausing at rungs is asha's (hyperband has its own brackets)")
         return self
 
     @property

@@ -3,9 +3,10 @@
     gpuforge train examples/digits-cnn.yaml --out runs/digits
 
 It writes only the run directory (runs.py): no server, no database. Signals (SIGTERM, SIGINT) make it
-checkpoint and stop cleanly; running it again on the same --out resumes from the newest checkpoint and
-continues the same loss curve. The parts it strings together: setup.py (the job), trainer.py (the state and
-each step's work), checkpoint.py, summary.py (the end), resume.py (which run directories it goes on with).
+checkpoint and stop cleanly (SIGUSR1: stop at the step's end with no checkpoint, a search's pruned
+trial); running it again on the same --out resumes from the newest checkpoint and continues the same loss
+curve. The parts it strings together: setup.py (the job), trainer.py (the state and each step's work),
+checkpoint.py, summary.py (the end), resume.py (which run directories it goes on with).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
                     with phase("checkpoint"):
                         if not ended:  # an ended run's checkpoint is the end's
                             trainer.checkpoint_if_due(state)
+                stop.check_dropped()  # SIGUSR1 (a pruned trial): no checkpoint, no summary
                 if result.profile_steps:  # every process agreed on it in the step's all-reduce
                     profiler.open(step + 1, result.profile_steps, job.total_steps)
                 if ended or trainer.should_stop(state, result, stop):  # early stop, a signal, the budget

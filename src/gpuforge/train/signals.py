@@ -8,11 +8,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+class RunDropped(BaseException):
+    """Raised by the loop between steps after SIGUSR1: the run ends at once, with no checkpoint, summary
+    or event (a search's pruned trial, which nothing will resume). A BaseException, so that no
+    `except Exception` on the way takes it for the run's own error."""
+
+
 class StopFlag:
-    """SIGTERM/SIGINT set a flag the loop checks after each step; a second SIGINT interrupts at once."""
+    """SIGTERM/SIGINT set a flag the loop checks after each step; a second SIGINT interrupts at once.
+    SIGUSR1 asks the loop to drop the run (RunDropped) at the end of the step."""
 
     def __init__(self):
         self.signal_number: int | None = None
+        self.dropped = False
+
+    def _drop(self, signum, frame):
+        self.dropped = True
+
+    def check_dropped(self) -> None:
+        if self.dropped:
+            raise RunDropped
 
     @property
     def signal_name(self) -> str | None:
@@ -29,6 +44,7 @@ class StopFlag:
             yield  # signals reach only the main thread; a thread-run job is stopped by its owner
             return
         previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._drop)
         try:
             yield
         finally:

@@ -68,6 +68,11 @@ def create_search(body: SearchCreate, request: Request, key: Key) -> Search:
         tune = parse_tune(tune_raw, "tune")
     except GpuforgeError as err:
         raise _unprocessable(str(err)) from err
+    if tune.pruner.asha is not None and tune.pruner.asha.pause:
+        raise _unprocessable(
+            "tune.pruner.asha.pause: a server's trials are not paused at their rungs yet; leave it out here "
+            "(it is for gpuforge tune --local)"
+        )
     job_body = JobCreate(spec=yaml.safe_dump(raw), priority=body.priority, name=body.name, files=body.files)
     spec, template = admitted_job(job_body, key, server)
     if not isinstance(spec, JobSpec):
