@@ -38,7 +38,7 @@ from gpuforge.spec import SearchSpec
 
 STOP_FILE = "stop"  # `gpuforge tune stop DIR` writes it; the driver ends the search at its next look
 NOTE_EVERY_S = 2.0  # a running trial's figures are noted in the study this often at most
-POLL_S = 0.1  # how often the driver reads its trials' new lines: a pruned trial runs on this long at most
+POLL_S = 0.02  # how often the driver reads its trials' new lines: a pruned trial runs on this long at most
 STOP_WAIT_S = 120.0  # a trial asked to stop has this long to save its checkpoint
 
 
@@ -255,7 +255,7 @@ class LocalSearch:
     def _trials_to_come(self) -> int:
         if not self._room_for_a_trial():
             return 0
-        return max(0, self.search.tune.max_trials - len(self.study.study.get_trials(deepcopy=False)))
+        return max(0, self.search.tune.max_trials - self.asked)
 
     def _stop_paused(self, why: str) -> None:
         for number, paused in list(self.paused.items()):
@@ -337,6 +337,7 @@ class LocalSearch:
         self._claim_folder()
         self.study = SearchStudy(self.search, f"sqlite:///{self.out.resolve() / 'study.db'}", "search")
         self._set_state("running")
+        self.asked = len(self.study.study.get_trials(deepcopy=False))  # counted here on, not read each look
         ended = [t for t in self.study.trials() if t.state != "running"]
         self.done = Spend(sum(t.cost_usd for t in ended), sum(t.device_s for t in ended))
         judged = [t for t in ended if t.state in ("finished", "pruned")]
@@ -401,15 +402,14 @@ class LocalSearch:
             time.sleep(POLL_S)
 
     def _trials_left(self) -> bool:
-        return len(self.study.study.get_trials(deepcopy=False)) < self.search.tune.max_trials
+        return self.asked < self.search.tune.max_trials
 
     def _start_trials(self) -> None:
-        started = len(self.study.study.get_trials(deepcopy=False))
-        while len(self.running) < self.parallel and started < self.search.tune.max_trials:
+        while len(self.running) < self.parallel and self.asked < self.search.tune.max_trials:
             if not self._room_for_a_trial():
                 return
             number, params = self.study.ask()
-            started += 1
+            self.asked += 1
             shown = ", ".join(
                 f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()
             )
