@@ -77,8 +77,8 @@ class RunningTrial:
 
 @dataclass
 class PausedTrial:
-    """A trial stopped at a checkpoint at a rung too few trials had reached to judge it: judged once
-    they have (or no new trial can start), then resumed or pruned."""
+    """A trial stopped at a checkpoint at a rung too few trials had reached to judge it: judged again as
+    trials reach that rung (study.judge_paused), then resumed or pruned."""
 
     number: int
     device_s: float

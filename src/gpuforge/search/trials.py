@@ -138,7 +138,13 @@ class Worker:
             self.pending += chunk
         *lines, self.pending = self.pending.split(b"\n")
         for line in lines:
-            answer = json.loads(line)
+            try:  # the trial's own code runs in the worker and could write here: a stray line is skipped
+                answer = json.loads(line)
+                answer["number"], answer["code"] = int(answer["number"]), int(answer["code"])
+            except (ValueError, TypeError, KeyError, OverflowError):
+                continue
+            if answer.get("error") is not None:
+                answer["error"] = str(answer["error"])[:1000]
             if answer["number"] == self.trial:
                 self.trial = None
             if answer["number"] not in self.dropped:
