@@ -222,7 +222,7 @@ def test_a_trial_paused_at_a_rung_too_few_have_reached_resumes_once_promoted_wit
     four hopeless ones. The second reaches step 10 with only the first there: ASHA alone would prune it
     (the best of 2 goes on); paused, it waits; once six trials are there the best 2 go on, so it resumes
     from its checkpoint and finishes."""
-    job = {**JOB, "model": {**JOB["model"], "options": {"sleep_s": 0.02}},
+    job = {**JOB, "model": {**JOB["model"], "options": {"sleep_s": 0.05}},  # ~1 s past the rung to pause it
            "train": {**JOB["train"], "max_steps": 29, "eval_every": 10, "checkpoint_every": 10}}  # fmt: skip
     tune = {
         "objective": {"metric": "eval_accuracy"},
