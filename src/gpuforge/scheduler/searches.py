@@ -91,17 +91,9 @@ def _ended(job: Job) -> bool:
     return job.state in TRIAL_ENDINGS
 
 
-def _room_for_a_trial(
-    tune, spend: dict[int, tuple[float, float]], cheapest: tuple[float, float] | None
-) -> bool:
-    """Whether what is left of the budget pays for the cheapest trial that reached an evaluation so far: a
-    trial that could not reach one before the budget ends is not queued."""
-    if cheapest is None:
-        return True
-    usd, device_s = sum(u for u, _ in spend.values()), sum(d for _, d in spend.values())
-    if tune.budget.usd is not None and tune.budget.usd - usd < cheapest[0]:
-        return False
-    return tune.budget.hours is None or tune.budget.hours * 3600 - device_s >= cheapest[1]
+def _total(spend: dict[int, tuple[float, float]]) -> tuple[float, float]:
+    """The trials' dollars and device-seconds, summed."""
+    return sum(u for u, _ in spend.values()), sum(d for _, d in spend.values())
 
 
 def study_name(search_id: int) -> str:
@@ -178,12 +170,13 @@ class Searches:
                 self._tell(study, job, spend.get(job.id, (0.0, 0.0)))
                 self._watched.pop(job.id, None)
         active = [j for j in trials if not _ended(j)]
-        ending = self._ending(search, tune, spend)
+        spent = _total(spend)
+        ending = self._ending(search, tune, spent)
         judged = [
             spend.get(j.id, (0.0, 0.0)) for j in trials if j.state in (JobState.FINISHED, JobState.PRUNED)
         ]
         cheapest = (min(u for u, _ in judged), min(d for _, d in judged)) if judged else None
-        room = _room_for_a_trial(tune, spend, cheapest)
+        room = tune.budget.pays_for(*spent, cheapest)
         asked = len(study.study.get_trials(deepcopy=False))
         if ending is None and not active and not room and asked < tune.max_trials:
             ending = (
@@ -226,20 +219,12 @@ class Searches:
         study.finish(job.trial, ending, value, job.reason, steps=job.step, cost_usd=usd, device_s=device_s)
 
     @staticmethod
-    def _ending(
-        search: Search, tune, spend: dict[int, tuple[float, float]]
-    ) -> tuple[SearchState, str] | None:  # noqa: E501
+    def _ending(search: Search, tune, spent: tuple[float, float]) -> tuple[SearchState, str] | None:
+        """A stop asked for, or the budget spent (`spent`: the trials' dollars and device-seconds)."""
         if search.stop_requested:
             return SearchState.STOPPED, "stopped by `gpuforge tune stop`"
-        usd = sum(u for u, _ in spend.values())
-        device_s = sum(d for _, d in spend.values())
-        if tune.budget.usd is not None and usd >= tune.budget.usd:
-            return SearchState.BUDGET_SPENT, f"spent ${usd:.4f} of its ${tune.budget.usd:g} budget"
-        if tune.budget.hours is not None and device_s >= tune.budget.hours * 3600:
-            return SearchState.BUDGET_SPENT, (
-                f"held devices {device_s / 3600:.3f} h of its {tune.budget.hours:g} h budget"
-            )
-        return None
+        why = tune.budget.spent(*spent)
+        return (SearchState.BUDGET_SPENT, why) if why is not None else None
 
     @staticmethod
     def _stop_trials(s: Session, active: list[Job], why: str) -> None:

@@ -97,6 +97,7 @@ class LocalSearch:
         self.trials_dir = self.out / "trials"
         self.running: dict[int, RunningTrial] = {}
         self.paused: dict[int, PausedTrial] = {}
+        self._judge_due = False  # something a paused trial's verdict reads changed since the last look
         asha = search.tune.pruner.asha
         self.pause_factor = asha.reduction_factor if asha is not None and asha.pause else None
         self._interrupted: str | None = None
@@ -150,6 +151,7 @@ class LocalSearch:
         """Tell the study the trial's new evaluations; the reason to prune it, if one says so."""
         taken = self.study.take_evaluations(trial.number, trial.run_dir / "metrics.jsonl", trial.offset)
         moved = taken.offset != trial.offset
+        self._judge_due |= moved
         trial.offset = taken.offset
         if taken.last_step is not None:
             trial.last_step = taken.last_step
@@ -168,6 +170,7 @@ class LocalSearch:
 
     def _close(self, number: int, state: str, reason: str | None, value: float | None, steps: int | None,
                spent: Spend) -> None:  # fmt: skip
+        self._judge_due = True  # a slot freed, a trial's end counted
         figures = {"steps": steps, "cost_usd": spent.usd, "device_s": spent.device_s}
         self.study.finish(number, state, value, reason, **figures)
         self.done = Spend(self.done.usd + spent.usd, self.done.device_s + spent.device_s)
@@ -199,6 +202,7 @@ class LocalSearch:
             now = time.monotonic()
             paused = PausedTrial(trial.number, trial.device_s(now), trial.cost(now), summary.steps)
             self.paused[trial.number] = paused
+            self._judge_due = True
             del self.running[trial.number]
             self.study.note(trial.number, steps=paused.steps, cost_usd=paused.usd, device_s=paused.device_s,
                             pid=None)  # fmt: skip
@@ -225,7 +229,7 @@ class LocalSearch:
         standing = self.study.rung_standing(trial.number)
         if standing is None or len(standing[2]) >= self.pause_factor:
             return False
-        return self._trials_left() and self._room_for_a_trial()
+        return self._trials_to_come() > 0
 
     def _pause(self, trial: RunningTrial) -> None:
         trial.stopping, trial.stop_sent, trial.pausing = "paused at its rung", time.monotonic(), True
@@ -238,6 +242,9 @@ class LocalSearch:
         """Each paused trial, against the trials at its rung now: one among the best resumes (ahead of new
         trials, as a slot frees); one that the trials still to come could not lift among them is pruned;
         the others wait."""
+        if not (self.paused and self._judge_due):  # its verdicts read the study: only when they may change
+            return
+        self._judge_due = False
         may_come = self._trials_to_come()
         for number in sorted(self.paused):
             verdict = self.study.judge_paused(number, may_come)
@@ -275,22 +282,12 @@ class LocalSearch:
         return Spend(usd, device_s)
 
     def _budget_reason(self) -> str | None:
-        budget, spent = self.search.tune.budget, self.spend()
-        if budget.usd is not None and spent.usd >= budget.usd:
-            return f"spent ${spent.usd:.4f} of its ${budget.usd:g} budget"
-        if budget.hours is not None and spent.device_s >= budget.hours * 3600:
-            return f"held devices {spent.device_s / 3600:.3f} h of its {budget.hours:g} h budget"
-        return None
+        spent = self.spend()
+        return self.search.tune.budget.spent(spent.usd, spent.device_s)
 
     def _room_for_a_trial(self) -> bool:
-        """Whether what is left of the budget pays for the cheapest trial so far (one pruned at its first
-        rung, say): a trial that could not reach a first evaluation before the budget ends is not started."""
-        if self.cheapest is None:
-            return True
-        budget, spent = self.search.tune.budget, self.spend()
-        if budget.usd is not None and budget.usd - spent.usd < self.cheapest[0]:
-            return False
-        return budget.hours is None or budget.hours * 3600 - spent.device_s >= self.cheapest[1]
+        spent = self.spend()
+        return self.search.tune.budget.pays_for(spent.usd, spent.device_s, self.cheapest)
 
     def _stop_all(self, why: str) -> None:
         for trial in self.running.values():
@@ -410,6 +407,7 @@ class LocalSearch:
                 return
             number, params = self.study.ask()
             self.asked += 1
+            self._judge_due = True
             shown = ", ".join(
                 f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()
             )

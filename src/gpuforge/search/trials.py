@@ -189,20 +189,15 @@ class WarmTrial:
         self.error: str | None = None
 
     def poll(self) -> int | None:
+        code = self.worker.process.poll()  # first: an answer written just before it died is read below
         self.worker.read()
         answer = self.worker.answers.pop(self.number, None)
         if answer is not None:
             self.error = answer.get("error")
-            return int(answer["code"])
-        code = self.worker.process.poll()
+            return answer["code"]
         if code is not None:
-            self.worker.read()  # an answer written just before it died
-            answer = self.worker.answers.pop(self.number, None)
-            if answer is not None:
-                self.error = answer.get("error")
-                return int(answer["code"])
             self.error = f"its worker process ended with code {code}"
-            return code if code else 1
+            return code or 1
         return None
 
     def stop(self) -> None:

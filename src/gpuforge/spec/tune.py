@@ -135,6 +135,24 @@ class Budget(Section):
     )
     hours: float | None = Field(None, gt=0, description="... or once they held devices this many hours")
 
+    def spent(self, usd: float, device_s: float) -> str | None:
+        """Why a search that spent this is over its budget, or None."""
+        if self.usd is not None and usd >= self.usd:
+            return f"spent ${usd:.4f} of its ${self.usd:g} budget"
+        if self.hours is not None and device_s >= self.hours * 3600:
+            return f"held devices {device_s / 3600:.3f} h of its {self.hours:g} h budget"
+        return None
+
+    def pays_for(self, usd: float, device_s: float, cheapest: tuple[float, float] | None) -> bool:
+        """Whether what is left after spending this pays for the cheapest trial that reached an evaluation
+        so far (dollars, device-seconds): a trial that could not reach one before the budget ends is not
+        started."""
+        if cheapest is None:
+            return True
+        if self.usd is not None and self.usd - usd < cheapest[0]:
+            return False
+        return self.hours is None or self.hours * 3600 - device_s >= cheapest[1]
+
 
 class TuneSpec(Section):
     objective: Objective
