@@ -198,7 +198,7 @@ def test_an_unknown_key_like_no_field_gets_no_suggestion(tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("train.lr=abc", "--set train.lr=abc: must be a number, got 'abc'"),
+        ("train.lr=abc", "--set train.lr=abc: must be a number or 'auto', got 'abc'"),
         ("train.batch_size=x", "--set train.batch_size=x: must be an integer or 'auto', got 'x'"),
         ("train.max_steps=1.5", "--set train.max_steps=1.5: must be a whole number, got 1.5"),
         (

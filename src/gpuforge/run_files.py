@@ -148,6 +148,52 @@ def read_report(run_dir: Path) -> dict[str, Any] | None:
     return report if isinstance(report, dict) else None
 
 
+LR_FIND_LIMIT = 256 << 10  # the range test's record is a few KiB
+LR_FIND_POINTS = 1000
+
+
+def read_lr_find(run_dir: Path) -> dict[str, Any] | None:
+    """train.lr auto's lr_find.json, checked (the job's own file): the pick, the rule, and the curve as
+    [lr, loss] points of finite numbers only (a step whose loss was not finite left out); None where
+    there is none or it is not one."""
+    try:
+        raw = read_run_file(RunDir(run_dir).lr_find_path, LR_FIND_LIMIT)
+        record = json.loads(raw) if raw is not None else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or not _positive_number(record.get("lr")):
+        return None
+    lrs, losses = record.get("lrs"), record.get("losses")
+    if not isinstance(lrs, list) or not isinstance(losses, list):
+        return None
+    points = [
+        [float(lr), float(loss)]
+        for lr, loss in zip(lrs[:LR_FIND_POINTS], losses[:LR_FIND_POINTS], strict=False)
+        if _positive_number(lr) and _finite_number(loss)
+    ]
+    seconds = record.get("seconds")
+    return {
+        "lr": float(record["lr"]),
+        "rule": str(record.get("rule", ""))[:200],
+        "reason": str(record.get("reason", ""))[:300],
+        "points": points,
+        "seconds": float(seconds) if _finite_number(seconds) else None,
+    }
+
+
+def _finite_number(value: Any) -> bool:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an int past a float's range
+        return False
+
+
+def _positive_number(value: Any) -> bool:
+    return _finite_number(value) and value > 0
+
+
 NOT_METRICS = ("step", "ts")  # a metrics line's step and the time it was written: its axes, not figures
 
 

@@ -36,6 +36,7 @@ EVENTS = (
     "restarted",
     "preempted",  # written by the server once the runner stopped: who preempted it
     "profiled",  # a profile window's report was written (train/profile.py)
+    "lr_found",  # train.lr auto: the range test picked the rate (train/lr_find.py)
 )
 
 
@@ -175,6 +176,11 @@ class RunDir:
     @property
     def logs_dir(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def lr_find_path(self) -> Path:
+        """train.lr auto: the range test's curve and pick (train/lr_find.py)."""
+        return self.root / "lr_find.json"
 
     @property
     def compressed_dir(self) -> Path:

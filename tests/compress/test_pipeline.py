@@ -255,3 +255,14 @@ def test_a_sweep_measures_every_variant_marks_the_front_and_reports_what_failed(
     assert smallest["pareto"] or any(
         v["memory_bytes"] == smallest["memory_bytes"] and v["pareto"] for v in rows
     )
+
+
+def test_recovery_after_an_auto_lr_run_fine_tunes_at_the_rate_its_range_test_picked(tmp_path):
+    spec = load_spec(
+        ROOT / "examples" / "digits-cnn.yaml", ["train.max_steps=4", "train.precision=fp32", "train.lr=auto"]
+    )
+    train(spec, tmp_path / "run")
+    picked = json.loads((tmp_path / "run" / "lr_find.json").read_text())["lr"]
+    options = CompressOptions(prune=0.3, prune_structure="channel", recover_steps=2)
+    _, _, manifest = make_variant(open_source(tmp_path / "run" / "model"), options)
+    assert manifest.compression.recover.lr == pytest.approx(picked)

@@ -283,7 +283,7 @@ def test_a_script_job_that_reports_through_track_draws_its_curves(page, dashboar
 
 def test_gpuforge_dashboard_shows_run_directories_read_only_with_its_key(page, tmp_path):
     runs = tmp_path / "runs"
-    spec = write_spec(tmp_path / "local.yaml", _spec(tmp_path, name="digits-local"))
+    spec = write_spec(tmp_path / "local.yaml", _spec(tmp_path, name="digits-local", lr="auto"))
     trained = run_cli("train", str(spec), "--out", str(runs / "digits-local"), timeout=300)
     assert trained.returncode == 0, trained.stderr
     process, url, key = start_local_dashboard(runs, tmp_path / "dashboard.log")
@@ -300,5 +300,12 @@ def test_gpuforge_dashboard_shows_run_directories_read_only_with_its_key(page, t
         wait_for(lambda: points(page), 15, what="a loss chart with points")
         assert points(page) == 12
         assert page.locator("form#submit").count() == 0
+        # train.lr auto: the range test's curve, and the rate it picked with the rule
+        found = json.loads((runs / "digits-local" / "lr_find.json").read_text())
+        wait_for(lambda: points(page, "lr_find"), 15, what="the range test's chart")
+        assert points(page, "lr_find") == found["steps"]
+        said = page.locator("#lr-find p")
+        expect(said).to_contain_text(found["reason"])
+        assert float(said.get_attribute("data-lr")) == pytest.approx(found["lr"])
     finally:
         stop(process)

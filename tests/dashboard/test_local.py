@@ -113,3 +113,16 @@ def test_it_listens_on_loopback_only(tmp_path):
         assert refused.returncode == 2 and "a loopback address" in refused.stderr
     missing = run_cli("dashboard", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "no such directory" in missing.stderr
+
+
+def test_a_runs_range_test_curve_and_a_file_that_is_not_one(tmp_path):
+    raw = {**image_spec(tmp_path, lr="auto", max_steps=4), "name": "auto"}
+    spec = write_spec(tmp_path / "auto.yaml", raw)
+    done = run_cli("train", str(spec), "--out", str(tmp_path / "runs" / "auto"))
+    assert done.returncode == 0, done.stderr
+    client = TestClient(create_local_app(tmp_path / "runs"), base_url="http://127.0.0.1")
+    found = client.get("/api/v1/jobs/1/lr_find").json()
+    written = (tmp_path / "runs" / "auto" / "lr_find.json").read_text()
+    assert found["lr"] > 0 and found["reason"] in written and len(found["points"]) > 3
+    (tmp_path / "runs" / "auto" / "lr_find.json").write_text('{"lr": "rm -rf /", "lrs": [], "losses": []}')
+    assert client.get("/api/v1/jobs/1/lr_find").status_code == 404

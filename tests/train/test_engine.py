@@ -341,3 +341,16 @@ def test_measuring_the_device_leaves_the_training_rng_alone():
     torch.manual_seed(3)
     measure_matmul_flops(torch.device("cpu"), torch.float32, seconds=0.01)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_eval_max_examples_samples_the_evaluations_before_the_last(tmp_path):
+    whole = _train(tmp_path, image_spec(tmp_path, max_steps=6, eval_every=2), "whole")
+    raw = image_spec(tmp_path, max_steps=6, eval_every=2, eval_max_examples=50)
+    sampled = _train(tmp_path, raw, "sampled")
+    evals = [m for m in RunDir(tmp_path / "sampled").metrics() if "eval_loss" in m]
+    assert [(m["step"], m.get("eval_examples")) for m in evals] == [(2, 50), (4, 50), (6, None)]
+    assert evals[0]["eval_loss"] != next(
+        m["eval_loss"] for m in RunDir(tmp_path / "whole").metrics() if m["step"] == 2
+    )  # a sample's figure, not the set's
+    assert sampled["eval"] == pytest.approx(whole["eval"], rel=1e-6)  # the last: the whole set
+    assert _losses(tmp_path / "sampled") == pytest.approx(_losses(tmp_path / "whole"), rel=1e-6)

@@ -39,6 +39,7 @@ from gpuforge.errors import GpuforgeError
 from gpuforge.hardware.timing import Timing
 from gpuforge.models.base import BuiltModel
 from gpuforge.spec import JobSpec
+from gpuforge.train.lr_find import found_lr, initial_lr
 from gpuforge.weights.merge import merge_adapter
 from gpuforge.weights.quantize import QUANT_KINDS, quantize_model, save_quantized, tensor_bytes
 
@@ -73,7 +74,7 @@ def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, 
             config=pruned.config,
         )
         if options.recover_steps:
-            lr = options.recover_lr or (5e-5 if source.is_adapter else source.spec.train.lr)
+            lr = options.recover_lr or (5e-5 if source.is_adapter else _trained_lr(source))
             losses = recover(
                 built_from(module, manifest),
                 source.spec,
@@ -320,3 +321,10 @@ def compress_run(spec: JobSpec, run_dir: str | Path) -> list[dict[str, Any]] | N
         rows = compress(run.model_dir, options, out, force=True, spec_path=spec_path)
     run.event("compressed", path=str(out.relative_to(run.root)), variants=[r["name"] for r in rows[1:]])
     return rows
+
+
+def _trained_lr(source: Source) -> float:
+    """The rate the run trained at: train.lr, or for auto the one its range test picked (lr_find.json)."""
+    if source.spec.train.lr != "auto":
+        return source.spec.train.lr
+    return found_lr(source.run_dir) or initial_lr("auto")

@@ -18,7 +18,7 @@ from gpuforge.errors import TrainingFailed
 from gpuforge.models.base import BuiltModel
 from gpuforge.runtime.precision import MixedPrecision, choose_precision
 from gpuforge.spec import JobSpec
-from gpuforge.train.schedule import make_scheduler
+from gpuforge.train.schedule import Shape, make_scheduler
 from gpuforge.train.setup import seed_everything
 from gpuforge.train.step import forward_backward, make_optimizer
 
@@ -45,7 +45,8 @@ def recover(
         p.requires_grad_(p.is_floating_point())
     module.train()
     optimizer = make_optimizer(module, lr, spec.train.weight_decay, device)
-    scheduler = make_scheduler(optimizer, max(1, steps // 10), steps, spec.train.min_lr_ratio)
+    shape = Shape("cosine", max(1, steps // 10), steps, spec.train.min_lr_ratio, "recovery")
+    scheduler = make_scheduler(optimizer, shape)
     batch = spec.train.batch_size if isinstance(spec.train.batch_size, int) else RECOVER_BATCH
     order = BatchOrder(len(train_data), batch, spec.train.seed)
     # no loss scaling, even for fp16: as this fine-tune has always run (a scaler would change its numerics)

@@ -31,7 +31,15 @@ from gpuforge.runs import RunDir
 from gpuforge.store.models import ENDED_JOB_STATES, JobState, state_lists
 
 RUN_FILES = ("spec.yaml", "events.jsonl", "metrics.jsonl")
-READ = (*RUN_FILES, "summary.json", "logs", "logs/process.log", "compressed", "compressed/report.json")
+READ = (
+    *RUN_FILES,
+    "summary.json",
+    "lr_find.json",
+    "logs",
+    "logs/process.log",
+    "compressed",
+    "compressed/report.json",
+)
 LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
 # the events a runner ends on: the store's stopped states, read from the run's own events here
 ENDED = {state.value for state in (*ENDED_JOB_STATES, JobState.PAUSED)}

@@ -1,5 +1,6 @@
 """The API's read routes of jobs, in one copy: the job list, a job, its spec, events, metrics, series, logs,
-summary, compression report, profile and trace, who the key is, and jobs compared.
+summary, learning-rate range test, compression report, profile and trace, who the key is, and jobs
+compared.
 
 The server mounts them over its store (server/job_reader.py) and `gpuforge dashboard` over run directories
 (dashboard/local.py): each gives a dependency that checks the request's key and answers a `JobReader`, the
@@ -29,7 +30,7 @@ from gpuforge.dashboard.read_schemas import (
     WhoAmI,
 )
 from gpuforge.dashboard.run_diff import finals, parse_ids, spec_diff
-from gpuforge.run_files import log_tail, metrics_page, read_report, series
+from gpuforge.run_files import log_tail, metrics_page, read_lr_find, read_report, series
 from gpuforge.runs import RunDir
 from gpuforge.store.quotas import INT32
 
@@ -186,6 +187,15 @@ def read_routes(reader: Callable[..., Any]) -> APIRouter:
         if report is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no compression report")
         return report
+
+    @router.get("/jobs/{job_id}/lr_find", response_model=dict[str, Any], tags=["jobs"])
+    def job_lr_find(job_id: JobId, jobs: Reader) -> dict[str, Any]:
+        """train.lr auto: the range test's curve ([lr, loss] points), the rate it picked and why (as the
+        job's lr_find.json says, range-checked)."""
+        found = read_lr_find(jobs.run_dir(job_id))
+        if found is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no learning-rate range test")
+        return found
 
     @router.get("/jobs/{job_id}/profile", response_model=dict[str, Any], tags=["jobs"])
     def job_profile(job_id: JobId, jobs: Reader) -> dict[str, Any]:

@@ -23,6 +23,7 @@ class TextClassification:
         # each example's ids as an int32 array: a batch is then built by copies of memory, where Python
         # lists of ints were converted one int at a time (long documents: most of a step, measured)
         self.ids = [np.asarray(seq, dtype=np.int32) for seq in ids]
+        self.lengths = [len(seq) for seq in self.ids]  # evaluation batches examples of similar length
         self.labels, self.pad_id = torch.as_tensor(labels, dtype=torch.long), pad_id
 
     def __len__(self) -> int:

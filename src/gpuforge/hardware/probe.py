@@ -83,3 +83,15 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
     elif device.type == "xpu":
         torch.xpu.synchronize(device)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    if isinstance(err, torch.OutOfMemoryError):
+        return True
+    return isinstance(err, RuntimeError) and "out of memory" in str(err).lower()
+
+
+def release_memory(device: torch.device) -> None:
+    """What an out-of-memory error left cached, back to the device before a retry."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

@@ -40,6 +40,7 @@ from gpuforge.train.batch import (
     size,
     what_would_fit,
 )
+from gpuforge.train.lr_find import initial_lr, range_test_steps
 from gpuforge.train.metrics import FlopModel
 from gpuforge.train.setup import Job, build_job
 from gpuforge.train.step import forward_backward, make_optimizer
@@ -100,6 +101,8 @@ class Plan:
     step_time_bound_s: float = 0.0
     steps_time_s: float = 0.0  # total_steps x step_time_s
     startup_s: float = 0.0  # process, device, data, model, batch search: timed here, as the run starts alike
+    lr_find_steps: int = 0  # train.lr auto: the range test's steps (at most), timed as the run's steps
+    lr_find_s: float = 0.0
     evaluations: int = 0  # passes over the eval set (train.eval_every and the last step)
     evaluation_s: float = 0.0  # all of them, on the step's roofline (scaled as the step is with --measure)
     checkpoints: int = 0  # writes the run makes (train.checkpoint_every and the end's), not in the total
@@ -134,7 +137,8 @@ def make_plan(spec: JobSpec, measure: bool = False, launched_s: float = 0.0) -> 
     local = local_step(job, traces, here, flops / peak, timing)
     step_time = local.seconds
     evaluation = local_evaluations_s(job, traces, here) * local.factor
-    total_time = startup + step_time * job.total_steps + evaluation
+    lr_find_steps = range_test_steps(spec.train)  # train.lr auto: the range test's steps, before step 1
+    total_time = startup + step_time * (lr_find_steps + job.total_steps) + evaluation
     plan = Plan(
         job=spec.name,
         device=device_name(device),
@@ -166,6 +170,8 @@ def make_plan(spec: JobSpec, measure: bool = False, launched_s: float = 0.0) -> 
         step_time_bound_s=local.bound_s,
         steps_time_s=step_time * job.total_steps,
         startup_s=startup,
+        lr_find_steps=lr_find_steps,
+        lr_find_s=step_time * lr_find_steps,
         evaluations=evaluations(job),
         evaluation_s=evaluation,
         checkpoints=_checkpoints(job),
@@ -232,7 +238,7 @@ def _measure_steps(job: Job, seconds: float = MEASURED_SECONDS) -> StepTiming:
     """Real optimizer steps after one warm-up: at least MEASURED_STEPS and `seconds`, and while their
     windows disagree by more than NOISY, on up to MORE_SECONDS times as long."""
     module = job.module
-    optimizer = make_optimizer(module, job.spec.train.lr, job.spec.train.weight_decay, job.device)
+    optimizer = make_optimizer(module, initial_lr(job.spec.train.lr), job.spec.train.weight_decay, job.device)
     amp = MixedPrecision(job.precision, job.device)  # as training steps: fp16 with its loss scaling
     times: list[float] = []
     if job.device.type == "cuda":
@@ -325,10 +331,19 @@ def table(p: Plan) -> Table:
 def _time_rows(p: Plan) -> list[tuple[str, str]]:
     """What the run's wall time is made of, then the total: what it holds and what it leaves out."""
     rows = [("time: start-up", f"{duration(p.startup_s)} (the process, data, model and batch, timed here)")]
+    if p.lr_find_steps:
+        rows.append(
+            (
+                "time: lr range test",
+                f"{p.lr_find_steps} x {duration(p.step_time_s)} = {duration(p.lr_find_s)} "
+                "(train.lr auto; at most)",
+            )
+        )
     rows.append(("time: steps", f"{p.total_steps} x {duration(p.step_time_s)} = {duration(p.steps_time_s)}"))
     if p.evaluations:
         rows.append(("time: evaluations", f"{p.evaluations} x {duration(p.evaluation_s / p.evaluations)}"))
-    held = "start-up, steps" + (" and evaluations" if p.evaluations else "")
+    held = "start-up, " + ("lr range test, " if p.lr_find_steps else "") + "steps"
+    held += " and evaluations" if p.evaluations else ""
     left = f"{p.checkpoints} checkpoint write{'s' if p.checkpoints > 1 else ''} of {size(p.checkpoint_bytes)}"
     bound = " at least" if p.step_time_kind == "lower bound" else ""
     rows.append(

@@ -34,7 +34,7 @@ from gpuforge.hardware.catalog import CatalogDevice, datasheet_for, load_catalog
 from gpuforge.hardware.machine import DeviceFigures, Machine, machine
 from gpuforge.hardware.roofline import Roof, saturating_efficiency
 from gpuforge.plan import NOISY, _capacity, _measure_steps, dollars, duration
-from gpuforge.plan.estimate import Traces, evaluations, local_step, require_local_figures
+from gpuforge.plan.estimate import Traces, local_step, require_local_figures
 from gpuforge.prices import load_prices, price_of, prices_path
 from gpuforge.settings import current
 from gpuforge.spec import JobSpec, parse_bytes
@@ -48,6 +48,7 @@ from gpuforge.train.batch import (
     memory_breakdown,
     size,
 )
+from gpuforge.train.lr_find import range_test_steps
 from gpuforge.train.setup import Job, build_job
 
 LOCAL = "cpu"  # the one target that is not in the catalog: this machine's CPU, as measured
@@ -265,10 +266,10 @@ class _Target:
         compute = sum(parts.values())
         parts["allreduce_s"], advice = self._allreduce(spec, devices, link_gbps, compute)
         step = compute + parts["allreduce_s"]
-        evaluation = evaluations(job) * traces.evaluation_s(roof, micro)
+        evaluation = traces.all_evaluations_s(roof, micro)
         if calibration:
             evaluation *= calibration["factor"]
-        total = step * job.total_steps + evaluation
+        total = step * (range_test_steps(spec.train) + job.total_steps) + evaluation  # lr auto: its test
         usd = self._usd_per_hour(spec)
         fits = need <= capacity
         notes = [precision_note] if precision_note else []

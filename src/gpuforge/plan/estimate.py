@@ -24,8 +24,9 @@ from gpuforge.errors import GpuforgeError
 from gpuforge.hardware.machine import DeviceFigures, Machine
 from gpuforge.hardware.roofline import OpTrace, Roof
 from gpuforge.runtime import tasks
-from gpuforge.runtime.evaluate import to_device
+from gpuforge.runtime.evaluate import eval_batch_size, to_device
 from gpuforge.runtime.precision import MixedPrecision, autocast
+from gpuforge.train.lr_find import initial_lr
 from gpuforge.train.setup import Job
 from gpuforge.train.step import forward_backward, make_optimizer
 
@@ -54,7 +55,9 @@ class Traces:
         job = self.job
         amp = MixedPrecision(job.precision, job.device)
         module = job.module
-        optimizer = make_optimizer(module, job.spec.train.lr, job.spec.train.weight_decay, job.device)
+        optimizer = make_optimizer(
+            module, initial_lr(job.spec.train.lr), job.spec.train.weight_decay, job.device
+        )
         params = list(module.parameters())
 
         def micro_step(step: int) -> None:
@@ -88,23 +91,33 @@ class Traces:
     def step_s(self, roof: Roof, micro: int, grad_accum: int) -> float:
         return sum(self.parts(roof, micro, grad_accum).values())
 
-    def evaluation_s(self, roof: Roof, micro: int) -> float:
-        """Seconds of one pass over the eval set on `roof`, in micro-batches of `micro` (as the run's
-        evaluate); 0 for a job without one."""
+    def evaluation_s(self, roof: Roof, micro: int, examples: int | None = None) -> float:
+        """Seconds of one pass over `examples` of the eval set (default: all) on `roof`, in the batches the
+        run's evaluation takes with training micro-batches of `micro`; 0 for a job without one."""
         data = self.job.data.eval
         if data is None or len(data) == 0:
             return 0.0
         if self._eval is None:
             self._eval = self._trace_eval()
         trace, traced = self._eval
-        full, rest = divmod(len(data), micro)
-        seconds = full * trace.seconds(roof, micro / traced)
+        examples = len(data) if examples is None else min(examples, len(data))
+        batch = eval_batch_size(micro, examples)
+        full, rest = divmod(examples, batch)
+        seconds = full * trace.seconds(roof, batch / traced)
         return seconds + (trace.seconds(roof, rest / traced) if rest else 0.0)
+
+    def all_evaluations_s(self, roof: Roof, micro: int) -> float:
+        """Every evaluation of the run: train.eval_max_examples examples each but the last (the whole set)."""
+        count = evaluations(self.job)
+        if not count:
+            return 0.0
+        sample = self.job.spec.train.eval_max_examples
+        return (count - 1) * self.evaluation_s(roof, micro, sample) + self.evaluation_s(roof, micro)
 
     def _trace_eval(self) -> tuple[OpTrace, int]:
         """One eval batch's forward, as runtime/evaluate.py runs it (no gradients, under autocast)."""
         job, data = self.job, self.job.data.eval
-        n = min(job.micro, len(data))
+        n = eval_batch_size(job.micro, len(data))
         batch = to_device(data.collate(list(range(n))), job.device)
         module = job.module
 
@@ -113,7 +126,7 @@ class Traces:
 
         module.eval()
         try:
-            with torch.no_grad(), autocast(job.precision, job.device):
+            with torch.inference_mode(), autocast(job.precision, job.device):
                 forward()  # warm-up: kernels' first use
                 trace = OpTrace.of(forward, list(module.parameters()))
         finally:
@@ -181,10 +194,10 @@ def local_step(
 def local_evaluations_s(job: Job, traces: Traces, here: Machine) -> float:
     """Every evaluation of the run on the roofline the step's estimate uses; 0 where there is none (or
     no figures for this device: nothing to estimate it on)."""
-    count, figures = evaluations(job), local_figures(here, job)
-    if not count or figures is None:
+    figures = local_figures(here, job)
+    if figures is None:
         return 0.0
-    return count * traces.evaluation_s(figures.roof(job.precision.name), job.micro)
+    return traces.all_evaluations_s(figures.roof(job.precision.name), job.micro)
 
 
 def local_figures(here: Machine, job: Job) -> DeviceFigures | None:

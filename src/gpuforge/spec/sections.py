@@ -115,16 +115,38 @@ class TrainSpec(Section):
     global_batch_size: int | None = Field(
         None, ge=1, description="examples a step, over all processes, reached by gradient accumulation"
     )
-    lr: float = Field(5e-5, gt=0)
+    lr: float | Literal["auto"] = Field(
+        5e-5,
+        description="AdamW's peak rate, or auto: a range test of LR_FIND_STEPS steps at the start picks it "
+        "(train/lr_find.py: the rule, <run>/lr_find.json: the curve); its time and cost count in the run's",
+    )
     weight_decay: float = Field(0.01, ge=0)
+    schedule: Literal["auto", "cosine", "wsd", "constant"] = Field(
+        "auto",
+        description="after warm-up: cosine decays to lr * min_lr_ratio over max_steps; wsd holds lr, then "
+        "decays in the last 20% of max_steps; constant holds it. auto: wsd when stop_at or early_stop may "
+        "end the run before max_steps (a ceiling then, not a length), else cosine",
+    )
     warmup_steps: int | None = Field(None, ge=0, description="default: warmup_ratio of the steps")
-    warmup_ratio: float = Field(0.05, ge=0, le=1)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine decays to lr * min_lr_ratio")
+    warmup_ratio: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="default by what trains: none for LoRA and for a model trained from scratch; 5% of "
+        "the steps (at most 100) for full fine-tuning of pretrained weights",
+    )
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine and wsd decay to lr * min_lr_ratio")
     grad_clip: float | None = Field(1.0, gt=0)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     seed: int = Field(0, ge=0, lt=2**32)
     log_every: int = Field(1, ge=1)
     eval_every: int | None = Field(None, ge=1, description="default: only at the end")
+    eval_max_examples: int | None = Field(
+        None,
+        ge=1,
+        description="evaluations before the last read a fixed seeded sample of this many held-out examples "
+        "(enough for stop_at and early_stop); the last evaluation reads the whole set",
+    )
     checkpoint_every: int | None = Field(None, ge=1, description="default: only at the end and on signals")
     keep_checkpoints: int = Field(2, ge=1)
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory")
@@ -152,6 +174,13 @@ class TrainSpec(Section):
         description="the job's model is the best evaluation's weights (by early_stop.metric, else "
         "eval_loss), not the last step's; needs eval_every",
     )
+
+    @field_validator("lr")
+    @classmethod
+    def _lr(cls, v: float | str) -> float | str:
+        if v != "auto" and not v > 0:
+            raise ValueError("must be > 0")
+        return v
 
     @field_validator("batch_size")
     @classmethod

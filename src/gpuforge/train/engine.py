@@ -28,6 +28,8 @@ from gpuforge.spec import JobSpec
 from gpuforge.train.batch import check_memory_budget
 from gpuforge.train.checkpoint import read_meta
 from gpuforge.train.exports import NoTracking, make_tracker
+from gpuforge.train.lr_find import MAX_LR, MIN_LR, find_lr
+from gpuforge.train.lr_find import STEPS as LR_FIND_STEPS
 from gpuforge.train.profile import Profiling, StepProfiler, step_profiler
 from gpuforge.train.progress import Reporter
 from gpuforge.train.resume import check_not_past, check_same_job, finished_already
@@ -68,6 +70,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
 
     stop = StopFlag()
     with _running(run, spec, stop, ranks), tracker.opened(run, spec, state.resumed_from):
+        _pick_lr(trainer, state, stop)  # train.lr auto: the range test, before step 1 (not on resume)
         _announce(trainer, state)
         meter = trainer.start_meter()
         trainer.reporter.start(job.total_steps, state.start_step)
@@ -153,11 +156,26 @@ def _check_strategy(spec: JobSpec, ranks: Ranks) -> None:
         )
 
 
+def _pick_lr(t: Trainer, state: LoopState, stop: StopFlag) -> None:
+    """train.lr auto: a fresh run's range test picks the rate (lr_find.py); a resumed run's checkpoint
+    holds the rate its test picked (the optimizer's and the schedule's state)."""
+    if t.spec.train.lr != "auto" or state.resumed_from is not None:
+        return
+    log.info("lr auto: a range test of %d steps, lr %g to %g", LR_FIND_STEPS, MIN_LR, MAX_LR)
+    test = find_lr(t, stop)
+    t.use_lr(test.lr)
+    log.info("lr auto: %s; the test took %.1f s (%d steps)", test.reason, test.seconds, test.steps)
+    if t.ranks.is_main:
+        test.write(t.run)
+        t.run.event("lr_found", lr=test.lr, reason=test.reason, steps=test.steps, seconds=test.seconds)
+
+
 def _announce(t: Trainer, state: LoopState) -> None:
     """The log's account of the job, and the `started` event."""
     job, device, built, data, search = t.job, t.job.device, t.job.built, t.job.data, t.job.search
     log.info("job %s on %s (%s)", t.spec.name, device_name(device), device.type)
     log.info("precision %s: %s", job.precision.name, job.precision.reason)
+    log.info("lr %g, schedule %s", t.scheduler.base_lrs[0], t.shape.why)
     log.info(
         "model %s: %.2fM parameters (%.2fM trainable)",
         built.description,
@@ -188,6 +206,7 @@ def _announce(t: Trainer, state: LoopState) -> None:
         total_steps=job.total_steps,
         device=device_name(device),
         precision=job.precision.name,
+        lr=t.scheduler.base_lrs[0],  # train.lr auto: the range test's pick
         resumed_from=state.resumed_from,
         micro_batch=state.micro,
         global_batch=job.order.global_batch,

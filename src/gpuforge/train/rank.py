@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     logger = logging.getLogger("gpuforge")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    from gpuforge.hardware.probe import is_out_of_memory
     from gpuforge.train.engine import train
-    from gpuforge.train.step import is_out_of_memory
 
     try:
         result = RunResult.model_validate(train(load_spec(args.spec), args.out))

@@ -34,7 +34,19 @@ RESUMABLE_CHANGES = {
 # run stored before the section existed has none)
 RESUMABLE_SECTIONS = {"tracking"}
 # Keys added since runs were first stored, by their defaults: a stored spec without one meant the default
-ADDED_KEYS = {("train", "early_stop"): None, ("train", "stop_at"): None, ("train", "keep_best"): False}
+ADDED_KEYS = {
+    ("train", "early_stop"): None,
+    ("train", "stop_at"): None,
+    ("train", "keep_best"): False,
+    ("train", "fast_dropout"): True,
+    ("train", "schedule"): "auto",
+    ("train", "eval_max_examples"): None,
+}
+# Defaults changed since runs were first stored: a stored spec from before (without the key that came with
+# the change) that holds the old default meant "the default". train.warmup_ratio was 0.05 of every run; it
+# now depends on what trains (train/schedule.py): a resumed run takes the new rule, which differs from the
+# old one only for a run resumed inside its warm-up.
+CHANGED_DEFAULTS = {("train", "warmup_ratio"): (0.05, None, "schedule")}
 
 
 def check_same_job(run: RunDir, spec: JobSpec) -> None:
@@ -42,6 +54,10 @@ def check_same_job(run: RunDir, spec: JobSpec) -> None:
     if not run.spec_path.exists():
         return
     stored = yaml.safe_load(run.spec_path.read_text()) or {}
+    for (section, key), (old, new, came_with) in CHANGED_DEFAULTS.items():
+        held = stored.get(section)
+        if isinstance(held, dict) and came_with not in held and held.get(key) == old:
+            held[key] = new
     for (section, key), default in ADDED_KEYS.items():
         if isinstance(stored.get(section), dict):
             stored[section].setdefault(key, default)

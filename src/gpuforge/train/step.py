@@ -79,15 +79,3 @@ def make_optimizer(
     ]
     # fused AdamW: one kernel over all tensors; on a CPU it makes the optimizer step ~5x faster
     return torch.optim.AdamW(groups, lr=lr, fused=device.type in ("cuda", "cpu"))
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    if isinstance(err, torch.OutOfMemoryError):
-        return True
-    return isinstance(err, RuntimeError) and "out of memory" in str(err).lower()
-
-
-def release_memory(device: torch.device) -> None:
-    """What an out-of-memory error left cached, back to the device before a retry."""
-    if device.type == "cuda":
-        torch.cuda.empty_cache()

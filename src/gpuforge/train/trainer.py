@@ -9,6 +9,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,9 @@ from gpuforge.distributed.parallel import Parallel, wrap
 from gpuforge.distributed.ranks import Ranks
 from gpuforge.errors import SpecError
 from gpuforge.hardware.bench import peak_flops
-from gpuforge.hardware.probe import peak_memory_bytes, reset_peak_memory
+from gpuforge.hardware.probe import is_out_of_memory, peak_memory_bytes, release_memory, reset_peak_memory
 from gpuforge.runs import RunDir
-from gpuforge.runtime.evaluate import evaluate, to_device
+from gpuforge.runtime.evaluate import eval_batch_size, evaluate, to_device
 from gpuforge.runtime.phases import phase
 from gpuforge.runtime.precision import MixedPrecision
 from gpuforge.spec import JobSpec
@@ -33,12 +34,13 @@ from gpuforge.train.checkpoint import (
     set_rng_state,
 )
 from gpuforge.train.early_stop import Watch
+from gpuforge.train.lr_find import initial_lr
 from gpuforge.train.metrics import FlopModel, Meter, StepClock, usd
 from gpuforge.train.progress import Reporter
-from gpuforge.train.schedule import make_scheduler
+from gpuforge.train.schedule import Shape, make_scheduler
 from gpuforge.train.setup import Job, seed_everything
 from gpuforge.train.signals import StopFlag
-from gpuforge.train.step import forward_backward, is_out_of_memory, make_optimizer, release_memory
+from gpuforge.train.step import forward_backward, make_optimizer
 
 log = logging.getLogger("gpuforge.train")
 
@@ -107,6 +109,7 @@ class Trainer:
     scheduler: Any
     amp: MixedPrecision
     trained: list[torch.Tensor]  # the optimizer's parameters (LoRA: a few of many), whose norm is clipped
+    shape: Shape  # the schedule: warm-up, then cosine, wsd or constant
     watch: Watch | None = None  # train.early_stop, stop_at, keep_best: None when the spec sets none
 
     @classmethod
@@ -128,14 +131,23 @@ class Trainer:
         parallel = wrap(job.module, spec.distributed, ranks, device, seed=spec.train.seed)
         if ranks.rank > 0:
             seed_everything(spec.train.seed + ranks.rank)  # weights alike already; dropout masks must differ
-        optimizer = make_optimizer(parallel.model, spec.train.lr, spec.train.weight_decay, device)
-        scheduler = make_scheduler(
-            optimizer, warmup_steps(spec, job.total_steps), job.total_steps, spec.train.min_lr_ratio
-        )
+        # lr auto: a placeholder, which the range test (find_lr) or the checkpoint's state replaces
+        optimizer = make_optimizer(parallel.model, initial_lr(spec.train.lr), spec.train.weight_decay, device)
+        shape = Shape.of(spec.train, what_trains(job), job.total_steps)
+        scheduler = make_scheduler(optimizer, shape)
         trained = [p for group in optimizer.param_groups for p in group["params"]]
         amp = MixedPrecision(job.precision, device)
         watch = Watch.from_spec(spec.train)
-        return cls(job, ranks, run, reporter, started, parallel, optimizer, scheduler, amp, trained, watch)
+        return cls(
+            job, ranks, run, reporter, started, parallel, optimizer, scheduler, amp, trained, shape, watch
+        )
+
+    def use_lr(self, lr: float) -> None:
+        """The peak rate the range test picked, before the first step: the schedule starts again on it."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+            group.pop("initial_lr", None)  # LambdaLR keeps a group's first rate as its base
+        self.scheduler = make_scheduler(self.optimizer, self.shape)
 
     @property
     def spec(self) -> JobSpec:
@@ -263,11 +275,25 @@ class Trainer:
         if job.data.eval is None or not due:
             return None
         eval_shards = self.ranks if self.parallel.strategy == "ddp" else None  # FSDP: every rank every batch
+        sample = self.eval_sample if state.step != job.total_steps else None  # the last: the whole set
+        batch = eval_batch_size(state.micro, len(job.data.eval))
         state.last_eval = evaluate(
-            job.built, job.task, job.data.eval, state.micro, job.precision, job.device, eval_shards
+            job.built, job.task, job.data.eval, batch, job.precision, job.device, eval_shards, sample
         )
+        if sample is not None:  # said in the record: these figures are a sample's
+            state.last_eval["examples"] = len(sample)
         self.module.train()
         return state.last_eval
+
+    @cached_property
+    def eval_sample(self) -> list[int] | None:
+        """train.eval_max_examples: the held-out examples evaluations before the last read, the same every
+        time (seeded by train.seed), so their figures compare; None: the whole set."""
+        most, data = self.spec.train.eval_max_examples, self.job.data.eval
+        if most is None or data is None or len(data) <= most:
+            return None
+        generator = torch.Generator().manual_seed(self.spec.train.seed)
+        return sorted(torch.randperm(len(data), generator=generator)[:most].tolist())
 
     def judge(self, state: LoopState, evaluation: dict[str, float]) -> bool:
         """An evaluation against train.early_stop and stop_at (only where the spec sets them): True when the
@@ -391,8 +417,8 @@ class Trainer:
         return budget is not None and self.spent(state) >= budget
 
 
-def warmup_steps(spec: JobSpec, total_steps: int) -> int:
-    """train.warmup_steps, or train.warmup_ratio of the run's steps."""
-    if spec.train.warmup_steps is not None:
-        return spec.train.warmup_steps
-    return round(spec.train.warmup_ratio * total_steps)
+def what_trains(job: Job) -> str:
+    """What the default warm-up depends on (train/schedule.py): "lora", "scratch" or "full"."""
+    if job.built.adapter:
+        return "lora"
+    return "full" if job.built.extra.get("pretrained") else "scratch"

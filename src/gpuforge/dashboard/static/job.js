@@ -3,7 +3,7 @@
 // (its summary, its last metrics) and the page stays as it is.
 
 import { api, jobEnded, onLeave, poll } from "/static/app.js";
-import { chartedMetrics, lineChart, reportChart } from "/static/charts.js";
+import { chartedMetrics, lineChart, reportChart, xyChart } from "/static/charts.js";
 import { badge, detailText, el, setText } from "/static/dom.js";
 import * as f from "/static/format.js";
 import { profileSection } from "/static/profile.js";
@@ -30,11 +30,13 @@ export async function render(root, { id }) {
   const title = el("h1", { id: "job-title" });
   const reportSlot = el("div"); // #report goes here once the job has one
   const profileSlot = el("div"); // #profile goes here once the run has one
+  const lrSlot = el("div"); // #lr-find goes here once the run's range test (train.lr auto) wrote its curve
   root.replaceChildren(
     el("p", { class: "crumbs" }, el("a", { href: "/", text: "Jobs" }), ` / job ${id}`),
     title,
     head,
     el("section", {}, el("h2", { text: "Metrics" }), noCharts, chartsBox),
+    lrSlot,
     profileSlot,
     el(
       "div",
@@ -53,12 +55,14 @@ export async function render(root, { id }) {
   let logOffset = -1;
   let lastState = null;
   let report = null; // {chart} while drawn
+  let lrChart = null; // the range test's chart while drawn
   let script = false; // a script job (kind: script): every figure it logs is charted
   let files = {}; // {server path: the user's name} of its uploads: the spec and summary show the name
   let charged = null; // the ledger's cost: the summary's cost row shows this one number, as the header does
   onLeave(() => {
     for (const c of charts.values()) c.chart.destroy();
     report?.chart.destroy();
+    lrChart?.destroy();
   });
 
   drawHead(first.data);
@@ -76,7 +80,7 @@ export async function render(root, { id }) {
     drawHead(job);
     // read after the job: when it says ended, these hold everything its run wrote (the last refresh)
     const reads = [series(), events(), logs()];
-    if (job.state !== lastState) reads.push(loadSummary(), loadReport(), loadProfile()); // written when a run stops
+    if (job.state !== lastState) reads.push(loadSummary(), loadReport(), loadProfile(), loadLrFind()); // written when a run stops
     lastState = job.state;
     await Promise.all(reads);
     return !jobEnded(job.state);
@@ -154,6 +158,7 @@ export async function render(root, { id }) {
       );
       if (e.kind === "compressed") loadReport(); // the report lands with this event
       if (e.kind === "profiled") loadProfile(); // so does a profile asked for while it runs
+      if (e.kind === "lr_found") loadLrFind(); // the range test's curve, before step 1
     }
     if (follow) timeline.scrollTop = timeline.scrollHeight;
   }
@@ -195,6 +200,28 @@ export async function render(root, { id }) {
   // --- the profile: a stacked bar of the mean step, advice, operators, the trace; none without one ---
   async function loadProfile() {
     profileSlot.replaceChildren(...[await profileSection(id)].filter(Boolean));
+  }
+
+  // --- train.lr auto: the range test's loss against the rate (log scale), the pick and why ---
+  async function loadLrFind() {
+    const answer = await api(`/api/v1/jobs/${id}/lr_find`);
+    if (!answer.ok || !Array.isArray(answer.data?.points)) return; // none (yet): what is drawn stays
+    const { points, lr, reason, seconds } = answer.data;
+    lrChart?.destroy();
+    const div = el("div", { class: "chart", "data-metric": "lr_find", "data-points": String(points.length) });
+    const said = `${reason}` + (seconds != null ? ` · the test took ${f.duration(seconds)}` : "");
+    lrSlot.replaceChildren(
+      el(
+        "section",
+        { id: "lr-find" },
+        el("h2", { text: "Learning rate (range test)" }),
+        el("p", { class: "muted", title: REPORTED, "data-lr": String(lr), text: said }),
+        el("div", { class: "charts" }, div),
+      ),
+    );
+    const rate = (v) => f.sig4(10 ** v);
+    lrChart = xyChart(div, { title: "loss against learning rate", xLabel: "lr", yLabel: "loss", xFormat: rate, labels: ["loss"] });
+    lrChart.setData([points.map((p) => Math.log10(p[0])), points.map((p) => p[1])]);
   }
 
   // --- the compression report: a table and size-against-metric points; no section without one ---
