@@ -119,6 +119,11 @@ class JobSpec(Section):
             self.train.epochs = 1.0
         if self.model.task == "image-classification" and self.data.tokenizer is not None:
             raise ValueError("data.tokenizer is meaningless for image-classification")
+        if self.data.group_by_length and self.model.task != "sequence-classification":
+            raise ValueError(
+                f"data.group_by_length: a {self.model.task} job's examples have one length (causal-lm "
+                "data is packed into blocks); it groups sequence-classification examples"
+            )
         return self
 
     def file_references(self) -> list[tuple[str, Path]]:

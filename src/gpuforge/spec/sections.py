@@ -72,6 +72,11 @@ class DataSpec(Section):
         None, description="bytes | hf:<dir> | bundled:<name>; defaults to the model's own tokenizer"
     )
     max_records: int | None = Field(None, ge=1, description="read at most this many records (quick trials)")
+    group_by_length: bool = Field(
+        False,
+        description="text classification: batches of examples of similar length (seeded, still shuffled), "
+        "so that per-batch padding pads little; changes which examples share a batch",
+    )
 
 
 MAX_PROFILE_STEPS = 50  # a profile's steps at most: a trace of more is hundreds of MB and tells no more

@@ -41,6 +41,7 @@ ADDED_KEYS = {
     ("train", "fast_dropout"): True,
     ("train", "schedule"): "auto",
     ("train", "eval_max_examples"): None,
+    ("data", "group_by_length"): False,
 }
 # Defaults changed since runs were first stored: a stored spec from before (without the key that came with
 # the change) that holds the old default meant "the default". train.warmup_ratio was 0.05 of every run; it

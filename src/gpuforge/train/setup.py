@@ -125,7 +125,10 @@ def build_job(spec: JobSpec, resume: dict[str, Any] | None = None, ranks: Ranks 
         built.module.to(device).train()
 
     order = BatchOrder(
-        len(data.train), spec.train.global_batch_size or spec.train.batch_size, spec.train.seed
+        len(data.train),
+        spec.train.global_batch_size or spec.train.batch_size,
+        spec.train.seed,
+        lengths=_lengths_to_group(spec, data.train),
     )
     share = math.ceil(order.global_batch / ranks.world)  # the most examples a process gets a step
     search = None
@@ -142,3 +145,8 @@ def build_job(spec: JobSpec, resume: dict[str, Any] | None = None, ranks: Ranks 
         built.module.compile()  # in place: parameter names (and so checkpoints) stay the eager model's
     total_steps = spec.train.max_steps or max(1, math.ceil(spec.train.epochs * order.steps_per_epoch))
     return Job(spec, device, precision, tokenizer, data, built, order, micro, search, total_steps)
+
+
+def _lengths_to_group(spec: JobSpec, train) -> list[int] | None:
+    """data.group_by_length (sequence-classification, spec/jobs.py checks): the examples' lengths."""
+    return train.lengths if spec.data.group_by_length else None
