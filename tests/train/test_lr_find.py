@@ -11,7 +11,7 @@ from gpuforge.run_files import read_lr_find
 from gpuforge.runs import RunDir
 from gpuforge.spec import parse_spec
 from gpuforge.train.engine import train
-from gpuforge.train.lr_find import MAX_LR, MIN_LR, STEPS, pick, rate_at, smooth
+from gpuforge.train.lr_find import MAX_LR, MIN_LR, STEPS, pick, rate_at, rise_at
 from tests.helpers.reporters import SignalAt
 from tests.helpers.specs import image_spec
 
@@ -27,19 +27,20 @@ def test_the_rates_run_from_min_to_max_on_a_log_scale():
     assert len(ratios) == 1  # evenly spaced in log(lr)
 
 
-def test_the_pick_is_a_tenth_of_the_rate_at_the_lowest_smoothed_loss():
-    lrs = [10.0**k for k in range(-6, 1)]  # 1e-6 .. 1
-    losses = [2.0, 2.0, 1.9, 1.5, 0.8, 0.5, 3.0]  # lowest at 1e-1 (index 5), then it blows up
-    lr, why = pick(lrs, losses)
-    smoothed = smooth(losses)
-    assert min(range(len(smoothed)), key=smoothed.__getitem__) == 5
-    assert lr == pytest.approx(1e-2) and "a tenth of the rate at the lowest smoothed loss (0.1" in why
+def test_the_pick_is_a_twentieth_of_the_highest_rate_before_the_loss_rose():
+    lrs = [10.0**k for k in range(-5, 1)]  # 1e-5 .. 1
+    flat_then_up = [0.69, 0.69, 0.691, 0.689, 0.9, 1.5]  # flat (noise) to 1e-2, up at 1e-1
+    assert rise_at(flat_then_up) == 4
+    lr, why = pick(lrs, flat_then_up)
+    assert lr == pytest.approx(1e-2 / 20) and "(0.01; it rose at 0.1)" in why
+    assert pick(lrs, [2.0, 1.5, 1.0, 0.6, 0.4, 0.3])[0] == pytest.approx(1 / 20)  # it never rose
+    assert "never rose" in pick(lrs, [2.0, 1.5, 1.0, 0.6, 0.4, 0.3])[1]
+    assert rise_at([1.0, 0.9, math.nan]) == 2  # not finite: past the rise too
 
 
-def test_a_curve_that_rises_from_the_start_picks_the_lowest_rate_and_too_few_points_the_default():
-    assert pick([1e-6, 1e-5, 1e-4, 1e-3], [1.0, 2.0, 4.0, 8.0])[0] == pytest.approx(1e-6)
-    lr, why = pick([1e-6, 1e-5], [1.0, math.nan])
-    assert lr == pytest.approx(1e-3) and "only 1 finite" in why
+def test_a_curve_that_rises_at_once_picks_the_lowest_rate():
+    lr, why = pick([1e-5, 1e-4, 1e-3], [1.0, 2.0, 4.0])
+    assert lr == pytest.approx(1e-5) and "rose from the lowest rate" in why
 
 
 def test_an_auto_run_is_the_run_with_the_rate_it_picked(tmp_path):
