@@ -23,6 +23,7 @@ def test_grouped_batches_cover_an_epoch_once_and_pad_less():
     plain = BatchOrder(len(LENGTHS), 32, seed=3)
     epoch = [i for s in range(grouped.steps_per_epoch) for i in grouped.batch(s)]
     assert len(epoch) == len(set(epoch)) == 31 * 32  # the ragged tail dropped, as without grouping
+    assert set(epoch) == set(plain.batch(s)[i] for s in range(31) for i in range(32))  # the same examples
     assert _padded(grouped, 31) < 0.7 * _padded(plain, 31)
     spreads = [max(LENGTHS[i] for i in b) - min(LENGTHS[i] for i in b) for b in map(grouped.batch, range(31))]
     assert max(spreads) <= 16  # neighbours in length within a run of 16 batches

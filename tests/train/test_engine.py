@@ -348,9 +348,18 @@ def test_eval_max_examples_samples_the_evaluations_before_the_last(tmp_path):
     raw = image_spec(tmp_path, max_steps=6, eval_every=2, eval_max_examples=50)
     sampled = _train(tmp_path, raw, "sampled")
     evals = [m for m in RunDir(tmp_path / "sampled").metrics() if "eval_loss" in m]
-    assert [(m["step"], m.get("eval_examples")) for m in evals] == [(2, 50), (4, 50), (6, None)]
+    assert [(m["step"], m.get("evaluated_examples")) for m in evals] == [(2, 50), (4, 50), (6, None)]
     assert evals[0]["eval_loss"] != next(
         m["eval_loss"] for m in RunDir(tmp_path / "whole").metrics() if m["step"] == 2
     )  # a sample's figure, not the set's
     assert sampled["eval"] == pytest.approx(whole["eval"], rel=1e-6)  # the last: the whole set
     assert _losses(tmp_path / "sampled") == pytest.approx(_losses(tmp_path / "whole"), rel=1e-6)
+
+
+def test_a_sampled_evaluation_that_ends_the_run_is_followed_by_the_whole_sets(tmp_path):
+    stop = {"max_steps": 10, "eval_every": 2, "stop_at": {"eval_accuracy": 0.0}}  # reached at step 2
+    whole = _train(tmp_path, image_spec(tmp_path, **stop), "whole")
+    sampled = _train(tmp_path, image_spec(tmp_path, eval_max_examples=50, **stop), "sampled")
+    assert whole["steps"] == sampled["steps"] == 2
+    assert sampled["eval"] == pytest.approx(whole["eval"], rel=1e-6)
+    assert [m.get("evaluated_examples") for m in RunDir(tmp_path / "sampled").metrics()] == [None, 50]

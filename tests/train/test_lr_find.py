@@ -38,9 +38,10 @@ def test_the_pick_is_a_twentieth_of_the_highest_rate_before_the_loss_rose():
     assert rise_at([1.0, 0.9, math.nan]) == 2  # not finite: past the rise too
 
 
-def test_a_curve_that_rises_at_once_picks_the_lowest_rate():
-    lr, why = pick([1e-5, 1e-4, 1e-3], [1.0, 2.0, 4.0])
-    assert lr == pytest.approx(1e-5) and "rose from the lowest rate" in why
+def test_a_rise_counts_from_the_fourth_step_and_a_loss_not_finite_at_once_picks_below_the_range():
+    assert rise_at([1.0, 1.5, 2.0, 2.5]) == 3  # steps 1-2 moved by a batch's noise count for nothing
+    lr, why = pick([1e-5, 1e-4, 1e-3], [math.inf])
+    assert lr == pytest.approx(1e-5 / 20) and "rose at once" in why
 
 
 def test_an_auto_run_is_the_run_with_the_rate_it_picked(tmp_path):

@@ -1,6 +1,8 @@
 """The learning-rate schedule: warm-up by what trains, and a shape that does not tie itself to a max_steps
 the user set only as a ceiling; on real runs, the rates metrics.jsonl logs."""
 
+import json
+
 import pytest
 import yaml
 
@@ -8,6 +10,7 @@ from gpuforge.runs import RunDir
 from gpuforge.spec import TrainSpec, parse_spec
 from gpuforge.train.engine import train
 from gpuforge.train.schedule import FINE_TUNE_WARMUP_MAX, WSD_DECAY, Shape
+from tests.helpers.reporters import SignalAt
 from tests.helpers.specs import image_spec
 
 
@@ -70,3 +73,21 @@ def test_a_run_stored_with_the_old_warm_up_default_still_resumes(tmp_path):
     stored.write_text(yaml.safe_dump(older, sort_keys=False))
     raw["train"]["max_steps"] = 3
     assert train(parse_spec(raw, tmp_path), tmp_path / "run")["steps"] == 3
+
+
+def test_a_resumed_run_keeps_the_schedule_its_checkpoint_recorded(tmp_path):
+    """stop_at makes auto a wsd today; a checkpoint written before schedules had kinds ran cosine."""
+    raw = image_spec(tmp_path, max_steps=10, lr=0.01, eval_every=2, stop_at={"eval_accuracy": 1.01})
+    assert train(parse_spec(raw, tmp_path), tmp_path / "run", SignalAt(4))["steps"] == 4
+    run = RunDir(tmp_path / "run")
+    step, path = run.latest_checkpoint()
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["schedule"] == {"kind": "wsd", "warmup": 0}
+    del meta["schedule"]  # as an older gpuforge wrote it
+    (path / "meta.json").write_text(json.dumps(meta))
+    train(parse_spec(raw, tmp_path), tmp_path / "run")
+    rates = [m["lr"] for m in run.metrics()]
+    assert rates[:5] == pytest.approx([0.01] * 5)  # wsd, as the run began; step 5's rate is the checkpoint's
+    cosine = Shape("cosine", 0, 10, 0.1, "")
+    assert rates[5:] == pytest.approx([0.01 * cosine.factor(s) for s in range(5, 10)])
+    assert "a checkpoint from before train.schedule" in (run.logs_dir / "train.log").read_text()

@@ -23,7 +23,7 @@ class Source:
     manifest: Manifest
     spec: JobSpec
     data: Any  # PreparedData of the run (train for recovery, eval for the metric)
-    run_dir: Path  # the folder of the run's spec: its lr_find.json where train.lr was auto
+    run_dir: Path  # the model's run (<run>/model, <run>/compressed/<name>): its lr_find.json, lr auto
 
     @property
     def is_adapter(self) -> bool:
@@ -53,4 +53,4 @@ def open_source(model_dir: str | Path, spec_path: str | Path | None = None) -> S
     data = prepare_data(spec.data, spec.model.task, tokenizer, spec.train.seed, manifest.num_labels)
     if data.eval is None or len(data.eval) == 0:
         raise ArtifactError(f"{spec_path}: the run has no eval split (data.eval_fraction 0) to measure on")
-    return Source(model_dir, manifest, spec, data, spec_path.parent)
+    return Source(model_dir, manifest, spec, data, _run_spec(model_dir).parent)

@@ -39,12 +39,13 @@ from gpuforge.errors import GpuforgeError
 from gpuforge.hardware.timing import Timing
 from gpuforge.models.base import BuiltModel
 from gpuforge.spec import JobSpec
-from gpuforge.train.lr_find import found_lr, initial_lr
+from gpuforge.train.lr_find import found_lr
 from gpuforge.weights.merge import merge_adapter
 from gpuforge.weights.quantize import QUANT_KINDS, quantize_model, save_quantized, tensor_bytes
 
 log = logging.getLogger("gpuforge.compress")
 QUANTIZED_WEIGHTS = "quantized.pt"
+FALLBACK_LR = 5e-5  # recovery of a merged adapter, or of a run whose picked rate is not on record
 
 
 def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, Any, Manifest]:
@@ -74,7 +75,7 @@ def make_variant(source: Source, options: CompressOptions) -> tuple[BuiltModel, 
             config=pruned.config,
         )
         if options.recover_steps:
-            lr = options.recover_lr or (5e-5 if source.is_adapter else _trained_lr(source))
+            lr = options.recover_lr or (FALLBACK_LR if source.is_adapter else _trained_lr(source))
             losses = recover(
                 built_from(module, manifest),
                 source.spec,
@@ -324,7 +325,11 @@ def compress_run(spec: JobSpec, run_dir: str | Path) -> list[dict[str, Any]] | N
 
 
 def _trained_lr(source: Source) -> float:
-    """The rate the run trained at: train.lr, or for auto the one its range test picked (lr_find.json)."""
+    """The rate the run trained at: train.lr, or for auto the one its range test picked (lr_find.json),
+    else the fine-tuning default with a warning."""
     if source.spec.train.lr != "auto":
         return source.spec.train.lr
-    return found_lr(source.run_dir) or initial_lr("auto")
+    found = found_lr(source.run_dir)
+    if found is None:
+        log.warning("train.lr auto; %s has no lr_find.json: recovery at %g", source.run_dir, FALLBACK_LR)
+    return found or FALLBACK_LR

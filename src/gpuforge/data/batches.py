@@ -45,8 +45,9 @@ class BatchOrder:
 
     def _grouped(self, order: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         run = GROUP_BATCHES * self.global_batch
+        order = order[: self.steps_per_epoch * self.global_batch]  # the tail dropped at random, as ungrouped
         runs = [chunk[torch.argsort(self.lengths[chunk], stable=True)] for chunk in order.split(run)]
-        batches = torch.cat(runs)[: self.steps_per_epoch * self.global_batch].view(-1, self.global_batch)
+        batches = torch.cat(runs).view(-1, self.global_batch)
         return batches[torch.randperm(len(batches), generator=g)].flatten()
 
     def batch(self, step_index: int) -> list[int]:

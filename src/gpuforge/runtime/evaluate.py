@@ -23,10 +23,12 @@ class Shards(Protocol):
 EVAL_BATCH_FACTOR = 4  # examples an evaluation forward takes, per training micro-batch example
 
 
-def eval_batch_size(micro: int, examples: int) -> int:
+def eval_batch_size(micro: int, examples: int, processes: int = 1) -> int:
     """The evaluation's batch during training: no gradients and no activations kept for a backward, so
-    several times the training micro-batch fits in what the step used (an out-of-memory error halves it)."""
-    return max(1, min(examples, EVAL_BATCH_FACTOR * micro))
+    several times the training micro-batch fits in what the step used (an out-of-memory error halves it).
+    Several processes keep the micro-batch: a retry in one alone would part them."""
+    factor = EVAL_BATCH_FACTOR if processes == 1 else 1
+    return max(1, min(examples, factor * micro))
 
 
 def evaluate(
@@ -38,14 +40,16 @@ def evaluate(
     device: torch.device,
     shards: Shards | None = None,
     indices: list[int] | None = None,
+    retry: bool = True,
 ) -> dict[str, float]:
     """Loss and accuracy (classification) or perplexity (causal-lm) over the eval set (or `indices` of it).
 
     In inference mode, examples of similar length batched together (the sum does not depend on the order;
     each batch is padded to its longest, so sorted batches pad least). Out of memory, the pass starts over
-    in batches half as big. `shards` (DDP's ranks): each rank evaluates its slice of the set and the
-    tallies are summed (so eval time does not count against the other ranks' collective timeout). Without
-    it (one process, or FSDP, where every forward needs all the shards) every batch runs here."""
+    in batches half as big (`retry`: one process only). `shards` (DDP's ranks): each rank evaluates its
+    slice of the set and the tallies are summed (so eval time does not count against the other ranks'
+    collective timeout). Without it (one process, or FSDP, where every forward needs all the shards) every
+    batch runs here."""
     chosen = list(range(len(data))) if indices is None else indices
     mine = shards.share(chosen) if shards is not None else chosen
     lengths = getattr(data, "lengths", None)
@@ -57,8 +61,8 @@ def evaluate(
             tally = _tally(built, task, data, mine, batch_size, precision, device)
             break
         except Exception as err:
-            if batch_size == 1 or shards is not None or not is_out_of_memory(err):
-                raise  # several processes: a retry on one alone would desynchronise them
+            if batch_size == 1 or not retry or shards is not None or not is_out_of_memory(err):
+                raise  # several processes (DDP's shards, FSDP's gathers): a retry in one alone parts them
         release_memory(device)
         batch_size //= 2
     if shards is not None:

@@ -122,7 +122,7 @@ class TrainSpec(Section):
     )
     lr: float | Literal["auto"] = Field(
         5e-5,
-        description="AdamW's peak rate, or auto: a range test of LR_FIND_STEPS steps at the start picks it "
+        description="AdamW's peak rate, or auto: a range test of 16 steps at the start picks it "
         "(train/lr_find.py: the rule, <run>/lr_find.json: the curve); its time and cost count in the run's",
     )
     weight_decay: float = Field(0.01, ge=0)
@@ -132,7 +132,7 @@ class TrainSpec(Section):
         "decays in the last 20% of max_steps; constant holds it. auto: wsd when stop_at or early_stop may "
         "end the run before max_steps (a ceiling then, not a length), else cosine",
     )
-    warmup_steps: int | None = Field(None, ge=0, description="default: warmup_ratio of the steps")
+    warmup_steps: int | None = Field(None, ge=0, description="default: warmup_ratio's, else by what trains")
     warmup_ratio: float | None = Field(
         None,
         ge=0,

@@ -56,12 +56,13 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     latest = run.latest_checkpoint()
 
     # --- device, precision, data, model, batch: everything that can fail on bad input, before any write ---
-    job = build_job(spec, read_meta(latest[1]) if latest else {}, ranks)
+    resumed = read_meta(latest[1]) if latest else None
+    job = build_job(spec, resumed or {}, ranks)
     check_memory_budget(job)  # resources.max_memory: refused here with `gpuforge plan`'s verdict
     check_not_past(run, latest[0] if latest else None, job.total_steps)
 
     # --- processes, optimizer, schedule, loss scaling; then the newest checkpoint, if there is one ---
-    trainer = Trainer.build(job, ranks, run, reporter or Reporter(), started)
+    trainer = Trainer.build(job, ranks, run, reporter or Reporter(), started, resumed)
     state = trainer.resume(latest)
     finished = finished_already(run, state.resumed_from, job.total_steps, trainer.ended_early)
     if finished is not None:
@@ -70,7 +71,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
 
     stop = StopFlag()
     with _running(run, spec, stop, ranks), tracker.opened(run, spec, state.resumed_from):
-        _pick_lr(trainer, state, stop)  # train.lr auto: the range test, before step 1 (not on resume)
+        _pick_lr(trainer, state)  # train.lr auto: the range test, before step 1 (not on resume)
         _announce(trainer, state)
         meter = trainer.start_meter()
         trainer.reporter.start(job.total_steps, state.start_step)
@@ -156,13 +157,13 @@ def _check_strategy(spec: JobSpec, ranks: Ranks) -> None:
         )
 
 
-def _pick_lr(t: Trainer, state: LoopState, stop: StopFlag) -> None:
+def _pick_lr(t: Trainer, state: LoopState) -> None:
     """train.lr auto: a fresh run's range test picks the rate (lr_find.py); a resumed run's checkpoint
     holds the rate its test picked (the optimizer's and the schedule's state)."""
     if t.spec.train.lr != "auto" or state.resumed_from is not None:
         return
     log.info("lr auto: a range test of %d steps, lr %g to %g", LR_FIND_STEPS, MIN_LR, MAX_LR)
-    test = find_lr(t, stop)
+    test = find_lr(t)
     t.use_lr(test.lr)
     log.info("lr auto: %s; the test took %.1f s (%d steps)", test.reason, test.seconds, test.steps)
     if t.ranks.is_main:

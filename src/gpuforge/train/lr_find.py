@@ -37,7 +37,6 @@ from gpuforge.train.checkpoint import rng_state, set_rng_state
 from gpuforge.train.step import forward_backward, make_optimizer
 
 if TYPE_CHECKING:
-    from gpuforge.train.signals import StopFlag
     from gpuforge.train.trainer import Trainer
 
 log = logging.getLogger("gpuforge.train")
@@ -45,6 +44,7 @@ log = logging.getLogger("gpuforge.train")
 STEPS = 16
 MIN_LR, MAX_LR = 1e-5, 1.0  # LoRA, fresh heads and models from scratch: 1e-3..1e-2; full fine-tuning ~1e-4
 RISE = 0.05  # the smoothed loss this far above its lowest so far: the rate is past what training takes
+FIRST_RISE = 3  # a rise before this step is batch-to-batch noise (each step reads another batch)
 DIVISOR = 20
 SMOOTHING = 0.6  # weight of the past in the moving average: a few steps' noise, not the curve's shape
 PLACEHOLDER_LR = 1e-3  # what the optimizer is built with before the test (or a checkpoint) sets the rate
@@ -89,7 +89,7 @@ def rise_at(losses: list[float]) -> int | None:
     loss is not finite); None while it has not."""
     lowest = math.inf
     for i, (loss, smoothed) in enumerate(zip(losses, smooth(losses), strict=True)):
-        if not math.isfinite(loss) or smoothed > lowest * (1 + RISE):
+        if not math.isfinite(loss) or (i >= FIRST_RISE and smoothed > lowest * (1 + RISE)):
             return i
         lowest = min(lowest, smoothed)
     return None
@@ -99,9 +99,9 @@ def pick(lrs: list[float], losses: list[float]) -> tuple[float, str]:
     """The rule applied to a curve: (rate, why)."""
     rose = rise_at(losses)
     below = (len(losses) if rose is None else rose) - 1  # the highest rate before the rise
-    if below < 1:  # the loss rose at once: even the lowest rates move too far
-        chosen = lrs[0] if lrs else MIN_LR
-        return chosen, f"lr {chosen:.3g}: the loss rose from the lowest rate tried ({chosen:.3g})"
+    if below < 1:  # the loss was not finite at once: even the lowest rates move too far
+        chosen = (lrs[0] if lrs else MIN_LR) / DIVISOR
+        return chosen, f"lr {chosen:.3g}: a {DIVISOR}th of the lowest rate tried; the loss rose at once"
     chosen, at = lrs[below] / DIVISOR, lrs[below]
     if rose is None:
         return (
@@ -111,8 +111,10 @@ def pick(lrs: list[float], losses: list[float]) -> tuple[float, str]:
     return chosen, f"lr {chosen:.3g}: {RULE} ({at:.3g}; it rose at {lrs[rose]:.3g})"
 
 
-def find_lr(t: Trainer, stop: StopFlag) -> RangeTest:
-    """Run the range test on the trainer's model and data and put everything back; the record."""
+def find_lr(t: Trainer) -> RangeTest:
+    """Run the range test on the trainer's model and data and put everything back; the record. A signal
+    waits for its end (a few seconds): a rate from a cut curve would be kept by the checkpoint the signal
+    writes, and the processes of a distributed job would leave the test at different steps."""
     began = time.perf_counter()
     job, module = t.job, t.parallel.model
     saved = _snapshot(module)
@@ -141,8 +143,6 @@ def find_lr(t: Trainer, stop: StopFlag) -> RangeTest:
                 optimizer, trained, t.spec.train.grad_clip
             )  # refused (inf norm): the next step shows it
             optimizer.zero_grad(set_to_none=True)
-            if stop.signal_name is not None:
-                break
     finally:
         optimizer.zero_grad(set_to_none=True)
         del optimizer
@@ -150,6 +150,7 @@ def find_lr(t: Trainer, stop: StopFlag) -> RangeTest:
         set_rng_state(rng)
         if scaler is not None:
             t.amp.scaler.load_state_dict(scaler)
+        _forget_compression(t.parallel.hook_state)
     chosen, reason = pick(lrs, losses)
     finite = [loss for loss in losses if math.isfinite(loss)]
     return RangeTest(
@@ -165,11 +166,23 @@ def find_lr(t: Trainer, stop: StopFlag) -> RangeTest:
     )
 
 
+def _forget_compression(state) -> None:
+    """DDP's gradient compression as if the test had not run: PowerSGD's error feedback and warm-started Q
+    (the test's last residual would join step 1's gradient), its step count (compression starts at
+    powersgd_start_step of the run's steps), and the bytes counted (not step 1's)."""
+    if state is None:
+        return
+    state.iter, state.generator = 0, None
+    state.memory.clear()
+    state.counter.pop()
+
+
 def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Copies of what the test changes: the trained weights and the buffers (batch norm's statistics)."""
+    """Copies of what the test changes: the trained weights and the buffers (batch norm's statistics), in
+    host memory (a GPU's is the batch's: full fine-tuning would double the weights' share of it)."""
     kept = {n: p for n, p in module.named_parameters() if p.requires_grad}
     kept.update(dict(module.named_buffers()))
-    return {name: tensor.detach().clone() for name, tensor in kept.items()}
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in kept.items()}
 
 
 def _restore(module: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:

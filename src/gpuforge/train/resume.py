@@ -44,9 +44,9 @@ ADDED_KEYS = {
     ("data", "group_by_length"): False,
 }
 # Defaults changed since runs were first stored: a stored spec from before (without the key that came with
-# the change) that holds the old default meant "the default". train.warmup_ratio was 0.05 of every run; it
-# now depends on what trains (train/schedule.py): a resumed run takes the new rule, which differs from the
-# old one only for a run resumed inside its warm-up.
+# the change) holding the old default meant "the default", and matches a spec that leaves the key unset
+# today. train.warmup_ratio was 0.05 of every run; it now depends on what trains. Either way the resumed
+# run keeps the schedule it ran: its checkpoint's (train/schedule.py Shape.kept).
 CHANGED_DEFAULTS = {("train", "warmup_ratio"): (0.05, None, "schedule")}
 
 
@@ -55,14 +55,14 @@ def check_same_job(run: RunDir, spec: JobSpec) -> None:
     if not run.spec_path.exists():
         return
     stored = yaml.safe_load(run.spec_path.read_text()) or {}
+    current = spec.model_dump(mode="json")
     for (section, key), (old, new, came_with) in CHANGED_DEFAULTS.items():
-        held = stored.get(section)
-        if isinstance(held, dict) and came_with not in held and held.get(key) == old:
+        held, now = stored.get(section), current.get(section, {}).get(key)
+        if isinstance(held, dict) and came_with not in held and held.get(key) == old and now == new:
             held[key] = new
     for (section, key), default in ADDED_KEYS.items():
         if isinstance(stored.get(section), dict):
             stored[section].setdefault(key, default)
-    current = spec.model_dump(mode="json")
     differing = [
         key
         for key in _diff_keys(stored, current)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+KINDS = ("cosine", "wsd", "constant")
 WSD_DECAY = 0.2  # wsd: the share of the steps, at the end, over which the rate decays
 FINE_TUNE_WARMUP_RATIO = 0.05
 FINE_TUNE_WARMUP_MAX = 100
@@ -51,6 +52,27 @@ class Shape:
             warmup, warmup_why = round(train.warmup_ratio * total_steps), "train.warmup_ratio"
         why = f"{kind} ({kind_why}), {warmup} warm-up steps ({warmup_why})"
         return cls(kind, warmup, total_steps, train.min_lr_ratio, why)
+
+    @classmethod
+    def kept(cls, stored: object, train, total_steps: int) -> Shape:
+        """A resumed run's schedule: the kind and warm-up its checkpoint recorded (the spec's auto and its
+        defaults may resolve otherwise today); a checkpoint from before schedules had kinds ran cosine
+        with train.warmup_steps, or warmup_ratio (0.05 then by default) of the steps."""
+        if isinstance(stored, dict) and stored.get("kind") in KINDS and isinstance(stored.get("warmup"), int):
+            kind, warmup = stored["kind"], stored["warmup"]
+            return cls(
+                kind, warmup, total_steps, train.min_lr_ratio, f"{kind}, {warmup} warm-up steps (kept)"
+            )
+        if train.warmup_steps is not None:
+            warmup = train.warmup_steps
+        else:
+            warmup = round((0.05 if train.warmup_ratio is None else train.warmup_ratio) * total_steps)
+        why = f"cosine, {warmup} warm-up steps (a checkpoint from before train.schedule: as the run began)"
+        return cls("cosine", warmup, total_steps, train.min_lr_ratio, why)
+
+    def recorded(self) -> dict[str, object]:
+        """What a checkpoint keeps of it (Shape.kept reads it back)."""
+        return {"kind": self.kind, "warmup": self.warmup}
 
     def factor(self, step: int) -> float:
         """Multiplier of the base lr for the optimizer step `step` (0-based)."""

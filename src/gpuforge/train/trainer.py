@@ -58,6 +58,7 @@ class LoopState:
     reason: str | None = None
     loss: float = math.nan  # of the last step
     last_eval: dict[str, float] | None = None
+    sampled_at: int | None = None  # the step whose evaluation read train.eval_max_examples' sample
     samples_done: int = 0  # in this process's steps, every rank's
     tokens_done: int = 0
     comm_bytes_done: int = 0
@@ -113,9 +114,18 @@ class Trainer:
     watch: Watch | None = None  # train.early_stop, stop_at, keep_best: None when the spec sets none
 
     @classmethod
-    def build(cls, job: Job, ranks: Ranks, run: RunDir, reporter: Reporter, started: float) -> Trainer:
+    def build(
+        cls,
+        job: Job,
+        ranks: Ranks,
+        run: RunDir,
+        reporter: Reporter,
+        started: float,
+        resumed: dict | None = None,
+    ) -> Trainer:
         """Join the other processes and wrap (DDP) or shard (FSDP) the model before the optimizer sees it;
-        then the optimizer, the schedule and the loss scaling."""
+        then the optimizer, the schedule (`resumed`: the meta of the checkpoint the run resumes from, which
+        keeps its schedule) and the loss scaling."""
         spec, device = job.spec, job.device
         if ranks.launched and spec.distributed.strategy != "none":  # a single rank too: NCCL/gloo, hooks
             ranks.start(device, spec.distributed.timeout_s)
@@ -133,7 +143,10 @@ class Trainer:
             seed_everything(spec.train.seed + ranks.rank)  # weights alike already; dropout masks must differ
         # lr auto: a placeholder, which the range test (find_lr) or the checkpoint's state replaces
         optimizer = make_optimizer(parallel.model, initial_lr(spec.train.lr), spec.train.weight_decay, device)
-        shape = Shape.of(spec.train, what_trains(job), job.total_steps)
+        if resumed is not None:
+            shape = Shape.kept(resumed.get("schedule"), spec.train, job.total_steps)
+        else:
+            shape = Shape.of(spec.train, what_trains(job), job.total_steps)
         scheduler = make_scheduler(optimizer, shape)
         trained = [p for group in optimizer.param_groups for p in group["params"]]
         amp = MixedPrecision(job.precision, device)
@@ -269,21 +282,26 @@ class Trainer:
     # --- after the step: evaluate, log, checkpoint, stop ---------------------------------------------
 
     def evaluate_if_due(self, state: LoopState) -> dict[str, float] | None:
-        """The eval set's figures every eval_every steps and at the last step; None at other steps."""
+        """The eval set's figures every eval_every steps and at the last step; None at other steps.
+        train.eval_max_examples: the evaluations before the last read its sample."""
         job, every = self.job, self.spec.train.eval_every
         due = state.step == job.total_steps or (every and state.step % every == 0)
         if job.data.eval is None or not due:
             return None
-        eval_shards = self.ranks if self.parallel.strategy == "ddp" else None  # FSDP: every rank every batch
-        sample = self.eval_sample if state.step != job.total_steps else None  # the last: the whole set
-        batch = eval_batch_size(state.micro, len(job.data.eval))
-        state.last_eval = evaluate(
-            job.built, job.task, job.data.eval, batch, job.precision, job.device, eval_shards, sample
-        )
-        if sample is not None:  # said in the record: these figures are a sample's
-            state.last_eval["examples"] = len(sample)
-        self.module.train()
+        sampled = self.eval_sample is not None and state.step != job.total_steps  # the last: the whole set
+        state.last_eval = self._evaluate(state.micro, self.eval_sample if sampled else None)
+        state.sampled_at = state.step if sampled else None
         return state.last_eval
+
+    def _evaluate(self, micro: int, sample: list[int] | None) -> dict[str, float]:
+        job, alone = self.job, self.ranks.world == 1
+        eval_shards = self.ranks if self.parallel.strategy == "ddp" else None  # FSDP: every rank every batch
+        batch = eval_batch_size(micro, len(job.data.eval), self.ranks.world)
+        figures = evaluate(
+            job.built, job.task, job.data.eval, batch, job.precision, job.device, eval_shards, sample, alone
+        )
+        self.module.train()
+        return figures
 
     @cached_property
     def eval_sample(self) -> list[int] | None:
@@ -307,6 +325,8 @@ class Trainer:
             return False
         self.watch.state.stopped = decision.stop
         state.end("finished", decision.stop)
+        if state.sampled_at == state.step:  # the run's last evaluation, in its summary: the whole set's
+            state.last_eval = self._evaluate(state.micro, None)
         return True
 
     def best_path(self, step: int) -> Path:
@@ -352,6 +372,8 @@ class Trainer:
         }
         if evaluation:
             record.update({f"eval_{k}": v for k, v in evaluation.items()})
+            if state.sampled_at == step:  # these figures are a sample's (train.eval_max_examples)
+                record["evaluated_examples"] = len(self.eval_sample)
         self.run.metric(record)
         self.reporter.step(record)
         return record
@@ -377,6 +399,7 @@ class Trainer:
             "cost_usd": self.spent(state),
             "precision": job.precision.name,
             "processes": self.ranks.world,  # micro_batch was sized for this many shares
+            "schedule": self.shape.recorded(),  # a resumed run keeps it, whatever auto resolves to later
         }
         if self.watch is not None:  # the best so far and the evaluations since: a resumed run judges alike
             meta["early_stop"] = self.watch.state_dict()
