@@ -1,20 +1,23 @@
 """`train.lr: auto`: a learning-rate range test at the start of a run picks the rate.
 
-From the run's initial state, up to STEPS optimizer steps on the run's first training batches raise the
+From the run's initial state, up to STEPS optimizer steps on the run's first training batch raise the
 rate exponentially from MIN_LR to MAX_LR (AdamW, the run's clipping and precision), recording each step's
 loss before its update. Then every trained weight, buffer, the RNG and the loss scaler go back to what
 they were, and the run starts from step 1 as if the test had not run, with the rate it picked.
 
+One batch, every step: with a new batch each step, the loss of a LoRA classifier moved more with which
+examples a batch held than with the rate (measured: flat to within that noise up to 5e-2, so the picks
+of three seeds spread 20x, two of them past the rate's cliff). On one batch the curve is the rate's
+alone: flat, then falling from ~2e-3, lowest at 5e-2..1e-1, blowing up at 2e-1, alike in every seed.
+
 The rule (`RULE`): smooth the losses (an exponential moving average, bias-corrected); the loss has risen
-once its smoothed value is RISE above the lowest so far (or is not finite), and the test stops there; the
-pick is a twentieth of the highest rate before that rise. Why not the classic "a tenth of the rate at the
-lowest loss": measured on the examples, a LoRA classifier's loss stays flat, to within its noise, for
-most of the range (its head and factors learn little in one step at a low rate), so the lowest point was
-as often a noise dip at 2e-5 as a real valley; and its rate has a cliff (5e-3 learns, 1e-2 stays at
-chance), so the rule must err low. The onset of the rise is what the curves show clearly. Measured (3
-seeds, 16 steps): the digits CNN picks 2.3e-3 each time (hand-tuned 3e-3); the sentiment LoRA 5e-3 twice
-(hand-tuned 5e-3) and 1.1e-3 once, where the loss rose already at 4.6e-2 (slower: a single step a rate is
-a noisy probe of a factor-of-2 window between too slow and too fast).
+once its smoothed value is RISE above the lowest so far (or is not finite; no rise counts before step
+FIRST_RISE), and the test stops there; the pick is a twentieth of the highest rate before that rise.
+Not "a tenth of the rate at the lowest loss": the sentiment LoRA's rate has a cliff (5e-3 learns, 1e-2
+stays at chance) just a tenth below its lowest point, so the rule must err low. Measured (3 seeds, 16
+steps; `python benchmarks/time_to_accuracy.py` shows the run's curves): the sentiment LoRA picks 5e-3 each
+time (hand-tuned 5e-3); the digits CNN 5e-3, 2.3e-3 and 1.1e-3 (hand-tuned 3e-3; batch norm on one batch
+blows up sooner in some seeds).
 The curve, the rule and the pick are written to <run>/lr_find.json (the
 job page draws it) and the log; the test's seconds are in the `lr_found` event and, as all of the
 process's time, in the run's wall time and cost.
@@ -128,7 +131,7 @@ def find_lr(t: Trainer) -> RangeTest:
             lr = rate_at(i)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            indices = t.ranks.share(job.order.batch(i))
+            indices = t.ranks.share(job.order.batch(0))  # one batch: the loss moves with the rate alone
             loss, *_ = forward_backward(
                 job.built, job.task, job.data.train, indices, job.micro, t.amp, t.parallel,
                 job.order.global_batch,
