@@ -190,7 +190,7 @@ def test_demo_local_trains_every_spec_in_the_folder_and_says_where(tmp_path):
             "train.lerning_rate=1e-3",
             "gpuforge: error: --set train.lerning_rate=1e-3: unknown key (did you mean train.lr?)",
         ),
-        ("train.lr=abc", "gpuforge: error: --set train.lr=abc: must be a number, got 'abc'"),
+        ("train.lr=abc", "gpuforge: error: --set train.lr=abc: must be a number or 'auto', got 'abc'"),
         (
             "train.batch_size=x",
             "gpuforge: error: --set train.batch_size=x: must be an integer or 'auto', got 'x'",

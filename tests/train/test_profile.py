@@ -78,9 +78,10 @@ def test_a_slow_forward_is_the_top_share_and_a_run_ending_inside_the_window_keep
 
 @pytest.mark.slow
 def test_evaluating_every_step_is_advised_against_and_the_cli_prints_the_breakdown(tmp_path):
-    # an eval set of about 180 digits (23 batches of 8) against one training batch of 8: the evaluation is
-    # most of each step; a larger one (it was 1,078) only made the Python stacks the profile records longer
-    spec = image_spec(tmp_path, max_steps=6, eval_every=1, data={"eval_fraction": 0.1}, batch_size=8)
+    # an eval set of about 180 digits (23 batches of 8: evaluation takes 4x the micro-batch) against one
+    # training batch of 2: the evaluation is most of each step; a larger set (it was 1,078) only made the
+    # Python stacks the profile records longer
+    spec = image_spec(tmp_path, max_steps=6, eval_every=1, data={"eval_fraction": 0.1}, batch_size=2)
     run = tmp_path / "run"
     result = run_cli(
         "train", str(write_spec(tmp_path / "job.yaml", spec)), "--out", str(run), "--profile", "2:3",

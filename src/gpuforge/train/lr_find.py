@@ -17,8 +17,7 @@ Not "a tenth of the rate at the lowest loss": the sentiment LoRA's rate has a cl
 stays at chance) just a tenth below its lowest point, so the rule must err low. Measured (3 seeds, 16
 steps; `python benchmarks/time_to_accuracy.py` shows the run's curves): the sentiment LoRA picks 5e-3 each
 time (hand-tuned 5e-3); the digits CNN 5e-3, 2.3e-3 and 1.1e-3 (hand-tuned 3e-3; batch norm on one batch
-blows up sooner in some seeds).
-The curve, the rule and the pick are written to <run>/lr_find.json (the
+blows up sooner in some seeds). The curve, the rule and the pick are written to <run>/lr_find.json (the
 job page draws it) and the log; the test's seconds are in the `lr_found` event and, as all of the
 process's time, in the run's wall time and cost.
 """
@@ -47,7 +46,7 @@ log = logging.getLogger("gpuforge.train")
 STEPS = 16
 MIN_LR, MAX_LR = 1e-5, 1.0  # LoRA, fresh heads and models from scratch: 1e-3..1e-2; full fine-tuning ~1e-4
 RISE = 0.05  # the smoothed loss this far above its lowest so far: the rate is past what training takes
-FIRST_RISE = 3  # a rise before this step is batch-to-batch noise (each step reads another batch)
+FIRST_RISE = 3  # a rise before this step is noise (dropout, Adam's first, unscaled updates)
 DIVISOR = 20
 SMOOTHING = 0.6  # weight of the past in the moving average: a few steps' noise, not the curve's shape
 PLACEHOLDER_LR = 1e-3  # what the optimizer is built with before the test (or a checkpoint) sets the rate
@@ -64,7 +63,7 @@ class RangeTest:
     lrs: list[float]
     losses: list[float]
     smoothed: list[float]
-    steps: int  # run (fewer than planned once the loss rose, or when a signal came)
+    steps: int  # run (fewer than planned once the loss rose)
     planned_steps: int
     seconds: float
     min_lr: float = MIN_LR
@@ -202,8 +201,8 @@ def found_lr(root: Path) -> float | None:
 
 
 def range_test_steps(train) -> int:
-    """Steps the range test adds before a fresh run's first (at most: it stops early when the loss runs
-    away): what `gpuforge plan` counts in the run's time and cost."""
+    """Steps the range test adds before a fresh run's first (at most: it stops once the loss rises): what
+    `gpuforge plan` counts in the run's time and cost."""
     return STEPS if train.lr == "auto" else 0
 
 
