@@ -13,14 +13,13 @@ and `gpuforge dashboard`; light on purpose: no torch.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.runs import read_run_file
+from gpuforge.runs import finite_number, read_run_file
 from gpuforge.spec import MAX_PROFILE_STEPS
 
 PROFILE_DIR = "profile"
@@ -114,7 +113,7 @@ def shape_problem(report: Any) -> str | None:
     """What is wrong with the fields a reader takes from a report, or None."""
     if not isinstance(report, dict):
         return "not a JSON object"
-    if not _figure(report.get("mean_step_s")):
+    if not finite_number(report.get("mean_step_s")):
         return "mean_step_s is not a number"
     if not _breakdown(report.get("breakdown")):
         return "breakdown is not {part: {seconds, share}}"
@@ -140,28 +139,25 @@ def shape_problem(report: Any) -> str | None:
     memory = report.get("memory")
     if memory is not None and not (
         isinstance(memory, dict)
-        and (memory.get("peak_bytes") is None or _figure(memory.get("peak_bytes")))
+        and (memory.get("peak_bytes") is None or finite_number(memory.get("peak_bytes")))
         and isinstance(memory.get("kept_by", []), list)
-        and all(isinstance(k, dict) and _figure(k.get("bytes", 0)) for k in memory.get("kept_by", []))
+        and all(isinstance(k, dict) and finite_number(k.get("bytes", 0)) for k in memory.get("kept_by", []))
     ):
         return "memory is not {peak_bytes, kept_by: [{name, bytes}]}"
     slowest = report.get("slowest_rank")
     if slowest is not None and not (
         isinstance(slowest, dict)
-        and _figure(slowest.get("mean_step_s"))
+        and finite_number(slowest.get("mean_step_s"))
         and _breakdown(slowest.get("breakdown"))
     ):
         return "slowest_rank lacks its figures"
     return None
 
 
-def _figure(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _breakdown(parts: Any) -> bool:
     return isinstance(parts, dict) and all(
-        isinstance(p, dict) and _figure(p.get("seconds")) and _figure(p.get("share")) for p in parts.values()
+        isinstance(p, dict) and finite_number(p.get("seconds")) and finite_number(p.get("share"))
+        for p in parts.values()
     )
 
 

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from gpuforge.runs import RunDir, open_run_file, read_run_file
+from gpuforge.runs import RunDir, finite_number, open_run_file, read_run_file
 
 READ_CHUNK = 1 << 20  # a reader takes at most this much a call: a huge log never stalls the server
 REPORT_LIMIT = 16 << 20  # a compression report is a few KiB
@@ -169,7 +169,7 @@ def read_lr_find(run_dir: Path) -> dict[str, Any] | None:
     points = [
         [float(lr), float(loss)]
         for lr, loss in zip(lrs[:LR_FIND_POINTS], losses[:LR_FIND_POINTS], strict=False)
-        if _positive_number(lr) and _finite_number(loss)
+        if _positive_number(lr) and finite_number(loss)
     ]
     seconds = record.get("seconds")
     return {
@@ -177,21 +177,12 @@ def read_lr_find(run_dir: Path) -> dict[str, Any] | None:
         "rule": str(record.get("rule", ""))[:200],
         "reason": str(record.get("reason", ""))[:300],
         "points": points,
-        "seconds": float(seconds) if _finite_number(seconds) else None,
+        "seconds": float(seconds) if finite_number(seconds) else None,
     }
 
 
-def _finite_number(value: Any) -> bool:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:  # an int past a float's range
-        return False
-
-
 def _positive_number(value: Any) -> bool:
-    return _finite_number(value) and value > 0
+    return finite_number(value) and value > 0
 
 
 NOT_METRICS = ("step", "ts")  # a metrics line's step and the time it was written: its axes, not figures

@@ -40,6 +40,16 @@ EVENTS = (
 )
 
 
+def finite_number(value: Any) -> bool:
+    """A JSON figure a job wrote is usable: a number (not a bool), finite, an int within a float's range."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an int past a float's range
+        return False
+
+
 def _clean(value: Any) -> Any:
     """JSON has no NaN/inf: write them as null so every line stays valid JSON."""
     if isinstance(value, float) and not math.isfinite(value):
