@@ -52,6 +52,7 @@ def test_the_slowest_rank_is_the_busiest_of_rank_0s_window_and_bad_reports_are_r
 
     for text, why in (
         ('{"mean_step_s": NaN, "breakdown": {}}', "NaN is no figure"),
+        ('{"mean_step_s": 1' + "0" * 400 + ', "breakdown": {}}', "mean_step_s is not a number"),
         (json.dumps(_report(memory="x")), "memory is not"),
         (json.dumps(_report(memory={"kept_by": [{"bytes": "many"}]})), "memory is not"),
         ("[]", "not a JSON object"),
