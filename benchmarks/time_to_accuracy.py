@@ -82,7 +82,8 @@ target, the step that reached it, steady time (the same rebuilt from the medians
 median step + evals * median eval, blind to a neighbour's bursts), launch to the end of step 1, the median
 step time (steps without an evaluation), the mean step time (step 1 to the last step, evaluations
 included: the one that resolves the digits' ~6 ms steps, under the 20 ms polling), the evaluation's extra
-cost, total wall time and the best accuracy; then the ratios and their floors (issue 39):
+cost, total wall time and the best accuracy; then the ratios and their floors (issue 39), each the
+median over the seeds of that seed's ratio, the seeds' own beside it:
 
   gpuforge-auto / hand, time to target            at most 0.70
   gpuforge-auto / hf, time to target              at most 0.60
@@ -1019,14 +1020,18 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def per_seed(num: list[float | None], den: list[float | None]) -> list[float | None]:
+    """Each seed's num / den; None where either lacks a figure or both are inf."""
+    return [
+        a / b if a is not None and b and not (math.isinf(a) and math.isinf(b)) else None
+        for a, b in zip(num, den, strict=True)
+    ]
+
+
 def median_ratio(num: list[float | None], den: list[float | None]) -> float | None:
     """Median over the seeds (where both have a figure, and not both inf) of num / den: paired per seed,
     and one seed spoilt by a busy neighbour does not decide it."""
-    ratios = [
-        a / b
-        for a, b in zip(num, den, strict=True)
-        if a is not None and b and not (math.isinf(a) and math.isinf(b))
-    ]
+    ratios = [r for r in per_seed(num, den) if r is not None]
     return statistics.median(ratios) if ratios else None
 
 
@@ -1043,7 +1048,8 @@ def reach_time(run: Run | None) -> float | None:
     return run.time_to_target if run.reached else math.inf
 
 
-def ratios_of(seeds: dict[int, dict[str, Run]]) -> dict[str, float | None]:
+def ratios_of(seeds: dict[int, dict[str, Run]]) -> dict[str, list[float | None]]:
+    """Each figure's per-seed ratios (the report takes their median)."""
     resolved = medians_resolved(seeds)
 
     def ttt(name: str) -> list[float | None]:
@@ -1062,12 +1068,12 @@ def ratios_of(seeds: dict[int, dict[str, Run]]) -> dict[str, float | None]:
         step_figure(runs.get("gpuforge")) or step_figure(runs.get("gpuforge-auto")) for runs in seeds.values()
     ]
     return {
-        "auto_over_hand": median_ratio(ttt("gpuforge-auto"), ttt("hand")),
-        "auto_over_hf": median_ratio(ttt("gpuforge-auto"), ttt("hf")),
-        "hand_over_gpuforge_step": median_ratio(steps("hand"), ours),
-        "auto_over_gpuforge": median_ratio(ttt("gpuforge-auto"), ttt("gpuforge")),
-        "gpuforge_over_hand": median_ratio(ttt("gpuforge"), ttt("hand")),
-        "gpuforge_over_hf": median_ratio(ttt("gpuforge"), ttt("hf")),
+        "auto_over_hand": per_seed(ttt("gpuforge-auto"), ttt("hand")),
+        "auto_over_hf": per_seed(ttt("gpuforge-auto"), ttt("hf")),
+        "hand_over_gpuforge_step": per_seed(steps("hand"), ours),
+        "auto_over_gpuforge": per_seed(ttt("gpuforge-auto"), ttt("gpuforge")),
+        "gpuforge_over_hand": per_seed(ttt("gpuforge"), ttt("hand")),
+        "gpuforge_over_hf": per_seed(ttt("gpuforge"), ttt("hf")),
     }
 
 
@@ -1152,10 +1158,14 @@ def report_target(examples: list[Example], configs: dict, results: dict, args) -
                 print(row)
 
     print(f"\nratios on {cpu} ({os.cpu_count()} CPUs), each the median over the seeds of that seed's ratio:")
-    print(f"{'example':<11}{'figure':<45}{'ratio':>7}  {'floor':<9}{'':<6}")
+    print(f"{'example':<11}{'figure':<45}{'ratio':>7}  {'floor':<9}{'':<6}  per seed")
     for example in examples:
         seeds = results[example.name]
-        ratios = ratios_of(seeds)
+        each = ratios_of(seeds)
+        ratios = {
+            key: statistics.median([r for r in v if r is not None] or [math.nan]) for key, v in each.items()
+        }
+        ratios = {key: None if math.isnan(v) else v for key, v in ratios.items()}
         missed = {
             name: [
                 seed for seed, runs in seeds.items() if runs[name].failed is None and not runs[name].reached
@@ -1169,7 +1179,7 @@ def report_target(examples: list[Example], configs: dict, results: dict, args) -
                 label += " (median s)" if medians_resolved(seeds) else " (mean s)"
             print(
                 f"{example.name:<11}{label:<45}{fmt(value, '.3f'):>7}  {floor.floor_text(example.name):<9}"
-                f"{floor.mark(value, example.name):<6}"
+                f"{floor.mark(value, example.name):<6}  {', '.join(fmt(r, '.2f') for r in each[floor.key])}"
             )
         for name, seeds_missed in missed.items():
             if seeds_missed:
@@ -1190,6 +1200,7 @@ def report_target(examples: list[Example], configs: dict, results: dict, args) -
                 f.key: {
                     "label": f.label,
                     "value": "inf" if ratios[f.key] == math.inf else ratios[f.key],
+                    "per_seed": [r if r is None or math.isfinite(r) else "inf" for r in each[f.key]],
                     "floor": f.floor_text(example.name) or None,
                     "mark": f.mark(ratios[f.key], example.name) or None,
                 }
