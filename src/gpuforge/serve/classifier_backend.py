@@ -148,7 +148,7 @@ class ClassifierBackend:
         o = self.options
         predictor = await asyncio.to_thread(
             load_predictor, self.model_dir, o.device, o.precision, o.quantize, o.max_length, self.adapters,
-            o.max_adapters, o.eval_at_load,
+            o.max_adapters, o.eval_at_load, o.max_batch,
         )  # fmt: skip
         await asyncio.to_thread(predictor.warm_up, (1, min(8, o.max_batch), o.max_batch))
         freeze_garbage()
@@ -264,7 +264,7 @@ class ClassifierBackend:
             max_batch=o.max_batch,
             max_wait_ms=o.max_wait_ms, max_queue=o.max_queue,
             adapters=p.adapters.names() if p.adapters else [], quantize_report=p.quantize_report,
-            eval=p.eval_result,
+            eval=p.eval_result, precision_choice=p.plan.describe() if p.plan else None,
         )  # fmt: skip
 
     def update_metrics(self) -> None:

@@ -68,7 +68,12 @@ class Info(BaseModel):
     task: str
     labels: list[str]
     device: str
-    precision: str
+    precision: str = Field(description="what full batches run in (precision_choice: which batches, why)")
+    precision_choice: dict[str, Any] | None = Field(
+        None,
+        description="rule: which batch sizes run in which precision; reason; measured_ms: with auto, "
+        "each batch size's time in fp32 and in the lower precision on the served model, which chose it",
+    )
     quantized: str | None = Field(description="int8, int4 or int8-dynamic (--quantize, gpuforge compress)")
     backend: str = Field("torch", description="what runs the model: torch, or onnxruntime (an ONNX export)")
     max_length: int | None = Field(description="tokens a text input is cut to")

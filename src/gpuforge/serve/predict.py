@@ -25,6 +25,7 @@ from gpuforge.hardware.probe import select_device
 from gpuforge.runtime import tasks
 from gpuforge.runtime.precision import autocast, choose_precision
 from gpuforge.serve.adapters import OWN, Adapters, check_adapters
+from gpuforge.serve.batch_precision import PrecisionPlan, plan_precision
 
 log = logging.getLogger("gpuforge.serve")
 MAX_TEXT_CHARS = 100_000  # past this an input is refused before it is tokenized (a 413)
@@ -53,6 +54,7 @@ class Predictor:
     eval_result: dict[str, Any] | None = None  # the eval metric as served (--eval-at-load)
     tokens_read: int = 0  # real tokens (padding not counted) of every text batch so far, for /metrics
     last_split: tuple[float, float, float] | None = None  # the last batch's tokenize, forward, scores (s)
+    plan: PrecisionPlan | None = None  # which copy of the model, in which precision, runs a batch of n
 
     @property
     def task(self) -> str:
@@ -112,24 +114,35 @@ class Predictor:
         began = time.perf_counter()
         batch, truncated = self._collate(payloads)
         collated = time.perf_counter()
-        with torch.inference_mode(), autocast(self.precision, self.device):
-            if self.adapters is None or set(names) == {OWN}:  # the active adapter alone: the plain path
-                logits = tasks.forward(built_from(self.module, self.manifest), self.task, batch)
-            else:  # rows of one batch may each name another adapter: PEFT routes them
-                out = self.module(**batch, adapter_names=self.adapters.peft_names(names))
-                logits = out.logits if hasattr(out, "logits") else out
+        module, precision = self.plan.for_batch(len(payloads)) if self.plan else (self.module, self.precision)
+        logits = self._logits(module, precision, batch, names)
         probs = torch.softmax(logits.float(), dim=-1).cpu()  # .cpu() waits for the device: forward's end
         forwarded = time.perf_counter()
         results = []
-        for row, cut, name in zip(probs, truncated, names, strict=True):
-            best = int(row.argmax())
-            result = {"label": _label(labels[name], best), "score": float(row[best])}
-            result["scores"] = {_label(labels[name], i): float(p) for i, p in enumerate(row)}
+        for row, cut, name in zip(probs.tolist(), truncated, names, strict=True):
+            tags = labels[name]
+            best = max(range(len(row)), key=row.__getitem__)
+            result = {"label": _label(tags, best), "score": row[best]}
+            result["scores"] = {_label(tags, i): p for i, p in enumerate(row)}
             if cut:
                 result["truncated"] = True
             results.append(result)
         self.last_split = (collated - began, forwarded - collated, time.perf_counter() - forwarded)
         return results
+
+    def _logits(self, module: torch.nn.Module, precision, batch: dict[str, torch.Tensor], names: list[str]):
+        with torch.inference_mode(), autocast(precision, self.device):
+            if self.adapters is None or set(names) == {OWN}:  # the active adapter alone: the plain path
+                return tasks.forward(built_from(module, self.manifest), self.task, batch)
+            # rows of one batch may each name another adapter: PEFT routes them
+            out = module(**batch, adapter_names=self.adapters.peft_names(names))
+            return out.logits if hasattr(out, "logits") else out
+
+    def time_batch(self, module: torch.nn.Module, precision, size: int) -> None:
+        """One batch of `size` made-up inputs through `module` in `precision`, to its end: what
+        serve/batch_precision.py times to choose a precision."""
+        batch, _ = self._collate(self._made_up(size, words=12))
+        self._logits(module, precision, batch, [OWN] * size).float().cpu()
 
     def _collate(self, items: list[Any]) -> tuple[dict[str, torch.Tensor], list[bool]]:
         if self.task == "image-classification":
@@ -146,16 +159,16 @@ class Predictor:
 
     def warm_up(self, batch_sizes: tuple[int, ...] = (1, 8)) -> None:
         """Run the model on made-up inputs so the first request does not pay for lazy set-up."""
+        if self.task == "image-classification" and not self.manifest.sample_shape:
+            return
+        for n in batch_sizes:
+            self.run_batch([(None, item) for item in self._made_up(n)])
+
+    def _made_up(self, size: int, words: int = 0) -> list[Any]:
+        """`size` inputs the model takes: zeros in the training shape, or texts of `words` + 1 to 7 words."""
         if self.task == "image-classification":
-            shape = tuple(self.manifest.sample_shape or ())
-            sample = torch.zeros(shape) if shape else None
-            if sample is None:
-                return
-            for n in batch_sizes:
-                self.run_batch([(None, sample)] * n)
-        else:
-            for n in batch_sizes:
-                self.run_batch([(None, "warm up " * (i % 7 + 1)) for i in range(n)])
+            return [torch.zeros(tuple(self.manifest.sample_shape or ()))] * size
+        return [" ".join(["warm up"] * (i % 7 + 1) + ["made-up"] * words) for i in range(size)]
 
 
 def _label(labels: list[str], index: int) -> str:
@@ -171,6 +184,7 @@ def load_predictor(
     adapters: dict[str, Path] | None = None,
     max_adapters: int = 8,
     eval_at_load: bool = False,
+    max_batch: int = 32,
 ) -> Predictor:
     model_dir = Path(model_dir)
     if not (model_dir / "gpuforge.json").is_file():
@@ -203,7 +217,7 @@ def load_predictor(
     )
     if length is not None and positions:
         length = min(length, positions)
-    log.info("serving %s (%s) on %s, precision %s", model_dir, manifest.task, torch_device, chosen.name)
+    log.info("serving %s (%s) on %s", model_dir, manifest.task, torch_device)
     quantized = quantize or manifest.quantization or (manifest.onnx.quantize if manifest.onnx else None)
     predictor = Predictor(module, tokenizer, manifest, torch_device, chosen, length, quantized)
     if manifest.format == "onnx":
@@ -214,8 +228,16 @@ def load_predictor(
         metric = _metric_name(served)
         predictor.eval_result = {"metric": metric, "value": served[metric], "examples": len(eval_data)}
         log.info("--eval-at-load: eval %s %.4f (%d examples)", metric, served[metric], len(eval_data))
-    if manifest.is_adapter and not quantize:  # its own adapter, and any others on the same base
-        predictor.adapters = Adapters(module, predictor.labels, adapters or {}, manifests, max_adapters)
+    alone = manifest.is_adapter and not quantize  # the adapters' PEFT model: one copy, changed in place
+    if manifest.format != "onnx":
+        plan = plan_precision(
+            precision, module, torch_device, predictor.time_batch, max_batch, alone, castable=not quantized
+        )
+        predictor.module, predictor.precision, predictor.plan = plan.module, plan.precision, plan
+        log.info("precision: %s (%s)", plan.describe()["rule"], plan.precision.reason)
+    if alone:  # its own adapter, and any others on the same base
+        adapters = adapters or {}
+        predictor.adapters = Adapters(predictor.module, predictor.labels, adapters, manifests, max_adapters)
     return predictor
 
 

@@ -48,6 +48,7 @@ from gpuforge.serve.gate import Gate
 from gpuforge.serve.generator_backend import GeneratorBackend
 from gpuforge.serve.metrics import ServeMetrics
 from gpuforge.serve.options import ServeOptions
+from gpuforge.serve.predict_route import PredictRoute
 
 
 def create_worker(
@@ -75,6 +76,7 @@ def create_worker(
     app = FastAPI(title="gpuforge endpoint", version="0.1.0", lifespan=lifespan)
     app.state.backend = backend
     backend.install(app)
+    app.add_middleware(PredictRoute, backend=backend)  # inside the Gate: it answers POST /predict itself
     app.add_middleware(
         Gate, api_key=api_key, max_body_bytes=options.max_body_bytes,
         open_paths=OPEN_PATHS | (DOCUMENT_PATHS if public_metrics else frozenset()),
@@ -82,7 +84,8 @@ def create_worker(
 
     @app.post("/predict", response_model=PredictResponse)
     async def predict(body: PredictRequest, request: Request) -> Response:
-        """Labels and scores for one input or many; inputs of one request may share a batch with others'."""
+        """Labels and scores for one input or many; inputs of one request may share a batch with others'.
+        (Documented here; answered by PredictRoute, serve/predict_route.py, before the request gets here.)"""
         return await backend.predict(body, request)
 
     @app.get("/info", response_model=Info)
