@@ -2,7 +2,9 @@
 
     python benchmarks/serve_baselines.py plain MODEL_DIR --port P [--threads N]
     python benchmarks/serve_baselines.py litserve MODEL_DIR --port P [--threads N]
+    python benchmarks/serve_baselines.py trivial - --port P
     python benchmarks/serve_baselines.py ceiling MODEL_DIR [--seconds 6] [--threads N] [--int8-dynamic]
+                                                 [--onnx EXPORT_DIR]
 
 plain: a FastAPI route as a careful user writes it: one forward per request, a sync route (FastAPI runs
 it in its thread pool, so the event loop keeps accepting) holding a lock around the model (one forward
@@ -12,12 +14,18 @@ max_batch_size 32 and batch_timeout 0.005 s, one inference worker, one API serve
 Both load the model with gpuforge.artifact.load_artifact, tokenize each batch padded to its own longest
 input (truncated to the model's max_length) and answer like gpuforge serve:
 {"model", "outputs": [{"label", "score", "scores"}]}; both run in fp32 (gpuforge serve --precision fp32).
+trivial: the client's own ceiling, a bare ASGI app on the same uvicorn (uvloop, httptools) that reads
+each body and answers a fixed classifier-shaped JSON: what load the client drives when the server does
+nothing (benchmarks/serve_load.py runs it at every level).
 ceiling: samples/s of the model's own batched forward with no server, at batch 32 on the sentences of
 examples/data/topics.jsonl tokenized once per batch (padded per batch), under torch.inference_mode, at
-fp32 and bf16 autocast (and int8-dynamic through gpuforge.weights.quantize.quantize_model, what
-`gpuforge serve --quantize int8-dynamic` runs); also the server's own batch path with no HTTP
-(gpuforge.serve.predict.Predictor.run_batch: tokenize, forward, softmax, result dicts). Precisions are
-measured in alternating rounds and the median round is reported, as JSON on stdout.
+fp32, at bf16 as gpuforge serves it (the Linear weights cast once, gpuforge.serve.batch_precision.lowered,
+under autocast: the fastest bf16 forward we know here), at bf16 autocast over the fp32 weights (what a
+user writes first: "bf16-autocast"), and int8-dynamic through gpuforge.weights.quantize.quantize_model
+(what `gpuforge serve --quantize int8-dynamic` runs); also the server's own batch path with no HTTP
+(gpuforge.serve.predict.Predictor.run_batch: tokenize, forward, softmax, result dicts) in fp32 and bf16,
+and with `--onnx` an ONNX export's (onnxruntime, "run_batch onnx"). Precisions are measured in
+alternating rounds and the median round is reported, as JSON on stdout.
 """
 
 from __future__ import annotations
@@ -61,7 +69,11 @@ class Model:
         self.name = manifest.job or "model"
         self.labels = manifest.labels or [str(i) for i in range(manifest.num_labels)]
         self.max_length = manifest.max_length
-        self.dtype = {"fp32": None, "bf16": torch.bfloat16}[precision]
+        self.dtype = {"fp32": None, "bf16": torch.bfloat16, "bf16-autocast": torch.bfloat16}[precision]
+        if precision == "bf16":  # as gpuforge serves bf16: the Linear weights cast once, not every forward
+            from gpuforge.serve.batch_precision import lowered
+
+            self.module = lowered(self.module, torch.bfloat16)
 
     def encode(self, texts: list[str]) -> dict:
         encoded = self.tokenizer(
@@ -171,7 +183,27 @@ def batch_path(predictor):
         return predictor.run_batch
 
 
-def ceiling(model_dir: str, seconds: float, rounds: int, int8_dynamic: bool) -> dict:
+def serve_trivial(port: int) -> None:
+    """A bare ASGI app: the body read, a fixed answer of a classifier's shape sent; nothing else."""
+    import uvicorn
+
+    answer = json.dumps({"model": "trivial", "outputs": [{"label": "a", "score": 1.0, "scores": {"a": 1.0}}]})
+    start = {"type": "http.response.start", "status": 200,
+             "headers": [(b"content-type", b"application/json")]}  # fmt: skip
+    body = {"type": "http.response.body", "body": answer.encode()}
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send(start)
+        await send(body)
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def ceiling(model_dir: str, seconds: float, rounds: int, int8_dynamic: bool, onnx: str | None) -> dict:
     import torch
 
     from gpuforge.serve.predict import load_predictor
@@ -179,7 +211,7 @@ def ceiling(model_dir: str, seconds: float, rounds: int, int8_dynamic: bool) -> 
     texts = sentences()
     chunks = [texts[i : i + MAX_BATCH] for i in range(0, len(texts), MAX_BATCH)]
     chunks = [c for c in chunks if len(c) == MAX_BATCH] or chunks
-    models = {"fp32": Model(model_dir, "fp32"), "bf16": Model(model_dir, "bf16")}
+    models = {p: Model(model_dir, p) for p in ("fp32", "bf16", "bf16-autocast")}
     if int8_dynamic:
         from gpuforge.weights.quantize import quantize_model
 
@@ -187,6 +219,8 @@ def ceiling(model_dir: str, seconds: float, rounds: int, int8_dynamic: bool) -> 
         quantize_model(models["int8-dynamic"].module, "int8-dynamic")
     batches = [models["fp32"].encode(c) for c in chunks]
     served = {p: batch_path(load_predictor(model_dir, "cpu", p)) for p in ("fp32", "bf16")}
+    if onnx:
+        served["onnx"] = batch_path(load_predictor(onnx, "cpu", "fp32"))
 
     def rate(step, items) -> float:
         for item in items:  # warm-up: every shape once (the first pass of a shape pays for set-up)
@@ -217,13 +251,14 @@ def ceiling(model_dir: str, seconds: float, rounds: int, int8_dynamic: bool) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["plain", "litserve", "ceiling"])
+    parser.add_argument("what", choices=["plain", "litserve", "trivial", "ceiling"])
     parser.add_argument("model_dir")
     parser.add_argument("--port", type=int, default=8711)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--seconds", type=float, default=6.0, help="ceiling: seconds per precision")
     parser.add_argument("--rounds", type=int, default=3, help="ceiling: alternating rounds")
     parser.add_argument("--int8-dynamic", action="store_true", help="ceiling: also int8-dynamic")
+    parser.add_argument("--onnx", help="ceiling: also this ONNX export's batch path (run_batch onnx)")
     args = parser.parse_args()
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -232,8 +267,10 @@ def main() -> None:
         serve_plain(args.model_dir, args.port)
     elif args.what == "litserve":
         serve_litserve(args.model_dir, args.port, args.threads)
+    elif args.what == "trivial":
+        serve_trivial(args.port)
     else:
-        figures = ceiling(args.model_dir, args.seconds, args.rounds, args.int8_dynamic)
+        figures = ceiling(args.model_dir, args.seconds, args.rounds, args.int8_dynamic, args.onnx)
         print(json.dumps(figures))
 
 

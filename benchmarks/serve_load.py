@@ -1,9 +1,19 @@
 """Load on `gpuforge serve` beside a plain FastAPI route, LitServe and the model's no-server ceiling.
 
     python benchmarks/serve_load.py [--model DIR] [--levels 1,8,32,128] [--seconds 10] [--warmup 2]
-                                    [--overload-seconds 120] [--overload-clients 512] [--threads N]
-                                    [--skip plain,litserve,gpuforge-fp32,gpuforge-auto,overload,int8]
-                                    [--quick] [--json out.json]
+                                    [--client wrk|httpx] [--overload-seconds 120] [--overload-clients 512]
+                                    [--threads N] [--skip plain,litserve,gpuforge-fp32,gpuforge-auto,
+                                    gpuforge-onnx-int8,overload,int8] [--quick] [--json out.json]
+
+The client (`--client`, default wrk): `wrk` (Debian's package, `apt-get install wrk`: C, one thread,
+keep-alive), each connection a closed-loop client, POSTing the next of the sentences as a ready JSON body
+(benchmarks/serve_wrk.lua), its statuses counted and its latency percentiles read at the end. Before the
+servers, the same client at every level against `trivial` (serve_baselines.py trivial: a bare ASGI app on
+the same uvicorn that answers at once): what the client drives when the server costs nothing. A server's
+level where the client's own rate there is under CLIENT_HEADROOM (5) times the server's is marked
+client-bound, and decides no floor. `--client httpx`: the Python load generator below (one process,
+httpx.AsyncClient on uvloop), which also gives the arrival-order figures; the overload always uses it
+(it honours Retry-After). wrk's latencies are over all its answers (they are 200s unless the statuses say).
 
 The model: the MiniLM topic classifier of examples/minilm-topics.yaml, trained for 10 steps in fp32 into a
 temporary directory (`--model DIR` reuses a run's model/ directory). The inputs: the 480 sentences of
@@ -19,9 +29,11 @@ The contenders, one server process on 127.0.0.1 at a time, torch on the same `--
   plain          a FastAPI route written carefully, one forward per request (serve_baselines.py plain)
   litserve       LitServe, max_batch_size 32, batch_timeout 0.005, batch/unbatch (serve_baselines.py)
   gpuforge-fp32  gpuforge serve --precision fp32 --max-batch 32 --max-wait-ms 5 --max-queue 256
-  gpuforge-auto  gpuforge serve --precision auto (bf16 where the CPU's bf16 matmul is faster)
+  gpuforge-auto  gpuforge serve --precision auto (per batch size, what measured faster at load: /info)
+  gpuforge-onnx-int8  gpuforge serve on the model's `gpuforge export --quantize int8` (onnxruntime's
+                 dynamic int8), with the fp32 contender's options
 plain, litserve and gpuforge-fp32 all run fp32; gpuforge-auto is held against the ceiling of the
-precision it picked (GET /info).
+precision its full batches run in (GET /info), gpuforge-onnx-int8 against gpuforge-fp32.
 
 The load: for each level of `--levels`, that many clients in closed loop, each its own keep-alive
 connection (httpx.AsyncClient on uvloop), in one load-generator process apart from this one and from the
@@ -47,16 +59,19 @@ time, well under the p50 of 128 closed-loop clients (which spans about 128 / 32 
 that lets later requests pass one request again and again (LIFO, a retry path at the back, starvation)
 makes it wait behind later ones for a large part of its latency, at the p50 scale or above.
 
-Floors, each at the level it names (one not run, or whose contender is skipped, is listed as not judged);
-tagged with the issue that sets it (issue 16 raises issue 6's LitServe and bf16 ones):
+Floors, each at the level it names (one not run, whose contender is skipped, or that is client-bound, is
+listed as not judged); tagged with the issue that sets it (issue 16 raised issue 6's, issue 40 issue 16's):
   1 client     gpuforge-fp32 p50 within 1.5 ms of the plain route's p50 (both fp32)        (issue 16)
-  32 clients   gpuforge-fp32 >= 1.3x LitServe req/s, p99 no worse than LitServe's          (issue 16)
+  32 clients   gpuforge-fp32 >= 1.3x LitServe req/s (and at 128), p99 no worse at 32       (issues 16, 40)
                gpuforge-fp32 >= 2.5x the plain route req/s, p99 no worse than plain's      (issue 6)
                gpuforge-fp32 >= 80% of the fp32 ceiling                                    (issue 6)
-               gpuforge-auto >= 2x LitServe (fp32) req/s and >= 50% of the ceiling of the precision it
-               picked, the load generator's CPU share printed beside it                   (issue 16)
+               gpuforge-auto >= 2x LitServe (fp32) req/s                                   (issue 16)
+               gpuforge-auto >= 70% of its precision's ceiling (85% at 128)                (issue 40)
+               gpuforge-onnx-int8 >= 1.5x gpuforge-fp32 req/s                              (issue 40)
+  every level  gpuforge-auto never slower than gpuforge-fp32: req/s, and p50 at 1 client   (issue 40)
   32 -> 128    gpuforge-fp32 and gpuforge-auto: req/s drops by at most 10%                 (issue 16)
-  128 clients  gpuforge-fp32 and gpuforge-auto: p99 < 3x p50; "behind later" p99 <= p50   (issue 16)
+  128 clients  gpuforge-fp32 and gpuforge-auto: p99 < 3x p50; "behind later" p99 <= p50   (issue 16;
+               the arrival order with --client httpx only)
 
 Overload: gpuforge-auto, kept running after its levels, gets `--overload-clients` clients (default 512:
 twice its max queue of 256, so past the ~288 inputs it holds (queue plus a running batch) and well past
@@ -77,6 +92,8 @@ import contextlib
 import json
 import multiprocessing
 import os
+import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,18 +110,24 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from gpuforge.hardware.probe import cpu_model_name  # noqa: E402
 from gpuforge.runtime.host import free_port  # noqa: E402
 
 BASELINES = ROOT / "benchmarks" / "serve_baselines.py"
+WRK_SCRIPT = ROOT / "benchmarks" / "serve_wrk.lua"
 SPEC = ROOT / "examples" / "minilm-topics.yaml"
 TEXTS = ROOT / "examples" / "data" / "topics.jsonl"
-CONTENDERS = ("plain", "litserve", "gpuforge-fp32", "gpuforge-auto")
+CONTENDERS = ("plain", "litserve", "gpuforge-fp32", "gpuforge-auto", "gpuforge-onnx-int8")
 SKIPPABLE = (*CONTENDERS, "overload", "int8")
+TRIVIAL = "trivial"  # the client's own ceiling: a server that answers at once
+CLIENT_HEADROOM = 5.0  # a level decides a floor only where the client drives 5x the server's rate
 IDLE, LOAD, PAST = 1, 32, 128  # the levels the floors name
 IDLE_SLACK_MS = 1.5  # 1 client: gpuforge-fp32 p50 at most this over the plain route's (issue 16)
 FLOOR_VS_LITSERVE = 1.3  # 32 clients, fp32, req/s (issue 16; issue 6 had 1.2)
 FLOOR_VS_PLAIN, FLOOR_FP32_OF_CEILING = 2.5, 0.80  # 32 clients, fp32 (issue 6)
-FLOOR_AUTO_VS_LITSERVE, FLOOR_AUTO_OF_CEILING = 2.0, 0.50  # 32 clients, auto (issue 16; issue 6 had 80%)
+FLOOR_AUTO_VS_LITSERVE = 2.0  # 32 clients, auto (issue 16)
+FLOOR_AUTO_OF_CEILING = {32: 0.70, 128: 0.85}  # auto, of its precision's ceiling (issue 40; 16 had 50%)
+FLOOR_INT8_VS_FP32 = 1.5  # 32 clients, the int8 ONNX export against torch fp32 (issue 40)
 MAX_DROP, MAX_P99_OVER_P50 = 0.10, 3.0  # 32 -> 128 clients, and at 128 (issue 16)
 FLAT_MB_PER_MIN = 5.0
 MAX_QUEUE = 256
@@ -199,11 +222,11 @@ class Server:
 def make_server(name: str, model: Path, threads: int, logs: Path) -> Server:
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     py = sys.executable
-    if name in ("plain", "litserve"):
+    if name in ("plain", "litserve", TRIVIAL):
         command = [py, str(BASELINES), name, str(model), "--threads", str(threads)]
-        ready = "/healthz" if name == "plain" else "/health"
+        ready = "/health" if name == "litserve" else "/healthz"
     else:
-        precision = "fp32" if name == "gpuforge-fp32" else "auto"
+        precision = "auto" if name == "gpuforge-auto" else "fp32"
         command = [
             py,
             "-m",
@@ -446,6 +469,71 @@ def drive(
     return result, before, after
 
 
+def children_cpu() -> float:
+    """CPU seconds of this process's children that have ended (wrk's, once it has)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def wrk_level(server: Server, clients: int, warmup: float, seconds: float, bodies: Path) -> dict:
+    """`clients` connections of wrk (one thread) on POST /predict: a warm-up run, then the measured one."""
+    command = ["wrk", "-t1", f"-c{clients}", "--timeout", "60s", "-s", str(WRK_SCRIPT)]
+    target = [server.url + "/predict", "--", str(bodies)]
+    if warmup > 0:
+        subprocess.run([*command, "-d", f"{max(1, round(warmup))}s", *target], capture_output=True)
+
+    def sample() -> tuple:
+        return server.cpu_seconds(), busy_seconds(), children_cpu(), time.perf_counter(), scrape(server)
+
+    before = sample()
+    done = subprocess.run(
+        [*command, "-d", f"{max(1, round(seconds))}s", *target], capture_output=True, text=True
+    )
+    after = sample()
+    line = next((x for x in done.stdout.splitlines() if x.startswith("GPUFORGE ")), None)
+    if line is None:
+        raise RuntimeError(
+            f"wrk gave no figures (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    figures = json.loads(line.removeprefix("GPUFORGE "))
+    if server.process is None or server.process.poll() is not None:
+        raise RuntimeError(f"{server.name} died under load:\n{server.log_tail()}")
+    window = figures["duration_us"] / 1e6
+    elapsed = after[3] - before[3]
+    statuses = {**figures["statuses"], **{k: n for k, n in figures["errors"].items() if n}}
+    server_cpu, load_cpu = after[0] - before[0], after[2] - before[2]
+    latency = {q: figures["latency_us"][q] / 1000 for q in ("p50", "p90", "p99", "max")}
+    row = {
+        "contender": server.name,
+        "clients": clients,
+        "seconds": window,
+        "ok": figures["statuses"].get("200", 0),
+        "req_per_s": figures["statuses"].get("200", 0) / window,
+        **{f"{q}_ms": ms for q, ms in latency.items()},
+        "statuses": statuses,
+        "server_cpu": server_cpu / elapsed,  # cores
+        "loadgen_cpu": load_cpu / elapsed,
+        "other_cpu": max(0.0, (after[1] - before[1]) - server_cpu - load_cpu) / elapsed,
+    }
+    return {**row, **batch_figures(before[4], after[4], window)}
+
+
+def batch_figures(m0: dict, m1: dict, wall: float) -> dict:
+    """gpuforge's mean batch, batches per second and queue wait over a window, from two /metrics scrapes."""
+    if not (m0 and m1):
+        return {}
+    row = {}
+    batches = m1["gpuforge_serve_batch_size_count"] - m0["gpuforge_serve_batch_size_count"]
+    inputs = m1["gpuforge_serve_batch_size_sum"] - m0["gpuforge_serve_batch_size_sum"]
+    waited = m1["gpuforge_serve_queue_seconds_sum"] - m0["gpuforge_serve_queue_seconds_sum"]
+    if batches:
+        row["mean_batch"] = inputs / batches
+        row["batches_per_s"] = batches / wall
+    if inputs:
+        row["mean_queue_ms"] = 1000 * waited / inputs
+    return row
+
+
 def run_level(
     server: Server,
     clients: int,
@@ -494,16 +582,7 @@ def run_level(
         "loadgen_cpu": load_cpu / wall,
         "other_cpu": max(0.0, (after[1] - before[1]) - ours) / wall,
     }
-    m0, m1 = before[3], after[3]
-    if m0 and m1:
-        batches = m1["gpuforge_serve_batch_size_count"] - m0["gpuforge_serve_batch_size_count"]
-        inputs = m1["gpuforge_serve_batch_size_sum"] - m0["gpuforge_serve_batch_size_sum"]
-        waited = m1["gpuforge_serve_queue_seconds_sum"] - m0["gpuforge_serve_queue_seconds_sum"]
-        if batches:
-            row["mean_batch"] = inputs / batches
-            row["batches_per_s"] = batches / wall
-        if inputs:
-            row["mean_queue_ms"] = 1000 * waited / inputs
+    row.update(batch_figures(before[3], after[3], wall))
     if rss:
         row["rss_mb"] = rss
     return row
@@ -528,6 +607,54 @@ def train_model(tmp: Path) -> Path:
     return train(SPEC, tmp / "run", "--max-steps", "10", "--set", "train.precision=fp32")
 
 
+def export_int8(model: Path, out: Path) -> Path:
+    """`gpuforge export MODEL --out OUT --quantize int8` (onnxruntime's dynamic int8): the export's dir."""
+    command = [
+        sys.executable,
+        "-m",
+        "gpuforge",
+        "export",
+        str(model),
+        "--out",
+        str(out),
+        "--quantize",
+        "int8",
+    ]
+    print("exporting:", " ".join(command[1:]), flush=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the export failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    return out
+
+
+def write_bodies(texts: list[str], path: Path) -> Path:
+    """One request body a line, for wrk: {"inputs": [text]}."""
+    path.write_text("".join(json.dumps({"inputs": [t]}) + "\n" for t in texts))
+    return path
+
+
+def int8_instructions() -> str:
+    """The CPU's int8 dot-product instructions onnxruntime can use: AMX, VNNI, or none of them."""
+    flags = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    found = [name for flag, name in (("amx_int8", "AMX"), ("avx512_vnni", "AVX512-VNNI"),
+                                     ("avx_vnni", "AVX-VNNI")) if flag in flags]  # fmt: skip
+    return ", ".join(found) or "none (no VNNI or AMX)"
+
+
+def mark_client_bound(rows: list[dict], client: dict[int, float]) -> None:
+    """Each row's client rate at its level (the trivial server's), and whether the client bound it."""
+    for row in rows:
+        own = client.get(row["clients"])
+        if own is not None and row["contender"] != TRIVIAL:
+            row["client_req_per_s"] = own
+            row["client_bound"] = own < CLIENT_HEADROOM * row["req_per_s"]
+
+
 def write_figures(path: Path, args: argparse.Namespace, levels: list[int], **figures) -> None:
     """Every figure as JSON at `path`, after the run's settings: cores, threads, levels, seconds, warm-up."""
     settings = {
@@ -540,19 +667,25 @@ def write_figures(path: Path, args: argparse.Namespace, levels: list[int], **fig
     path.write_text(json.dumps({**settings, **figures}, indent=2, default=str))
 
 
-def measure_ceiling(model: Path, threads: int, seconds: float, rounds: int, int8: bool) -> dict:
-    command = [
-        sys.executable,
-        str(BASELINES),
-        "ceiling",
-        str(model),
-        "--threads",
-        str(threads),
-        "--seconds",
-        str(seconds),
-        "--rounds",
-        str(rounds),
-    ] + (["--int8-dynamic"] if int8 else [])
+def measure_ceiling(
+    model: Path, threads: int, seconds: float, rounds: int, int8: bool, onnx: Path | None = None
+) -> dict:
+    command = (
+        [
+            sys.executable,
+            str(BASELINES),
+            "ceiling",
+            str(model),
+            "--threads",
+            str(threads),
+            "--seconds",
+            str(seconds),
+            "--rounds",
+            str(rounds),
+        ]
+        + (["--int8-dynamic"] if int8 else [])
+        + (["--onnx", str(onnx)] if onnx else [])
+    )
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -590,22 +723,28 @@ def ms(value: float) -> str:
 def print_table(rows: list[dict]) -> None:
     head = (
         f"{'contender':<15}{'clients':>8}{'req/s':>8}{'p50':>8}{'p90':>8}{'p99':>8}  {'behind later':>12}"
-        f"  {'batch':>6}{'queue':>7}  {'CPU server':>10}{'loadgen':>8}{'other':>7}  answers"
+        f"  {'batch':>6}{'queue':>7}  {'CPU server':>10}{'loadgen':>8}{'other':>7}  {'client':>8}  answers"
     )
     print(head)
     print(
         f"{'':<15}{'':>8}{'':>8}{'ms':>8}{'ms':>8}{'ms':>8}  {'p99/max ms':>12}  {'mean':>6}{'ms':>7}"
-        f"  {'cores':>10}{'cores':>8}{'cores':>7}"
+        f"  {'cores':>10}{'cores':>8}{'cores':>7}  {'req/s':>8}"
     )
     for r in rows:
         batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else "-"
         queue = f"{r['mean_queue_ms']:.0f}" if "mean_queue_ms" in r else "-"
         behind = f"{ms(r['behind_p99_ms'])}/{ms(r['behind_max_ms'])}" if "behind_p99_ms" in r else "-"
+        client = f"{r['client_req_per_s']:.0f}" if "client_req_per_s" in r else "-"
+        client += "!" if r.get("client_bound") else " "
         print(
-            f"{r['contender']:<15}{r['clients']:>8}{r['req_per_s']:>8.1f}{r['p50_ms']:>8.0f}{r['p90_ms']:>8.0f}"
-            f"{r['p99_ms']:>8.0f}  {behind:>12}  {batch:>6}{queue:>7}  {r['server_cpu']:>10.2f}"
-            f"{r['loadgen_cpu']:>8.2f}{r['other_cpu']:>7.2f}  {fmt_statuses(r['statuses'])}"
+            f"{r['contender']:<19}{r['clients']:>4}{r['req_per_s']:>8.1f}{r['p50_ms']:>8.1f}{r['p90_ms']:>8.1f}"
+            f"{r['p99_ms']:>8.1f}  {behind:>12}  {batch:>6}{queue:>7}  {r['server_cpu']:>10.2f}"
+            f"{r['loadgen_cpu']:>8.2f}{r['other_cpu']:>7.2f}  {client:>9} {fmt_statuses(r['statuses'])}"
         )
+    print(
+        f"client: the same client's req/s against the trivial server at that level; '!': under "
+        f"{CLIENT_HEADROOM:g}x the server's, client-bound (that row decides no floor)"
+    )
 
 
 def print_summary(rows: list[dict]) -> None:
@@ -667,6 +806,14 @@ def verdicts(rows: list[dict], ceiling: dict | None, auto_precision: str | None)
         if absent:
             missing(issue, clients, what, f"not judged, no {clients}-client run of {', '.join(absent)}")
             return None
+        bound = [r for r in found if r.get("client_bound")]
+        if bound:
+            why = ", ".join(
+                f"{r['contender']} {r['req_per_s']:.0f} req/s, the client {r['client_req_per_s']:.0f}"
+                for r in bound
+            )
+            missing(issue, clients, what, f"not judged, client-bound ({why})")
+            return None
         return found
 
     # 1 client: no wait when idle
@@ -684,6 +831,15 @@ def verdicts(rows: list[dict], ceiling: dict | None, auto_precision: str | None)
             f"gpuforge-fp32 p50 {gf['p50_ms']:.1f} ms vs plain {plain['p50_ms']:.1f} ms: {over:+.1f} ms; "
             f"floor: at most +{IDLE_SLACK_MS:g} ms",
         )
+
+    # 128 clients, fp32 against LitServe (issue 40; 32 clients below, issue 16)
+    pair = rows_for(40, PAST, "req/s vs litserve", "gpuforge-fp32", "litserve")
+    if pair and pair[1]["req_per_s"] > 0:
+        gf, other = pair
+        ratio = gf["req_per_s"] / other["req_per_s"]
+        text = f"gpuforge-fp32 {gf['req_per_s']:.1f} req/s = {ratio:.2f}x litserve ({other['req_per_s']:.1f})"
+        judge(40, PAST, "req/s vs litserve", ratio, FLOOR_VS_LITSERVE, ratio >= FLOOR_VS_LITSERVE,
+              f"{text}; floor {FLOOR_VS_LITSERVE:g}x")  # fmt: skip
 
     # 32 clients, fp32: against LitServe (issue 16) and the plain route (issue 6)
     for issue, name, floor in ((16, "litserve", FLOOR_VS_LITSERVE), (6, "plain", FLOOR_VS_PLAIN)):
@@ -729,22 +885,22 @@ def verdicts(rows: list[dict], ceiling: dict | None, auto_precision: str | None)
             f"({pair[1]['req_per_s']:.1f}); floor {FLOOR_AUTO_VS_LITSERVE:g}x; load client "
             f"{auto['loadgen_cpu']:.2f} cores = {100 * auto['loadgen_cpu'] / cores:.0f}% of {cores}",
         )
-    for issue, name, precision, floor in (
-        (6, "gpuforge-fp32", "fp32", FLOOR_FP32_OF_CEILING),
-        (16, "gpuforge-auto", auto_precision or "?", FLOOR_AUTO_OF_CEILING),
+    for issue, clients, name, precision, floor in (
+        (6, LOAD, "gpuforge-fp32", "fp32", FLOOR_FP32_OF_CEILING),
+        *((40, n, "gpuforge-auto", auto_precision or "?", f) for n, f in FLOOR_AUTO_OF_CEILING.items()),
     ):
         what = f"{name} of ceiling"
-        if not rows_for(issue, LOAD, what, name):
+        if not rows_for(issue, clients, what, name):
             continue
-        row = by[(name, LOAD)]
+        row = by[(name, clients)]
         ref = (ceiling or {}).get("samples_per_s", {}).get(precision)
         if not ref:
-            missing(issue, LOAD, what, f"not judged, no {precision} ceiling measured")
+            missing(issue, clients, what, f"not judged, no {precision} ceiling measured")
             continue
         share = row["req_per_s"] / ref
         judge(
             issue,
-            LOAD,
+            clients,
             what,
             share,
             floor,
@@ -753,6 +909,38 @@ def verdicts(rows: list[dict], ceiling: dict | None, auto_precision: str | None)
             f"ceiling ({ref:.1f} samples/s); floor {100 * floor:.0f}%; load client "
             f"{row['loadgen_cpu']:.2f} cores = {100 * row['loadgen_cpu'] / cores:.0f}% of {cores}",
         )
+
+    # 32 clients: the int8 ONNX export against torch fp32, both served (issue 40)
+    pair = rows_for(40, LOAD, "onnx int8 vs fp32", "gpuforge-onnx-int8", "gpuforge-fp32")
+    if pair and pair[1]["req_per_s"] > 0:
+        ratio = pair[0]["req_per_s"] / pair[1]["req_per_s"]
+        ceilings = (ceiling or {}).get("samples_per_s", {})
+        beside = (
+            f"; batch paths with no server: onnx {ceilings['run_batch onnx']:.0f}, fp32 "
+            f"{ceilings['run_batch fp32']:.0f} samples/s"
+            if "run_batch onnx" in ceilings
+            else ""
+        )
+        judge(40, LOAD, "onnx int8 vs fp32", ratio, FLOOR_INT8_VS_FP32, ratio >= FLOOR_INT8_VS_FP32,
+              f"gpuforge-onnx-int8 {pair[0]['req_per_s']:.1f} req/s = {ratio:.2f}x gpuforge-fp32 "
+              f"({pair[1]['req_per_s']:.1f}); floor {FLOOR_INT8_VS_FP32:g}x; int8 instructions: "
+              f"{int8_instructions()}{beside}")  # fmt: skip
+
+    # every level: auto never slower than fp32 (issue 40): req/s, and at 1 client its p50
+    for clients in sorted({r["clients"] for r in rows}):
+        pair = rows_for(40, clients, "auto never slower than fp32", "gpuforge-auto", "gpuforge-fp32")
+        if not pair:
+            continue
+        auto_row, fp32 = pair
+        if clients == IDLE:
+            judge(40, clients, "auto p50 vs fp32", auto_row["p50_ms"], fp32["p50_ms"],
+                  auto_row["p50_ms"] <= fp32["p50_ms"],
+                  f"gpuforge-auto p50 {auto_row['p50_ms']:.1f} ms vs gpuforge-fp32 {fp32['p50_ms']:.1f} ms; "
+                  "floor: no slower")  # fmt: skip
+        judge(40, clients, "auto req/s vs fp32", auto_row["req_per_s"], fp32["req_per_s"],
+              auto_row["req_per_s"] >= fp32["req_per_s"],
+              f"gpuforge-auto {auto_row['req_per_s']:.1f} req/s vs gpuforge-fp32 {fp32['req_per_s']:.1f}; "
+              "floor: no slower")  # fmt: skip
 
     # 32 -> 128 clients: no collapse; 128 clients: tail and arrival order
     for name in ("gpuforge-fp32", "gpuforge-auto"):
@@ -785,7 +973,12 @@ def verdicts(rows: list[dict], ceiling: dict | None, auto_precision: str | None)
             f"{past['p50_ms']:.0f} ms; floor: under {MAX_P99_OVER_P50:g}x",
         )
         if "behind_p99_ms" not in past:
-            missing(16, PAST, f"{name} arrival order", "not judged, no request answered in the window")
+            why = (
+                "no request answered in the window"
+                if past["ok"] == 0
+                else "per-request times come only with --client httpx"
+            )
+            missing(16, PAST, f"{name} arrival order", f"not judged, {why}")
             continue
         judge(
             16,
@@ -814,7 +1007,14 @@ def main() -> None:
     parser.add_argument("--skip", default="", help=f"comma-separated, of: {', '.join(SKIPPABLE)}")
     parser.add_argument("--quick", action="store_true", help="a smoke run: short levels and overload")
     parser.add_argument("--json", type=Path, help="also write every figure here")
+    parser.add_argument(
+        "--client", choices=["wrk", "httpx"], default="wrk", help="the load client (the overload: httpx)"
+    )
     args = parser.parse_args()
+    if args.client == "wrk" and shutil.which("wrk") is None:
+        parser.error(
+            "--client wrk: wrk is not installed (Debian: apt-get install wrk), or use --client httpx"
+        )
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if skip - set(SKIPPABLE):
         parser.error(f"--skip: unknown {', '.join(sorted(skip - set(SKIPPABLE)))}")
@@ -832,12 +1032,30 @@ def main() -> None:
         tmp = Path(tmp_name)
         try:
             model = args.model or train_model(tmp)
+            onnx = None if "gpuforge-onnx-int8" in skip else export_int8(model, tmp / "onnx-int8")
+            bodies = write_bodies(texts, tmp / "bodies.jsonl")
             print(
                 f"model {model}; {len(texts)} inputs, one per request; torch threads {args.threads}; "
-                f"{os.cpu_count()} cores; levels {levels}, {args.warmup:g} s warm-up + {args.seconds:g} s"
-                " each",
+                f"{os.cpu_count()} cores ({cpu_model_name()}; int8: {int8_instructions()}); levels {levels}, "
+                f"{args.warmup:g} s warm-up + {args.seconds:g} s each; client {args.client}",
                 flush=True,
             )
+
+            def level(server: Server, clients: int) -> dict:
+                if args.client == "wrk":
+                    return wrk_level(server, clients, args.warmup, args.seconds, bodies)
+                return run_level(server, clients, args.warmup, args.seconds, texts)
+
+            trivial = make_server(TRIVIAL, Path("-"), args.threads, tmp)
+            running.append(trivial)
+            print("the client alone (trivial server) ...", flush=True)
+            trivial.start()
+            for clients in levels:
+                rows.append(level(trivial, clients))
+                print(f"  {clients:>4} clients: {rows[-1]['req_per_s']:.0f} req/s", flush=True)
+            trivial.stop()
+            running.remove(trivial)
+            client_rates = {r["clients"]: r["req_per_s"] for r in rows}
             for name in CONTENDERS:
                 if name in skip:
                     continue
@@ -845,13 +1063,14 @@ def main() -> None:
                     print("ceiling (no server) ...", flush=True)
                     rounds = 1 if args.quick else 3
                     ceiling = measure_ceiling(
-                        model, args.threads, args.ceiling_seconds, rounds, "int8" not in skip
+                        model, args.threads, args.ceiling_seconds, rounds, "int8" not in skip, onnx
                     )
                     print(
                         "  " + ", ".join(f"{k} {v:.1f}/s" for k, v in ceiling["samples_per_s"].items()),
                         flush=True,
                     )
-                server = make_server(name, model, args.threads, tmp)
+                served = onnx if name == "gpuforge-onnx-int8" else model
+                server = make_server(name, served, args.threads, tmp)
                 running.append(server)
                 print(f"{name}: starting ...", flush=True)
                 server.start()
@@ -859,7 +1078,7 @@ def main() -> None:
                     auto_precision = httpx.get(server.url + "/info", timeout=5).json()["precision"]
                     print(f"  precision auto -> {auto_precision}", flush=True)
                 for clients in levels:
-                    row = run_level(server, clients, args.warmup, args.seconds, texts)
+                    row = level(server, clients)
                     rows.append(row)
                     print(
                         f"  {clients:>4} clients: {row['req_per_s']:.1f} req/s, p99 {row['p99_ms']:.0f} ms, "
@@ -880,6 +1099,7 @@ def main() -> None:
         finally:
             for server in running:
                 server.stop()
+    mark_client_bound(rows, client_rates)
 
     print()
     print(
