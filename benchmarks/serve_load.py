@@ -192,6 +192,18 @@ class Server:
         except psutil.Error:
             return []
 
+    def loop_cpu_seconds(self) -> float:
+        """CPU seconds of the server process's main thread: a gpuforge worker's event loop (HTTP, JSON, the
+        batcher), everything it does outside the model thread."""
+        if self.process is None or self.process.poll() is not None:
+            return 0.0
+        pid = self.process.pid
+        try:
+            fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
     def cpu_seconds(self) -> float:
         total = 0.0
         for p in self.processes():
@@ -219,14 +231,16 @@ class Server:
         self.process = None
 
 
-def make_server(name: str, model: Path, threads: int, logs: Path) -> Server:
+def make_server(name: str, model: Path, threads: int, logs: Path, before: Path | None = None) -> Server:
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    if name.startswith("before"):
+        env["PYTHONPATH"] = str(before)
     py = sys.executable
     if name in ("plain", "litserve", TRIVIAL):
         command = [py, str(BASELINES), name, str(model), "--threads", str(threads)]
         ready = "/health" if name == "litserve" else "/healthz"
     else:
-        precision = "auto" if name == "gpuforge-auto" else "fp32"
+        precision = "auto" if name.endswith("-auto") else "fp32"
         command = [
             py,
             "-m",
@@ -483,7 +497,8 @@ def wrk_level(server: Server, clients: int, warmup: float, seconds: float, bodie
         subprocess.run([*command, "-d", f"{max(1, round(warmup))}s", *target], capture_output=True)
 
     def sample() -> tuple:
-        return server.cpu_seconds(), busy_seconds(), children_cpu(), time.perf_counter(), scrape(server)
+        return (server.cpu_seconds(), busy_seconds(), children_cpu(), time.perf_counter(), scrape(server),
+                server.loop_cpu_seconds())  # fmt: skip
 
     before = sample()
     done = subprocess.run(
@@ -515,6 +530,8 @@ def wrk_level(server: Server, clients: int, warmup: float, seconds: float, bodie
         "loadgen_cpu": load_cpu / elapsed,
         "other_cpu": max(0.0, (after[1] - before[1]) - server_cpu - load_cpu) / elapsed,
     }
+    if server.name.startswith(("gpuforge", "before")) and row["ok"]:
+        row["loop_cpu_ms"] = 1000 * (after[5] - before[5]) / row["ok"]  # per answered request
     return {**row, **batch_figures(before[4], after[4], window)}
 
 
@@ -723,26 +740,29 @@ def ms(value: float) -> str:
 def print_table(rows: list[dict]) -> None:
     head = (
         f"{'contender':<15}{'clients':>8}{'req/s':>8}{'p50':>8}{'p90':>8}{'p99':>8}  {'behind later':>12}"
-        f"  {'batch':>6}{'queue':>7}  {'CPU server':>10}{'loadgen':>8}{'other':>7}  {'client':>8}  answers"
+        f"  {'batch':>6}{'queue':>7}  {'CPU server':>10}{'loop':>6}{'loadgen':>8}{'other':>7}"
+        f"  {'client':>8}  answers"
     )
     print(head)
     print(
         f"{'':<15}{'':>8}{'':>8}{'ms':>8}{'ms':>8}{'ms':>8}  {'p99/max ms':>12}  {'mean':>6}{'ms':>7}"
-        f"  {'cores':>10}{'cores':>8}{'cores':>7}  {'req/s':>8}"
+        f"  {'cores':>10}{'ms/req':>6}{'cores':>8}{'cores':>7}  {'req/s':>8}"
     )
     for r in rows:
         batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else "-"
         queue = f"{r['mean_queue_ms']:.0f}" if "mean_queue_ms" in r else "-"
         behind = f"{ms(r['behind_p99_ms'])}/{ms(r['behind_max_ms'])}" if "behind_p99_ms" in r else "-"
         client = f"{r['client_req_per_s']:.0f}" if "client_req_per_s" in r else "-"
+        loop = f"{r['loop_cpu_ms']:.2f}" if "loop_cpu_ms" in r else "-"
         client += "!" if r.get("client_bound") else " "
         print(
             f"{r['contender']:<19}{r['clients']:>4}{r['req_per_s']:>8.1f}{r['p50_ms']:>8.1f}{r['p90_ms']:>8.1f}"
-            f"{r['p99_ms']:>8.1f}  {behind:>12}  {batch:>6}{queue:>7}  {r['server_cpu']:>10.2f}"
+            f"{r['p99_ms']:>8.1f}  {behind:>12}  {batch:>6}{queue:>7}  {r['server_cpu']:>10.2f}{loop:>6}"
             f"{r['loadgen_cpu']:>8.2f}{r['other_cpu']:>7.2f}  {client:>9} {fmt_statuses(r['statuses'])}"
         )
     print(
-        f"client: the same client's req/s against the trivial server at that level; '!': under "
+        "loop: a gpuforge worker's event loop (its main thread: HTTP, JSON, batching) CPU ms per answer; "
+        "client: the same client's req/s against the trivial server at that level; '!': under "
         f"{CLIENT_HEADROOM:g}x the server's, client-bound (that row decides no floor)"
     )
 
@@ -750,7 +770,7 @@ def print_table(rows: list[dict]) -> None:
 def print_summary(rows: list[dict]) -> None:
     """The issue's table: 1 client req/s, p50; 32 clients req/s, p99; 128 clients req/s, p50 / p99; ratio."""
     by = {(r["contender"], r["clients"]): r for r in rows}
-    names = [n for n in CONTENDERS if any(r["contender"] == n for r in rows)]
+    names = list(dict.fromkeys(r["contender"] for r in rows if r["contender"] != TRIVIAL))
     lit = by.get(("litserve", LOAD))
 
     def cell(name: str, clients: int, *figures: str) -> str:
@@ -1010,6 +1030,12 @@ def main() -> None:
     parser.add_argument(
         "--client", choices=["wrk", "httpx"], default="wrk", help="the load client (the overload: httpx)"
     )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="an older checkout's src/: its gpuforge-fp32 and gpuforge-auto run too, as before-fp32 and "
+        "before-auto (PYTHONPATH), for a before/after in one run",
+    )
     args = parser.parse_args()
     if args.client == "wrk" and shutil.which("wrk") is None:
         parser.error(
@@ -1056,7 +1082,8 @@ def main() -> None:
             trivial.stop()
             running.remove(trivial)
             client_rates = {r["clients"]: r["req_per_s"] for r in rows}
-            for name in CONTENDERS:
+            contenders = [*CONTENDERS, *(("before-fp32", "before-auto") if args.before else ())]
+            for name in contenders:
                 if name in skip:
                     continue
                 if name.startswith("gpuforge") and ceiling is None:  # measured next to what it judges
@@ -1070,13 +1097,17 @@ def main() -> None:
                         flush=True,
                     )
                 served = onnx if name == "gpuforge-onnx-int8" else model
-                server = make_server(name, served, args.threads, tmp)
+                server = make_server(name, served, args.threads, tmp, args.before)
                 running.append(server)
                 print(f"{name}: starting ...", flush=True)
                 server.start()
-                if name == "gpuforge-auto":
-                    auto_precision = httpx.get(server.url + "/info", timeout=5).json()["precision"]
-                    print(f"  precision auto -> {auto_precision}", flush=True)
+                if name in ("gpuforge-auto", "before-auto"):
+                    info = httpx.get(server.url + "/info", timeout=5).json()
+                    precision = info["precision"]
+                    if name == "gpuforge-auto":
+                        auto_precision = precision
+                        print(f"  {(info.get('precision_choice') or {}).get('rule')}", flush=True)
+                    print(f"  precision auto -> {precision}", flush=True)
                 for clients in levels:
                     row = level(server, clients)
                     rows.append(row)

@@ -270,3 +270,17 @@ def test_a_completion_asked_of_a_classifier_says_what_it_is_and_what_to_call(tex
     assert said["error"]["message"] == said["detail"]  # OpenAI clients read the one, ours the other
     assert said["detail"].startswith("this model is a classifier (sequence-classification), not a causal LM")
     assert "POST /predict" in said["detail"]
+
+
+def test_predict_keeps_the_frameworks_error_shape_and_stays_documented(text_endpoint):
+    missing = text_endpoint.post("/predict", json={})
+    (error,) = missing.json()["detail"]
+    assert missing.status_code == 422 and error["loc"] == ["body", "inputs"] and error["type"] == "missing"
+    not_json = text_endpoint.post(
+        "/predict", content=b'{"inputs": [', headers={"content-type": "application/json"}
+    )
+    (error,) = not_json.json()["detail"]
+    assert error["type"] == "json_invalid" and error["loc"][0] == "body"
+    schema = text_endpoint.get("/openapi.json").json()
+    assert "/predict" in schema["paths"] and "post" in schema["paths"]["/predict"]
+    assert text_endpoint.get("/predict").status_code == 405  # only POST is answered below the framework
