@@ -96,3 +96,16 @@ def test_a_served_bf16_classifier_answers_as_autocast_over_its_fp32_weights(text
     reference.precision = served.precision  # the same forward under autocast, over fp32 weights
     reference.plan = None
     assert served.run_batch([(None, t) for t in texts]) == reference.run_batch([(None, t) for t in texts])
+
+
+def test_auto_at_load_says_what_it_chose_and_the_timings_that_chose_it(text_model):
+    predictor = load_predictor(text_model, device="cpu", precision="auto", max_batch=4)
+    choice = predictor.plan.describe()
+    assert choice["reason"].startswith("auto:") and predictor.precision is predictor.plan.precision
+    if choice["measured_ms"] is not None:  # a CPU whose bf16 matmul is faster: timed on the served model
+        assert sorted(choice["measured_ms"]) == [1, 2, 4]
+        assert all(set(ms) == {"fp32", "bf16"} for ms in choice["measured_ms"].values())
+    else:  # bf16 slower in the matmul already: fp32 without timing the model
+        assert choice["rule"] == "fp32 for every batch"
+    outputs = predictor.run_batch([(None, "rain and wind today")] * 3)
+    assert len(outputs) == 3 and outputs[0] == outputs[2]

@@ -64,6 +64,8 @@ def test_predict_answers_what_the_model_says_offline(text_endpoint, text_model):
         assert sum(output["scores"].values()) == pytest.approx(1.0, abs=1e-5)
     one = text_endpoint.post("/predict", json={"inputs": texts[0]}).json()["outputs"]
     assert len(one) == 1 and one[0]["label"] == labels[0]
+    info = text_endpoint.get("/info").json()  # --precision fp32: one copy, not timed
+    assert info["precision"] == "fp32" and info["precision_choice"]["rule"] == "fp32 for every batch"
 
 
 def test_concurrent_requests_share_batches(text_endpoint):
