@@ -27,6 +27,14 @@ def test_a_classifier_batch_runs_on_cuda_in_bf16():
     )
     outputs = predictor.run_batch([(None, "good film"), (None, "bad film " * 20)])
     assert [set(o["scores"]) for o in outputs] == [{"neg", "pos"}] * 2 and outputs[1]["truncated"]
+    # auto on the GPU: bf16 (or fp16) timed against fp32 on this model, the weights cast once
+    from gpuforge.serve.batch_precision import plan_precision
+
+    plan = plan_precision("auto", predictor.module, device, predictor.time_batch, 8)
+    assert sorted(plan.measured_ms) == [1, 2, 4, 8] and plan.describe()["rule"]
+    predictor.module, predictor.precision, predictor.plan = plan.module, plan.precision, plan
+    planned = predictor.run_batch([(None, "good film")] * 8)
+    assert len(planned) == 8 and all(o == planned[0] for o in planned)  # one batch, one answer for one input
 
 
 def test_continuous_batching_on_cuda_matches_one_prompt_at_a_time():
