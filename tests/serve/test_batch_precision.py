@@ -109,3 +109,12 @@ def test_auto_at_load_says_what_it_chose_and_the_timings_that_chose_it(text_mode
         assert choice["rule"] == "fp32 for every batch"
     outputs = predictor.run_batch([(None, "rain and wind today")] * 3)
     assert len(outputs) == 3 and outputs[0] == outputs[2]
+
+
+def test_a_linear_tied_to_an_embedding_is_left_as_it_is():
+    embedding, head = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False)
+    head.weight = embedding.weight  # tied, as a language model's head often is
+    model = torch.nn.ModuleDict({"embedding": embedding, "head": head, "other": torch.nn.Linear(4, 4)})
+    low = lowered(model, torch.bfloat16)
+    assert model["embedding"].weight.dtype == torch.float32 and low["head"].weight.dtype == torch.float32
+    assert low["other"].weight.dtype == torch.bfloat16 and model["other"].weight.dtype == torch.float32

@@ -61,7 +61,9 @@ class PrecisionPlan:
 
 
 def lowered(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """A copy of `module` whose nn.Linear weights (and biases) are `dtype`; every other tensor shared."""
+    """A copy of `module` whose nn.Linear weights (and biases) are `dtype`; every other tensor shared. A
+    Linear whose weight is another module's too (tied to an embedding) stays as it is: casting the shared
+    tensor would change the original."""
     linears = {id(m) for m in module.modules() if isinstance(m, torch.nn.Linear)}
     shared: dict[int, Any] = {}
     for m in module.modules():
@@ -70,7 +72,7 @@ def lowered(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
                 shared[id(tensor)] = tensor  # deepcopy's memo: these are not copied
     copied = copy.deepcopy(module, shared)
     for m in copied.modules():
-        if isinstance(m, torch.nn.Linear):
+        if isinstance(m, torch.nn.Linear) and not any(id(t) in shared for t in m.parameters()):
             m.to(dtype)
     return copied
 
@@ -88,21 +90,22 @@ def plan_precision(
     requested: str,
     module: torch.nn.Module,
     device: torch.device,
-    timed: Timed,
+    timed: Timed | None,
     max_batch: int,
     alone: bool = False,
     castable: bool = True,
 ) -> PrecisionPlan:
     """How batches run for a `requested` precision (auto | bf16 | fp16 | fp32). `timed` runs one made-up
-    batch (auto measures with it); `alone`: one copy of the model only (the adapters' PEFT model is
-    changed in place while it serves); `castable` False: the weights stay as they are (quantized ones),
-    the lower precision by autocast alone."""
+    batch (auto measures with it; None: no inputs can be made up, auto is runtime/precision.py's pick);
+    `alone`: one copy of the model only (the adapters' PEFT model is changed in place while it serves);
+    `castable` False: quantized weights, left as they are, and the precision picked as training picks it
+    (autocast alone, not timed: --quantize measures its accuracy change in that precision)."""
     candidate = choose_precision(requested, device)
     dtype = candidate.autocast_dtype
-    if dtype is None:
+    if dtype is None or not castable:
         return PrecisionPlan(module, candidate)
-    low = lowered(module, dtype) if castable else module
-    if requested != "auto":
+    low = lowered(module, dtype)
+    if requested != "auto" or timed is None:
         return PrecisionPlan(low, candidate)
     return measured_plan(candidate, module, low, timed, max_batch, alone)
 

@@ -159,10 +159,15 @@ class Predictor:
 
     def warm_up(self, batch_sizes: tuple[int, ...] = (1, 8)) -> None:
         """Run the model on made-up inputs so the first request does not pay for lazy set-up."""
-        if self.task == "image-classification" and not self.manifest.sample_shape:
+        if not self.can_make_up_inputs:
             return
         for n in batch_sizes:
             self.run_batch([(None, item) for item in self._made_up(n)])
+
+    @property
+    def can_make_up_inputs(self) -> bool:
+        """Whether warm-up and timing can make inputs: an image model needs its training shape."""
+        return self.task != "image-classification" or bool(self.manifest.sample_shape)
 
     def _made_up(self, size: int, words: int = 0) -> list[Any]:
         """`size` inputs the model takes: zeros in the training shape, or texts of `words` + 1 to 7 words."""
@@ -207,10 +212,6 @@ def load_predictor(
     before = _metric(module, manifest, eval_data, chosen, torch_device) if quantize else None
     if quantize:
         module = _quantize(module, manifest, quantize)
-    served = _metric(module, manifest, eval_data, chosen, torch_device)  # as served: after any --quantize
-    report = _metric_change(before, served, eval_data) if quantize else None
-    if report is not None:
-        log.info("--quantize %s: %s", quantize, report["summary"])
     length = max_length or manifest.max_length
     positions = getattr(getattr(module, "config", None), "max_position_embeddings", None) or (
         manifest.onnx.max_positions if manifest.onnx else None
@@ -223,18 +224,21 @@ def load_predictor(
     if manifest.format == "onnx":
         predictor.backend = f"onnxruntime ({module.provider})"
         predictor.device = module.device  # a CPU-only onnxruntime on a GPU machine runs on the CPU
-    predictor.quantize_report = report
+    alone = manifest.is_adapter and not quantize  # the adapters' PEFT model: one copy, changed in place
+    if manifest.format != "onnx":
+        timed = predictor.time_batch if predictor.can_make_up_inputs else None
+        plan = plan_precision(precision, module, torch_device, timed, max_batch, alone, not quantized)
+        predictor.module, predictor.precision, predictor.plan = plan.module, plan.precision, plan
+        log.info("precision: %s (%s)", plan.describe()["rule"], plan.precision.reason)
+    # as served: after any --quantize, in the precision full batches run in
+    served = _metric(predictor.module, manifest, eval_data, predictor.precision, torch_device)
+    predictor.quantize_report = _metric_change(before, served, eval_data) if quantize else None
+    if predictor.quantize_report is not None:
+        log.info("--quantize %s: %s", quantize, predictor.quantize_report["summary"])
     if eval_at_load and served is not None:
         metric = _metric_name(served)
         predictor.eval_result = {"metric": metric, "value": served[metric], "examples": len(eval_data)}
         log.info("--eval-at-load: eval %s %.4f (%d examples)", metric, served[metric], len(eval_data))
-    alone = manifest.is_adapter and not quantize  # the adapters' PEFT model: one copy, changed in place
-    if manifest.format != "onnx":
-        plan = plan_precision(
-            precision, module, torch_device, predictor.time_batch, max_batch, alone, castable=not quantized
-        )
-        predictor.module, predictor.precision, predictor.plan = plan.module, plan.precision, plan
-        log.info("precision: %s (%s)", plan.describe()["rule"], plan.precision.reason)
     if alone:  # its own adapter, and any others on the same base
         adapters = adapters or {}
         predictor.adapters = Adapters(predictor.module, predictor.labels, adapters, manifests, max_adapters)
