@@ -18,6 +18,7 @@ from gpuforge.serve.generate import (
     PromptTooLong,
     SamplingParams,
     _held,
+    cpu_threads,
     load_engine,
 )
 from gpuforge.serve.openai_api import chat_prompt, create_openai_router
@@ -159,6 +160,10 @@ def test_stop_strings_end_the_answer_before_them_and_eos_ends_it_too(lively):
     assert all(d.finish_reason is None for d in deltas[:-1])
     first = full.index(full[7])  # one byte a token
     assert (eos.text, eos.finish_reason, eos.completion_tokens) == (full[:first], "stop", first + 1)
+
+
+def test_on_a_cpu_the_model_thread_leaves_a_core_to_the_event_loop():
+    assert [cpu_threads(n) for n in (1, 2, 16)] == [1, 1, 15]
 
 
 def test_a_stop_string_split_over_tokens_is_held_back_not_streamed():

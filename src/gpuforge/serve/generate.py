@@ -203,6 +203,8 @@ class GenerationEngine:
     # -- the model thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads(torch.get_num_threads()))
         while (admitted := self.scheduler.next_batch(self.active, LINGER_STEPS * self.step_s)) is not None:
             try:
                 with torch.inference_mode(), autocast(self.precision, self.device):
@@ -282,6 +284,14 @@ class GenerationEngine:
         for seq in self._answered:
             self.profile.answered(seq.window, seq.spent, seq.ended - seq.started, seq.generated)
         self._answered = []
+
+
+def cpu_threads(available: int) -> int:
+    """The model thread's intra-op threads on a CPU: one fewer than the process has, leaving a core to the
+    event loop (HTTP, tokenizing). With every core in the forward's parallel regions, any other thread
+    that runs (the event loop, a load generator, a neighbour) stalls each region's barrier: a tiny model's
+    step then takes several times as long."""
+    return max(1, available - 1)
 
 
 def load_engine(
