@@ -4,9 +4,9 @@ Per layer, keys and values are [rows, heads, columns, dim] tensors allocated wit
 the attention mask is [rows, columns] beside them. The running sequences are the first `rows` rows, their
 tokens right-aligned to column `end` (left padding, hidden by the mask): the live window is columns
 [start, end). A decode step writes one column at `end`; newcomers are written into the next free rows,
-their prompts ending at `end`; a sequence that leaves is replaced by the last row. Only growing (doubling
-rows or columns) or sliding the window back to column 0 copies the live window, and that is seldom: no
-admission or step concatenates whole caches.
+their prompts ending at `end`; a sequence that leaves is replaced by one of the last rows. Only growing
+(doubling rows or columns) or sliding the window back to column 0 copies the live window, and that is
+seldom: no admission or step concatenates whole caches.
 
 A transformers DynamicCache of plain layers gets `WindowLayer`s in place of its own, so that the model's
 attention writes its new keys and values straight into the window. Any other form (an ONNX export's
@@ -72,7 +72,7 @@ class BatchCache:
         self.mask[rows] = 0
         self.mask[rows, columns] = mask
         self.rows += n
-        self.start = min(self.start, self.end - length)
+        self.start = min(self.start, self.end - length)  # columns it reopens are 0 in the older rows' mask
 
     def open_column(self) -> None:
         """Make room for this step's token at column `end` and show it to every running row."""

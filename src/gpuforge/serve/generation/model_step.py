@@ -27,7 +27,7 @@ class Prefilled:
     [B, heads, T, dim] with the padding zeroed, attention mask [B, T] and positions [B, T]."""
 
     logits: torch.Tensor  # [B, vocab]
-    cache: Any  # the model's cache object, the container the merged layers go back into
+    cache: Any  # the model's cache object: the form the running batch's window is handed to the model in
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     mask: torch.Tensor
     positions: torch.Tensor
