@@ -18,6 +18,7 @@ from gpuforge.serve.generate import (
     PromptTooLong,
     SamplingParams,
     _held,
+    cpu_threads,
     load_engine,
 )
 from gpuforge.serve.openai_api import chat_prompt, create_openai_router
@@ -91,6 +92,10 @@ async def _finish(generation):
     return text, final
 
 
+async def _all_events(generation):
+    return [event async for event in generation]
+
+
 async def _until(condition, timeout_s=5.0):
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -116,18 +121,20 @@ def test_greedy_in_a_running_batch_equals_each_prompt_alone(lively):
             if i >= 2:  # the first two start together; each later one joins a batch that is decoding
                 steps = engine.steps
                 await _until(lambda s=steps: engine.steps >= s + 3 or engine.active == 0)
-            generation = engine.submit(prompt, SamplingParams(max_tokens=n, **GREEDY))
-            runs.append(asyncio.ensure_future(_finish(generation)))
+            params = SamplingParams(max_tokens=n, **GREEDY)
+            generation = engine.submit(prompt, params, stream=i % 2 == 0)  # every other one whole at the end
+            runs.append(asyncio.ensure_future(_all_events(generation)))
         results = await asyncio.gather(*runs)
         await asyncio.to_thread(engine.stop)
         return engine, results
 
     engine, results = asyncio.run(main())
-    for (prompt, n), (text, final) in zip(cases, results, strict=True):
-        expected = _greedy_alone(module, tok, prompt, n)
+    for i, ((prompt, n), events) in enumerate(zip(cases, results, strict=True)):
+        expected, final = _greedy_alone(module, tok, prompt, n), events[-1]
         assert list(final.token_ids) == expected, prompt
-        assert text == tok.decode(expected) and final.finish_reason == "length"
+        assert "".join(e.text for e in events) == tok.decode(expected) and final.finish_reason == "length"
         assert (final.prompt_tokens, final.completion_tokens) == (len(tok(prompt)["input_ids"]), n)
+        assert len(events) == (n if i % 2 == 0 else 1)  # streamed: a token a delta (ASCII); else one event
     assert engine.steps < sum(n for _, n in cases) - 40  # decode steps were shared
     assert engine.active == 0 and engine.queued == 0
 
@@ -153,6 +160,10 @@ def test_stop_strings_end_the_answer_before_them_and_eos_ends_it_too(lively):
     assert all(d.finish_reason is None for d in deltas[:-1])
     first = full.index(full[7])  # one byte a token
     assert (eos.text, eos.finish_reason, eos.completion_tokens) == (full[:first], "stop", first + 1)
+
+
+def test_on_a_cpu_the_model_thread_leaves_a_core_to_the_event_loop():
+    assert [cpu_threads(n) for n in (1, 2, 16)] == [1, 1, 15]
 
 
 def test_a_stop_string_split_over_tokens_is_held_back_not_streamed():
@@ -445,7 +456,7 @@ def test_loading_gives_503_and_a_full_queue_429_with_retry_after():
         def encode(self, text, add_special_tokens=True):
             return self.tokenizer(text)["input_ids"]
 
-        def submit(self, prompt, params):
+        def submit(self, prompt, params, stream=True):
             raise QueueFull(2.5)
 
     with TestClient(_app(lambda: None)) as loading:

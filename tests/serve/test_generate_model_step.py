@@ -1,6 +1,8 @@
 """The model step alone, on a random tiny GPT-2 and without a tokenizer: prompts of different lengths
 prefilled together, a second group merged into a batch that is decoding, and sequences leaving, each step's
-logits equal to the whole sequence run alone."""
+logits equal to the whole sequence run alone; the cache written in place, grown and slid back."""
+
+import random
 
 import pytest
 import torch
@@ -73,7 +75,57 @@ def test_prefill_merge_decode_and_leave_give_each_sequence_its_own_logits(module
         logits = step.decode()
         _assert_alone(module, step.running, logits)
         step.leave([True, True])
-    assert step.running == [] and step.cache is None and step.mask is None
+    assert step.running == [] and step.mask is None and step.cache.rows == 0
+
+
+def _tensors(step) -> list[int]:
+    return [t.data_ptr() for t in [*step.cache.keys, *step.cache.values, step.cache.mask]]
+
+
+def test_joining_stepping_and_leaving_write_the_cache_in_place(module):
+    step = ModelStep(module, torch.device("cpu"), pad_id=0)
+    first = [_seq([1, 2, 3, 4, 5, 6]), _seq([7, 8])]
+    with torch.inference_mode():
+        prefilled = step.prefill(first)
+        _take_greedy(first, prefilled.logits)
+        step.join(prefilled, first, [True, True])
+        allocated = _tensors(step)
+        step.feed(_take_greedy(step.running, step.decode()))
+        newcomers = [_seq([3, 3, 3]), _seq([4])]
+        prefilled = step.prefill(newcomers)
+        _take_greedy(newcomers, prefilled.logits)
+        step.join(prefilled, newcomers, [True, True])  # rows 2 and 3 of the 4 the first prefill made room for
+        logits = step.decode()
+        _assert_alone(module, step.running, logits)
+        step.feed(_take_greedy(step.running, logits))
+        step.leave([True, False, False, False])  # the last row moves into the first
+        assert step.running == [newcomers[1], first[1], newcomers[0]]
+        logits = step.decode()
+        _assert_alone(module, step.running, logits)
+    assert _tensors(step) == allocated  # the same tensors throughout: nothing concatenated or copied whole
+
+
+def test_a_long_mix_of_joins_and_leaves_grows_and_slides_the_cache_and_stays_exact(module):
+    """Random prompts join in groups (some longer than the batch so far, some ending at once) and leave
+    at random, past the first tensors' rows and columns: every step's logits are each sequence's own."""
+    rng = random.Random(0)
+    step = ModelStep(module, torch.device("cpu"), pad_id=0)
+    shapes = set()
+    with torch.inference_mode():
+        for _ in range(300):
+            if rng.random() < 0.3 or not step.running:
+                group = [_seq([rng.randrange(1, 50) for _ in range(rng.randint(1, 20))]) for _ in range(3)]
+                prefilled = step.prefill(group)
+                _assert_alone(module, group, prefilled.logits)
+                _take_greedy(group, prefilled.logits)
+                step.join(prefilled, group, [rng.random() < 0.9 for _ in group])
+            if step.running:
+                logits = step.decode()
+                _assert_alone(module, step.running, logits)
+                step.feed(_take_greedy(step.running, logits))
+                step.leave([len(s.ids) >= 60 or rng.random() < 0.08 for s in step.running])
+            shapes.add(tuple(step.cache.mask.shape))
+    assert len(shapes) > 1  # the tensors grew on the way
 
 
 def test_the_context_comes_from_whichever_field_the_config_names():

@@ -28,7 +28,7 @@ def _ids(text: str) -> list[int]:
     return TOK(text)["input_ids"]
 
 
-def _seq(prompt: str, cap: int = 32, **params) -> SequenceState:
+def _seq(prompt: str, cap: int = 32, stream: bool = True, **params) -> SequenceState:
     ids = _ids(prompt)
     sampling = SamplingParams(max_tokens=cap, **{"temperature": 0, **params})
     return SequenceState(
@@ -41,6 +41,7 @@ def _seq(prompt: str, cap: int = 32, **params) -> SequenceState:
         sampler_for(sampling),
         prefix_offset=max(0, len(ids) - DETOKENIZE_CONTEXT),
         read_offset=len(ids),
+        stream=stream,
     )
 
 
@@ -51,14 +52,14 @@ def _drain(seq: SequenceState) -> list[GenerationEvent]:
     return events
 
 
-def _feed(prompt: str, tokens: list[int], **params):
+def _feed(prompt: str, tokens: list[int], stream: bool = True, **params):
     """Tokens into a fresh sequence, as the model thread gives them: the events sent, the sequences
     finished (on_finish), whether each token ended it, the sequence and the processor."""
 
     async def main():
         finished = []
         output = OutputProcessor(TOK, {EOS}, finished.append)
-        seq = _seq(prompt, **params)
+        seq = _seq(prompt, stream=stream, **params)
         ends = []
         for token in tokens:  # the model thread gives an ended sequence no more tokens
             ends.append(output.advance(seq, token))
@@ -100,6 +101,35 @@ def test_a_stop_string_is_held_back_while_it_may_begin_and_the_answer_ends_befor
     events, _, _, _, _ = _feed("q", _ids("a\nux!"), cap=5, stop=["\nuser:"])
     assert [e.text for e in events] == ["a", "\nux", "!"]  # "\n" and "\nu" waited for the next byte
     assert events[-1].finish_reason == "length"
+
+
+def test_an_answer_not_streamed_is_decoded_once_as_it_ends_and_sent_as_one_event():
+    async def main():
+        output = OutputProcessor(TOK, {EOS}, lambda seq: None)
+        seq = _seq("say: ", cap=6, stream=False)
+        texts = []
+        for token in _ids(" hello"):
+            output.advance(seq, token)
+            texts.append(seq.text)
+        await asyncio.sleep(0)
+        return texts, _drain(seq)
+
+    texts, events = asyncio.run(main())
+    assert texts == [""] * 5 + [" hello"]  # no text while it runs: nobody reads it
+    assert [(e.text, e.finish_reason, e.completion_tokens) for e in events] == [(" hello", "length", 6)]
+
+    events, _, ends, _, _ = _feed("x", [*_ids("ab"), EOS], stream=False)
+    assert [(e.text, e.finish_reason) for e in events] == [("ab", "stop")] and ends == [False, False, True]
+    events, _, _, _, _ = _feed("x", _ids("€")[:2], cap=2, stream=False)  # it ends inside a character
+    assert [e.text for e in events] == [""]
+
+
+def test_an_answer_not_streamed_still_ends_before_a_stop_string_at_the_same_token():
+    for stops in (["\nuser:"], ["zz", "b\nu"], ["ab\nuser: more"]):
+        streamed, _, ends, _, _ = _feed("q", _ids("ab\nuser: more"), stop=stops)
+        whole, _, whole_ends, _, _ = _feed("q", _ids("ab\nuser: more"), stream=False, stop=stops)
+        assert len(whole) == 1 and whole[0].text == "".join(e.text for e in streamed), stops
+        assert whole[0].finish_reason == streamed[-1].finish_reason == "stop" and whole_ends == ends
 
 
 def test_held_counts_the_end_that_may_begin_a_stop_string():

@@ -3,6 +3,7 @@ queue's limits and Retry-After, cancelling, and stopping with and without draini
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -58,6 +59,39 @@ def test_a_cancelled_waiting_request_leaves_the_queue_at_once(loop):
     scheduler.cancel(first)
     assert first.cancelled and scheduler.queued == 1
     assert scheduler.next_batch(running=0) == [second]
+
+
+def test_a_burst_still_arriving_is_waited_for_a_moment_and_admitted_together(loop):
+    scheduler = GenerationScheduler(max_batch=8, max_queue=8)
+    burst = [_seq(loop) for _ in range(3)]
+    scheduler.enqueue(burst[0])
+    thread, result = _in_thread(lambda: scheduler.next_batch(running=1, linger_s=0.6))
+    for seq in burst[1:]:  # each within half the linger of the one before
+        time.sleep(0.05)
+        scheduler.enqueue(seq)
+    thread.join(5)
+    assert result == {"value": burst}
+
+
+def test_the_wait_for_a_burst_is_bounded_and_skipped_when_nobody_came_just_now_or_the_batch_is_full(loop):
+    scheduler = GenerationScheduler(max_batch=64, max_queue=64)
+    scheduler.enqueue(_seq(loop))
+    began = time.monotonic()
+    thread, result = _in_thread(lambda: scheduler.next_batch(running=0, linger_s=0.3))
+    while thread.is_alive() and time.monotonic() - began < 5:  # arrivals that never stop
+        scheduler.enqueue(_seq(loop))
+        time.sleep(0.01)
+    assert time.monotonic() - began < 1.0 and len(result["value"]) > 1
+
+    quiet = GenerationScheduler(max_batch=4, max_queue=4)
+    quiet.enqueue(_seq(loop))
+    time.sleep(0.2)  # the last arrival is older than half the linger: no burst
+    began = time.monotonic()
+    assert len(quiet.next_batch(running=0, linger_s=0.3)) == 1 and time.monotonic() - began < 0.1
+    full = GenerationScheduler(max_batch=2, max_queue=4)
+    full.enqueue(_seq(loop))
+    began = time.monotonic()
+    assert len(full.next_batch(running=1, linger_s=5.0)) == 1 and time.monotonic() - began < 0.5
 
 
 def test_the_model_thread_waits_for_work_and_ends_once_stopped_with_nothing_left(loop):

@@ -11,10 +11,12 @@ processor: the scheduler (`scheduler.py`: the waiting queue, its limits, who joi
 the model step (`model_step.py`: the batched forward over the KV cache, prefill and merge, leaving) and
 output processing (`output.py`: sampling, stop conditions, detokenising, the events to the caller).
 
-The model thread loops: each iteration admits waiting requests (while fewer than `max_batch` run),
-prefills them together, samples their first tokens and merges the ones that go on into the running
-batch, runs one decode step for every active sequence in one batched forward, and lets finished ones
-leave (max_tokens or the model's context reached, EOS, a stop string, a caller that went away).
+The model thread loops: each iteration admits the waiting requests (as many as fit beside the running
+ones, up to `max_batch`; a burst that is still arriving gets a fraction of a decode step to join), prefills
+them together, samples their first tokens and merges the ones that go on into the running batch, runs one
+decode step for every active sequence in one batched forward, and lets finished ones leave (max_tokens or
+the model's context reached, EOS, a stop string, a caller that went away). A request submitted with
+`stream=False` is decoded to text once, as it ends, and hears one event.
 
 `submit()` refuses at once: ValueError for a bad prompt (PromptTooLong for one past the context) and
 QueueFull (serve/batcher.py) past `max_queue` waiting requests. Events cross from the model thread to
@@ -71,6 +73,8 @@ __all__ = [
 
 log = logging.getLogger("gpuforge.serve")
 
+LINGER_STEPS = 0.25  # how long a burst of arrivals may hold the next step, in decode steps
+
 
 class GenerationEngine:
     """Continuous batching over one causal LM (a transformers model, or PEFT on one)."""
@@ -100,6 +104,7 @@ class GenerationEngine:
         self.steps = 0  # decode steps run
         self.profile = GenerateProfile()  # POST /admin/profile's windows (serve/profile.py)
         self._last_step = (0.0, 0.0, 0.0)  # the last decode step's forward, sampling and host seconds
+        self.step_s = 0.0  # a running estimate of one decode step's seconds (how long a burst may linger)
         self._answered: list[SequenceState] = []  # profiled sequences ended in this pass (model thread)
 
     @property
@@ -132,8 +137,11 @@ class GenerationEngine:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.output.encode(text, add_special_tokens)
 
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Generation:
-        """Queue one request (from inside a running event loop); QueueFull past max_queue waiting."""
+    def submit(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, stream: bool = True
+    ) -> Generation:
+        """Queue one request (from inside a running event loop); QueueFull past max_queue waiting. With
+        `stream=False` its text comes whole in the last event (decoded once, not token by token)."""
         params = params or SamplingParams()
         began = time.perf_counter()
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -153,6 +161,7 @@ class GenerationEngine:
             prefix_offset=max(0, len(ids) - DETOKENIZE_CONTEXT),
             read_offset=len(ids),
             started=began,
+            stream=stream,
         )
         window = self.profile.open_window()
         if window is not None:
@@ -194,7 +203,9 @@ class GenerationEngine:
     # -- the model thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while (admitted := self.scheduler.next_batch(self.active)) is not None:
+        if self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads(torch.get_num_threads()))
+        while (admitted := self.scheduler.next_batch(self.active, LINGER_STEPS * self.step_s)) is not None:
             try:
                 with torch.inference_mode(), autocast(self.precision, self.device):
                     if admitted:
@@ -229,6 +240,8 @@ class GenerationEngine:
         self.model.feed(tokens)
         self.model.leave(finished)
         self._last_step = (forwarded - began, sampled - forwarded, time.perf_counter() - sampled)
+        took = time.perf_counter() - began
+        self.step_s = took if self.steps == 1 else 0.9 * self.step_s + 0.1 * took
 
     def _finished(self, seq: SequenceState) -> None:
         """A sequence ended (output processing calls this before its last event is sent)."""
@@ -271,6 +284,14 @@ class GenerationEngine:
         for seq in self._answered:
             self.profile.answered(seq.window, seq.spent, seq.ended - seq.started, seq.generated)
         self._answered = []
+
+
+def cpu_threads(available: int) -> int:
+    """The model thread's intra-op threads on a CPU: one fewer than the process has, leaving a core to the
+    event loop (HTTP, tokenizing). With every core in the forward's parallel regions, any other thread
+    that runs (the event loop, a load generator, a neighbour) stalls each region's barrier: a tiny model's
+    step then takes several times as long."""
+    return max(1, available - 1)
 
 
 def load_engine(

@@ -238,7 +238,7 @@ async def _complete(
     if isinstance(prompt, str):  # off the event loop: a long prompt must not stall other requests
         prompt = await asyncio.to_thread(engine.encode, prompt)
     sampling = _sampling(engine, body, prompt, ("max_tokens", body.max_tokens), DEFAULT_COMPLETION_TOKENS)
-    generation = _submit(engine, prompt, sampling)
+    generation = _submit(engine, prompt, sampling, body.stream)
     answer = _Answer(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, "text_completion")
     if body.stream:
         return _stream(generation, answer, _completion_choice, body.wants_usage())
@@ -263,7 +263,8 @@ async def _chat(
         asked = ("max_completion_tokens", body.max_completion_tokens)
     else:
         asked = ("max_tokens", body.max_tokens)
-    generation = _submit(engine, prompt, _sampling(engine, body, prompt, asked, None, extra_stop))
+    sampling = _sampling(engine, body, prompt, asked, None, extra_stop)
+    generation = _submit(engine, prompt, sampling, body.stream)
     answer = _Answer(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, "chat.completion.chunk")
     if body.stream:
         return _stream(generation, answer, _chat_choice, body.wants_usage(), opening=_chat_choice(None, None))
@@ -351,10 +352,12 @@ def _sampling(
     )
 
 
-def _submit(engine: GenerationEngine, prompt: str | list[int], sampling: SamplingParams) -> Generation:
+def _submit(
+    engine: GenerationEngine, prompt: str | list[int], sampling: SamplingParams, stream: bool
+) -> Generation:
     """The engine's Generation; its refusals as HTTP answers (429 queue full, 413, 422)."""
     try:
-        return engine.submit(prompt, sampling)
+        return engine.submit(prompt, sampling, stream=stream)
     except QueueFull as err:
         raise HTTPException(
             status.HTTP_429_TOO_MANY_REQUESTS,

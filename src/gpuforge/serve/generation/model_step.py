@@ -2,9 +2,10 @@
 
 Sequences of different lengths share the batch through left padding: an attention mask hides the padding
 and explicit position_ids give each sequence its own positions. New prompts are prefilled together
-(left-padded) and then join: both caches are padded on the left to one length and concatenated on the
-batch axis. Leaving index-selects the others and drops the padding columns no remaining sequence needs.
-What each step's logits become (tokens, text, whether a sequence ends) is output processing's.
+(left-padded) in a forward of their own and then join: their keys and values are written into the next
+rows of the batch's cache (batch_cache.py: tensors with room to spare, written in place), so that joining,
+stepping and leaving never concatenate the whole cache. What each step's logits become (tokens, text,
+whether a sequence ends) is output processing's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from gpuforge.runtime.kv_cache import cache_argument, cache_layers, returned_cache, with_layers
+from gpuforge.serve.generation.batch_cache import BatchCache, write_in_place
 from gpuforge.serve.generation.request import SequenceState
 
 
@@ -25,15 +27,15 @@ class Prefilled:
     [B, heads, T, dim] with the padding zeroed, attention mask [B, T] and positions [B, T]."""
 
     logits: torch.Tensor  # [B, vocab]
-    cache: Any  # the model's cache object, the container the merged layers go back into
+    cache: Any  # the model's cache object: the form the running batch's window is handed to the model in
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     mask: torch.Tensor
     positions: torch.Tensor
 
 
 class ModelStep:
-    """The running batch of one causal LM: its sequences, their KV cache [B, heads, T, dim] per layer,
-    attention mask [B, T], next position [B] and next input token [B]."""
+    """The running batch of one causal LM: its sequences, their KV cache and attention mask (a BatchCache),
+    next position [B] and next input token [B]."""
 
     def __init__(self, module: torch.nn.Module, device: torch.device, pad_id: int):
         self.module, self.device, self.pad_id = module, device, pad_id
@@ -41,8 +43,15 @@ class ModelStep:
         self._cache_arg = cache_argument(module)
         self._keep_logits = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
         self.running: list[SequenceState] = []
-        self.cache: Any = None
-        self.mask = self.positions = self.next = None
+        self.cache = BatchCache(device)
+        self._model_cache: Any = None  # the cache object the model is handed (WindowLayers, or refilled)
+        self._writes_in_place = False  # whether the model's attention writes into the BatchCache itself
+        self.positions = self.next = None
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """The running batch's attention mask [B, T] (a view), None with nobody running."""
+        return self.cache.window_mask() if self.running else None
 
     def forward(self, ids, mask, positions, cache):
         kwargs = {self._cache_arg: cache} if cache is not None else {}
@@ -82,31 +91,42 @@ class ModelStep:
         """Merge the prefilled sequences that go on (their first token taken) into the running batch."""
         if not any(going):
             return
-        keep = torch.tensor([i for i, g in enumerate(going) if g], device=self.device)
-        kv = [(k[keep], v[keep]) for k, v in prefilled.kv]
-        mask, positions = prefilled.mask[keep], prefilled.positions[keep, -1] + 1
         joining = [s for s, g in zip(seqs, going, strict=True) if g]
+        if all(going):
+            kv, mask, last = prefilled.kv, prefilled.mask, prefilled.positions[:, -1]
+        else:
+            keep = torch.tensor([i for i, g in enumerate(going) if g], device=self.device)
+            kv = [(k[keep], v[keep]) for k, v in prefilled.kv]
+            mask, last = prefilled.mask[keep], prefilled.positions[keep, -1]
         next_ids = torch.tensor([s.ids[-1] for s in joining], device=self.device)
         if not self.running:
-            self.cache = with_layers(prefilled.cache, kv)
-            self.mask, self.positions, self.next = mask, positions, next_ids
-        else:  # pad both on the left to one length, then one batch
-            width = max(self.mask.shape[1], mask.shape[1])
-            old = [(_pad_left(k, width), _pad_left(v, width)) for k, v in cache_layers(self.cache)]
-            new = [(_pad_left(k, width), _pad_left(v, width)) for k, v in kv]
-            merged = [(torch.cat([a, c]), torch.cat([b, d])) for (a, b), (c, d) in zip(old, new, strict=True)]
-            self.cache = with_layers(self.cache, merged)
-            self.mask = torch.cat([_pad_left(self.mask, width, dim=1), _pad_left(mask, width, dim=1)])
-            self.positions = torch.cat([self.positions, positions])
+            self._use_cache_of(prefilled.cache)
+            self.positions, self.next = last + 1, next_ids
+        else:
+            self.positions = torch.cat([self.positions, last + 1])
             self.next = torch.cat([self.next, next_ids])
+        self.cache.admit(kv, mask)
         self.running.extend(joining)
+
+    def _use_cache_of(self, returned: Any) -> None:
+        """Hand the model the window in the form its forward returned: a DynamicCache of plain layers
+        gets WindowLayers (its attention writes in place); any other form is refilled at every step."""
+        if not self._writes_in_place:  # once it writes in place, the cache object from before serves again
+            self._writes_in_place = write_in_place(returned, self.cache)
+            self._model_cache = returned
 
     def decode(self, synchronize: bool = False) -> torch.Tensor:
         """One forward of every running sequence's next token: the logits [B, vocab] of the token after.
         `synchronize` waits for a GPU's forward to end (a profiled step times it, not its launch)."""
-        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.running), 1))], dim=1)
-        out = self.forward(self.next[:, None], self.mask, self.positions[:, None], self.cache)
-        self.cache = returned_cache(out)
+        self.cache.open_column()
+        mask, ids, positions = self.cache.window_mask(extra=1), self.next[:, None], self.positions[:, None]
+        if self._writes_in_place:
+            out = self.forward(ids, mask, positions, self._model_cache)
+        else:  # the model gives its cache back grown by this step's column: that column is kept
+            out = self.forward(ids, mask, positions, with_layers(self._model_cache, self.cache.window()))
+            for layer, (k, v) in enumerate(cache_layers(returned_cache(out))):
+                self.cache.write_column(layer, k[:, :, -1:], v[:, :, -1:])
+        self.cache.close_column()
         self.positions = self.positions + 1
         if synchronize:
             torch.cuda.synchronize(self.device)
@@ -117,28 +137,23 @@ class ModelStep:
         self.next = torch.tensor(tokens, device=self.device)
 
     def leave(self, gone: list[bool]) -> None:
-        """Drop the sequences marked gone from the batch, and the padding columns nobody needs."""
+        """Drop the sequences marked gone from the batch (the last ones move into their rows), and the
+        padding columns nobody needs."""
         if not any(gone):
             return
-        keep = [i for i, g in enumerate(gone) if not g]
-        self.running = [self.running[i] for i in keep]
-        if not keep:
-            self.cache = self.mask = self.positions = self.next = None
+        order = self.cache.remove(gone)
+        self.running = [self.running[i] for i in order]
+        if not order:
+            self.positions = self.next = None
             return
-        index = torch.tensor(keep, device=self.mask.device)
-        mask = self.mask[index]
-        used = mask.any(dim=0).nonzero()
-        first = int(used[0]) if len(used) else 0  # columns before it are padding in every row left
-        self.mask = mask[:, first:]
-        self.cache = with_layers(
-            self.cache, [(k[index, :, first:], v[index, :, first:]) for k, v in cache_layers(self.cache)]
-        )
+        index = torch.tensor(order, device=self.device)
         self.positions, self.next = self.positions[index], self.next[index]
 
     def clear(self) -> None:
         """Forget the running batch (after a failed step: its requests were told why)."""
-        self.running, self.cache = [], None
-        self.mask = self.positions = self.next = None
+        self.running = []
+        self.cache.clear()
+        self.positions = self.next = None
 
 
 def context_length(config: Any) -> int:
@@ -147,12 +162,3 @@ def context_length(config: Any) -> int:
         if isinstance(value, int) and value > 0:
             return value
     raise ValueError("the model's config names no context length; pass max_context")
-
-
-def _pad_left(tensor: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)

@@ -151,28 +151,33 @@ class OutputProcessor:
 
     def advance(self, seq: SequenceState, token: int) -> bool:
         """Take one generated token: emit the text that is safe to send; True when the sequence ends
-        (or its caller went away)."""
+        (or its caller went away). A request that is not streamed is decoded once, as it ends, unless
+        it has stop strings: then the newest tokens' text is looked at for them as it comes."""
         seq.generated += 1
         self.tokens += 1
         eos = token in self.eos_ids and not seq.params.ignore_eos
         if not eos:
             seq.ids.append(token)
         reason = "stop" if eos else ("length" if seq.generated >= seq.cap else None)
-        seq.text += self.detokenize(seq, flush=reason is not None)
         stops = seq.params.stop
-        if stops:
-            found = [p for p in (seq.text.find(s, seq.emitted) for s in stops) if p >= 0]
-            if found:
-                seq.text, reason = seq.text[: min(found)], "stop"
+        if seq.stream or stops or reason is not None:
+            searched = len(seq.text)
+            seq.text += self.detokenize(seq, flush=reason is not None)
+            if stops:  # only where the new text could complete one: the tail
+                at = (seq.text.find(s, max(seq.emitted, searched - len(s) + 1)) for s in stops)
+                found = [p for p in at if p >= 0]
+                if found:
+                    seq.text, reason = seq.text[: min(found)], "stop"
         if reason is not None:
             self._on_finish(seq)
             out = (*seq.ids[seq.prompt_len :], *([token] if eos else []))
             send(seq, GenerationEvent(seq.text[seq.emitted :], reason, seq.prompt_len, seq.generated, out))
             return True
-        safe = len(seq.text) - held(seq.text, stops)
-        if safe > seq.emitted:
-            send(seq, GenerationEvent(seq.text[seq.emitted : safe]))
-            seq.emitted = safe
+        if seq.stream:
+            safe = len(seq.text) - held(seq.text, stops)
+            if safe > seq.emitted:
+                send(seq, GenerationEvent(seq.text[seq.emitted : safe]))
+                seq.emitted = safe
         return seq.cancelled
 
     def detokenize(self, seq: SequenceState, flush: bool = False) -> str:

@@ -80,6 +80,7 @@ class SequenceState:
     prefix_offset: int = 0  # incremental detokenizing (as text-generation-inference does it)
     read_offset: int = 0
     started: float = field(default_factory=time.perf_counter)
+    stream: bool = True  # text sent as it comes; else the whole answer in the last event, decoded once
     spent: dict[str, float] | None = None  # submitted while a profile window records: its time, by part
     window: Any = None  # that window (serve/profile.py): the request counts in it alone
     ended: float = 0.0  # when its last event was sent

@@ -1,7 +1,10 @@
 """Who runs, and when: the waiting queue, its limits, and admission into the running batch.
 
 The caller's event loop checks and queues requests (`check_prompt`, `check_room`, `enqueue`); the model
-thread takes them (`next_batch`) while fewer than `max_batch` run. A request is refused at once, never
+thread takes all that wait, up to the room beside the running ones (`next_batch`), to prefill them in one
+forward. While requests are arriving in a burst (one came less than `linger_s / 2` ago) it waits for the
+rest, at most `linger_s` (a fraction of a decode step), so that they join together rather than one by one
+(every prefill is a forward of its own that the running batch waits for). A request is refused at once, never
 queued beyond `max_queue`: PromptTooLong for a prompt past the context, QueueFull (serve/batcher.py) with
 a Retry-After from the seconds a request has been taking.
 """
@@ -9,6 +12,7 @@ a Retry-After from the seconds a request has been taking.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 
@@ -26,6 +30,7 @@ class GenerationScheduler:
         self.max_batch, self.max_queue = max_batch, max_queue
         self._waiting: deque[SequenceState] = deque()
         self._cond = threading.Condition()
+        self._arrived = 0.0  # when the newest request was queued (time.monotonic)
         self.stopping = False
         self.seconds_per_request = 1.0  # a running estimate, for Retry-After
 
@@ -55,6 +60,7 @@ class GenerationScheduler:
     def enqueue(self, seq: SequenceState) -> None:
         with self._cond:
             self._waiting.append(seq)
+            self._arrived = time.monotonic()
             self._cond.notify()
 
     def cancel(self, seq: SequenceState) -> None:
@@ -80,14 +86,24 @@ class GenerationScheduler:
 
     # -- the model thread ----------------------------------------------------------------------------
 
-    def next_batch(self, running: int) -> list[SequenceState] | None:
+    def next_batch(self, running: int, linger_s: float = 0.0) -> list[SequenceState] | None:
         """The requests to admit beside `running` ones (cancelled ones dropped), waiting while there is
-        nothing to do; None once stopping with nothing waiting or running: the model thread ends."""
+        nothing to do, and up to `linger_s` more while a burst is still arriving and there is room; None
+        once stopping with nothing waiting or running: the model thread ends."""
         with self._cond:
             while not self._waiting and not running and not self.stopping:
                 self._cond.wait()
             if self.stopping and not self._waiting and not running:
                 return None
+            deadline = time.monotonic() + linger_s
+            while (
+                self._waiting
+                and running + len(self._waiting) < self.max_batch
+                and not self.stopping
+                and (quiet := self._arrived + linger_s / 2 - time.monotonic()) > 0  # one came just now
+                and (left := deadline - time.monotonic()) > 0
+            ):
+                self._cond.wait(min(left, quiet))  # until the next arrives, or none has for a while
             admitted = []
             while self._waiting and running + len(admitted) < self.max_batch:
                 seq = self._waiting.popleft()
