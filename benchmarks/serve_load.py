@@ -20,9 +20,11 @@ temporary directory (`--model DIR` reuses a run's model/ directory). The inputs:
 examples/data/topics.jsonl, one per request, each client starting at its own offset.
 
 The ceiling (benchmarks/serve_baselines.py ceiling): the model's batched forward with no server, batch
-32, padded per batch, torch.inference_mode, at fp32 and bf16 autocast (and int8-dynamic as
+32, padded per batch, torch.inference_mode, at fp32, at bf16 as gpuforge serves it (Linear weights cast
+once, under autocast), at bf16 autocast over fp32 weights ("bf16-autocast") and int8-dynamic (as
 `gpuforge serve --quantize int8-dynamic` quantizes), loaded with gpuforge.artifact.load_artifact;
-beside it the server's own batch path (Predictor.run_batch: tokenize, forward, softmax, result dicts).
+beside it the server's own batch path (Predictor.run_batch: tokenize, forward, softmax, result dicts),
+also the int8 ONNX export's ("run_batch onnx").
 
 The contenders, one server process on 127.0.0.1 at a time, torch on the same `--threads`
 (OMP_NUM_THREADS for each, default: this machine's cores):
@@ -35,16 +37,18 @@ The contenders, one server process on 127.0.0.1 at a time, torch on the same `--
 plain, litserve and gpuforge-fp32 all run fp32; gpuforge-auto is held against the ceiling of the
 precision its full batches run in (GET /info), gpuforge-onnx-int8 against gpuforge-fp32.
 
-The load: for each level of `--levels`, that many clients in closed loop, each its own keep-alive
-connection (httpx.AsyncClient on uvloop), in one load-generator process apart from this one and from the
-server (it shares the machine's cores with the server: its CPU is shown). `--warmup` seconds, then
-`--seconds` measured: a response counts when it ends inside the window. A 429 is honoured (the client
-waits Retry-After, at most 5 s). Per contender and level: req/s (200s), p50/p90/p99 latency of the 200s,
-"behind later" (below), answers by status (and failed requests by exception), gpuforge's mean batch size
-and queue wait (from /metrics, over the window), CPU of the server processes, of the load generator and
-of anything else on the machine (the noisy neighbour: /proc/stat less ours). A summary beside it has the
-issue's columns: 1 client req/s and p50, 32 clients req/s and p99, 128 clients req/s and p50 / p99, and
-req/s over LitServe's at 32.
+The load with `--client httpx` (with wrk, the same levels and windows; wrk does not wait out a 429's
+Retry-After, and the client-bound rule measures the least of what wrk and the trivial Python server
+manage, so it errs towards "not judged"): for each level of `--levels`, that many clients in closed loop,
+each its own keep-alive connection (httpx.AsyncClient on uvloop), in one load-generator process apart
+from this one and from the server (it shares the machine's cores with the server: its CPU is shown).
+`--warmup` seconds, then `--seconds` measured: a response counts when it ends inside the window. A 429 is
+honoured (the client waits Retry-After, at most 5 s). Per contender and level: req/s (200s), p50/p90/p99
+latency of the 200s, "behind later" (below), answers by status (and failed requests by exception),
+gpuforge's mean batch size and queue wait (from /metrics, over the window), CPU of the server processes,
+of the load generator and of anything else on the machine (the noisy neighbour: /proc/stat less ours). A
+summary beside it has the issue's columns: 1 client req/s and p50, 32 clients req/s and p99, 128 clients
+req/s and p50 / p99, and req/s over LitServe's at 32.
 
 Arrival order ("behind later", ms, p99 / max): the load generator notes, on its own monotonic clock, when
 each request was sent and when its answer came, for every 200 from the first request to the last (warm-up
@@ -128,6 +132,9 @@ FLOOR_VS_PLAIN, FLOOR_FP32_OF_CEILING = 2.5, 0.80  # 32 clients, fp32 (issue 6)
 FLOOR_AUTO_VS_LITSERVE = 2.0  # 32 clients, auto (issue 16)
 FLOOR_AUTO_OF_CEILING = {32: 0.70, 128: 0.85}  # auto, of its precision's ceiling (issue 40; 16 had 50%)
 FLOOR_INT8_VS_FP32 = 1.5  # 32 clients, the int8 ONNX export against torch fp32 (issue 40)
+# "auto never slower than fp32" (issue 40): within this of fp32 counts as a tie, since where auto serves a
+# level in fp32 the two run the same code, and two runs of it differ by about that on this machine
+TIE = 0.03
 MAX_DROP, MAX_P99_OVER_P50 = 0.10, 3.0  # 32 -> 128 clients, and at 128 (issue 16)
 FLAT_MB_PER_MIN = 5.0
 MAX_QUEUE = 256
@@ -379,7 +386,7 @@ def self_cpu() -> float:
 
 def scrape(server: Server) -> dict[str, float]:
     """gpuforge's batch-size and queue-wait histograms (sums and counts) from /metrics."""
-    if not server.name.startswith("gpuforge"):
+    if not server.name.startswith(("gpuforge", "before")):
         return {}
     try:
         text = httpx.get(server.url + "/metrics", timeout=5).text
@@ -953,14 +960,15 @@ def verdicts(rows: list[dict], ceiling: dict | None, auto_precision: str | None)
             continue
         auto_row, fp32 = pair
         if clients == IDLE:
+            slack = max(0.2, TIE * fp32["p50_ms"])
             judge(40, clients, "auto p50 vs fp32", auto_row["p50_ms"], fp32["p50_ms"],
-                  auto_row["p50_ms"] <= fp32["p50_ms"],
+                  auto_row["p50_ms"] <= fp32["p50_ms"] + slack,
                   f"gpuforge-auto p50 {auto_row['p50_ms']:.1f} ms vs gpuforge-fp32 {fp32['p50_ms']:.1f} ms; "
-                  "floor: no slower")  # fmt: skip
+                  f"floor: no slower (a tie within {slack:.1f} ms)")  # fmt: skip
         judge(40, clients, "auto req/s vs fp32", auto_row["req_per_s"], fp32["req_per_s"],
-              auto_row["req_per_s"] >= fp32["req_per_s"],
+              auto_row["req_per_s"] >= (1 - TIE) * fp32["req_per_s"],
               f"gpuforge-auto {auto_row['req_per_s']:.1f} req/s vs gpuforge-fp32 {fp32['req_per_s']:.1f}; "
-              "floor: no slower")  # fmt: skip
+              f"floor: no slower (a tie within {100 * TIE:.0f}%)")  # fmt: skip
 
     # 32 -> 128 clients: no collapse; 128 clients: tail and arrival order
     for name in ("gpuforge-fp32", "gpuforge-auto"):

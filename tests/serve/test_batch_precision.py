@@ -74,6 +74,9 @@ def test_takes_over_reads_the_table():
     assert takes_over(table, "bf16") == 2
     assert takes_over({1: {"fp32": 1, "bf16": 2}}, "bf16") is None
     assert batch_sizes(1) == [1] and batch_sizes(12) == [1, 2, 4, 8, 12]
+    assert batch_sizes(1024)[-2:] == [128, 256]  # a deployment's largest is not timed: its load stays short
+    barely = {1: {"fp32": 10, "bf16": 9.8}}  # 2% is noise: no second copy of the model for it
+    assert takes_over(barely, "bf16") is None
 
 
 def test_an_asked_for_precision_is_not_measured_and_fp32_is_not_cast():
@@ -82,9 +85,9 @@ def test_an_asked_for_precision_is_not_measured_and_fp32_is_not_cast():
     def never(*_):
         raise AssertionError("an asked-for precision is not timed")
 
-    bf16 = plan_precision("bf16", module, torch.device("cpu"), never, 32)
+    bf16 = plan_precision("bf16", Precision("bf16", "asked for"), module, never, 32)
     assert bf16.module[0].weight.dtype == torch.bfloat16 and module[0].weight.dtype == torch.float32
-    fp32 = plan_precision("fp32", module, torch.device("cpu"), never, 32)
+    fp32 = plan_precision("fp32", Precision("fp32", "asked for"), module, never, 32)
     assert fp32.module is module and fp32.describe()["rule"] == "fp32 for every batch"
 
 
@@ -118,3 +121,13 @@ def test_a_linear_tied_to_an_embedding_is_left_as_it_is():
     low = lowered(model, torch.bfloat16)
     assert model["embedding"].weight.dtype == torch.float32 and low["head"].weight.dtype == torch.float32
     assert low["other"].weight.dtype == torch.bfloat16 and model["other"].weight.dtype == torch.float32
+
+
+def test_adapters_served_in_bf16_answer_as_autocast_over_fp32_weights(three_adapters):
+    own, b, c = three_adapters
+    items = [(None, "the striker scored twice"), ("b", "shares fell sharply"), ("c", "rain all week"),
+             (None, "a new phone was launched")]  # fmt: skip
+    served = load_predictor(own, device="cpu", precision="bf16", adapters={"b": b, "c": c}, max_batch=4)
+    reference = load_predictor(own, device="cpu", precision="fp32", adapters={"b": b, "c": c}, max_batch=4)
+    reference.precision, reference.plan = served.precision, None  # autocast over the fp32 weights
+    assert served.run_batch(items) == reference.run_batch(items)  # one batch, rows through their adapter

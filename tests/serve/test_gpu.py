@@ -30,7 +30,8 @@ def test_a_classifier_batch_runs_on_cuda_in_bf16():
     # auto on the GPU: bf16 (or fp16) timed against fp32 on this model, the weights cast once
     from gpuforge.serve.batch_precision import plan_precision
 
-    plan = plan_precision("auto", predictor.module, device, predictor.time_batch, 8)
+    candidate = choose_precision("auto", device)
+    plan = plan_precision("auto", candidate, predictor.module, predictor.time_batch, 8)
     assert sorted(plan.measured_ms) == [1, 2, 4, 8] and plan.describe()["rule"]
     predictor.module, predictor.precision, predictor.plan = plan.module, plan.precision, plan
     planned = predictor.run_batch([(None, "good film")] * 8)

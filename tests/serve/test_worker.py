@@ -283,6 +283,13 @@ def test_predict_keeps_the_frameworks_error_shape_and_stays_documented(text_endp
     )
     (error,) = not_json.json()["detail"]
     assert error["type"] == "json_invalid" and error["loc"][0] == "body"
+    empty = text_endpoint.post("/predict", content=b"", headers={"content-type": "application/json"})
+    assert empty.status_code == 422 and empty.json()["detail"][0]["loc"] == ["body"]
+    for unreadable in (b"[" * 5000, b"\x80\x81"):  # nested past the parser's depth; not UTF-8
+        response = text_endpoint.post(
+            "/predict", content=unreadable, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 400 and "error parsing the body" in response.json()["detail"]
     schema = text_endpoint.get("/openapi.json").json()
     assert "/predict" in schema["paths"] and "post" in schema["paths"]["/predict"]
     assert text_endpoint.get("/predict").status_code == 405  # only POST is answered below the framework

@@ -31,7 +31,15 @@ from gpuforge.errors import GpuforgeError, SpecError
 from gpuforge.policy import Policy
 from gpuforge.serve.adapters import OWN, AdapterConflict, Adapters, check_adapters
 from gpuforge.serve.batcher import Batcher, BatchStats, QueueFull
-from gpuforge.serve.endpoint import AdapterAdd, AdapterList, Info, LoadState, PredictRequest, freeze_garbage
+from gpuforge.serve.endpoint import (
+    AdapterAdd,
+    AdapterList,
+    Info,
+    LoadState,
+    PredictRequest,
+    client_gone,
+    freeze_garbage,
+)
 from gpuforge.serve.generator_backend import COMPLETION_PATHS
 from gpuforge.serve.metrics import ServeMetrics
 from gpuforge.serve.openai_api import error_response
@@ -243,7 +251,7 @@ class ClassifierBackend:
             work = asyncio.ensure_future(self.batcher.submit(items[0], timeout_s))
         else:
             work = asyncio.ensure_future(asyncio.gather(*(self.batcher.submit(i, timeout_s) for i in items)))
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(client_gone(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -270,8 +278,3 @@ class ClassifierBackend:
     def update_metrics(self) -> None:
         if self.batcher is not None:
             self.metrics.queued.set(self.batcher.queued)
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass

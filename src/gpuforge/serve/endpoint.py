@@ -113,7 +113,8 @@ class Backend(Protocol):
         """Return once the model answers; before, an HTTPException 503 that says why."""
 
     async def predict(self, body: PredictRequest, request: Request) -> Response:
-        """POST /predict's answer."""
+        """POST /predict's answer (called by serve/predict_route.py, which has read `request`'s body: its
+        next message is the disconnect)."""
 
     def info(self) -> Info:
         """GET /info's answer."""
@@ -141,6 +142,13 @@ class LoadState:
         """The 503 for a request that needs the model before it is ready."""
         why = self.error or "the model is still loading"
         return HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, why, headers={"Retry-After": "5"})
+
+
+async def client_gone(request: Request) -> None:
+    """Return once the client has disconnected. For a request whose body is read already, the next ASGI
+    message is the disconnect: one waiting task per request, no polling."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def freeze_garbage() -> None:

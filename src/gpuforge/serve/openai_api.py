@@ -48,12 +48,12 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuforge.serve.batcher import QueueFull
+from gpuforge.serve.endpoint import client_gone
 from gpuforge.serve.generate import Generation, GenerationEngine, PromptTooLong, SamplingParams
 
 MAX_PROMPT_CHARS = 1_000_000  # refused (413) before tokenizing
 MAX_STOPS = 4
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
-DISCONNECT_POLL_S = 0.05
 FALLBACK_STOP = "\nuser:"
 # Fields OpenAI clients may send that this server does not implement: refused unless neutral.
 UNSUPPORTED = (
@@ -391,18 +391,19 @@ def _usage(result) -> Usage:
 async def _collect(request: Request, generation: Generation):
     """The whole answer; a client that disconnects first cancels it (a 499 nobody reads)."""
     work = asyncio.ensure_future(generation.collect())
+    gone = asyncio.ensure_future(client_gone(request))  # waits for the disconnect: no polling
     try:
-        while not work.done():
-            done, _ = await asyncio.wait({work}, timeout=DISCONNECT_POLL_S)
-            if not done and await request.is_disconnected():
-                work.cancel()
-                return JSONResponse({"detail": "client closed the request"}, 499)
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            work.cancel()
+            return JSONResponse({"detail": "client closed the request"}, 499)
         return work.result()
     except HTTPException:
         raise
     except Exception as err:
         raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, f"generation failed: {err}") from None
     finally:
+        gone.cancel()
         generation.cancel()
 
 

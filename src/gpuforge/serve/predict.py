@@ -23,7 +23,7 @@ from gpuforge.artifact import Manifest, built_from, load_artifact, read_manifest
 from gpuforge.errors import GpuforgeError
 from gpuforge.hardware.probe import select_device
 from gpuforge.runtime import tasks
-from gpuforge.runtime.precision import autocast, choose_precision
+from gpuforge.runtime.precision import Precision, autocast, choose_precision
 from gpuforge.serve.adapters import OWN, Adapters, check_adapters
 from gpuforge.serve.batch_precision import PrecisionPlan, plan_precision
 
@@ -45,7 +45,7 @@ class Predictor:
     tokenizer: Any
     manifest: Manifest
     device: torch.device
-    precision: Any  # train.precision.Precision
+    precision: Precision
     max_length: int | None
     quantized: str | None = None
     adapters: Adapters | None = None  # several LoRA adapters on this base (serve/adapters.py)
@@ -130,7 +130,9 @@ class Predictor:
         self.last_split = (collated - began, forwarded - collated, time.perf_counter() - forwarded)
         return results
 
-    def _logits(self, module: torch.nn.Module, precision, batch: dict[str, torch.Tensor], names: list[str]):
+    def _logits(
+        self, module: torch.nn.Module, precision: Precision, batch: dict[str, torch.Tensor], names: list[str]
+    ) -> torch.Tensor:
         with torch.inference_mode(), autocast(precision, self.device):
             if self.adapters is None or set(names) == {OWN}:  # the active adapter alone: the plain path
                 return tasks.forward(built_from(module, self.manifest), self.task, batch)
@@ -138,7 +140,7 @@ class Predictor:
             out = module(**batch, adapter_names=self.adapters.peft_names(names))
             return out.logits if hasattr(out, "logits") else out
 
-    def time_batch(self, module: torch.nn.Module, precision, size: int) -> None:
+    def time_batch(self, module: torch.nn.Module, precision: Precision, size: int) -> None:
         """One batch of `size` made-up inputs through `module` in `precision`, to its end: what
         serve/batch_precision.py times to choose a precision."""
         batch, _ = self._collate(self._made_up(size, words=12))
@@ -224,10 +226,12 @@ def load_predictor(
     if manifest.format == "onnx":
         predictor.backend = f"onnxruntime ({module.provider})"
         predictor.device = module.device  # a CPU-only onnxruntime on a GPU machine runs on the CPU
+        log.info("precision: the graph's own (%s)", predictor.quantized or "fp32")
     alone = manifest.is_adapter and not quantize  # the adapters' PEFT model: one copy, changed in place
     if manifest.format != "onnx":
         timed = predictor.time_batch if predictor.can_make_up_inputs else None
-        plan = plan_precision(precision, module, torch_device, timed, max_batch, alone, not quantized)
+        castable = not (quantized or manifest.quantize_base)  # a 4-bit QLoRA base stays as it is
+        plan = plan_precision(precision, chosen, module, timed, max_batch, alone, castable)
         predictor.module, predictor.precision, predictor.plan = plan.module, plan.precision, plan
         log.info("precision: %s (%s)", plan.describe()["rule"], plan.precision.reason)
     # as served: after any --quantize, in the precision full batches run in

@@ -48,6 +48,7 @@ from gpuforge.serve.gate import Gate
 from gpuforge.serve.generator_backend import GeneratorBackend
 from gpuforge.serve.metrics import ServeMetrics
 from gpuforge.serve.options import ServeOptions
+from gpuforge.serve.predict_route import PATH as PREDICT_PATH
 from gpuforge.serve.predict_route import PredictRoute
 
 
@@ -82,7 +83,7 @@ def create_worker(
         open_paths=OPEN_PATHS | (DOCUMENT_PATHS if public_metrics else frozenset()),
     )  # fmt: skip
 
-    @app.post("/predict", response_model=PredictResponse)
+    @app.post(PREDICT_PATH, response_model=PredictResponse)
     async def predict(body: PredictRequest, request: Request) -> Response:
         """Labels and scores for one input or many; inputs of one request may share a batch with others'.
         (Documented here; answered by PredictRoute, serve/predict_route.py, before the request gets here.)"""
