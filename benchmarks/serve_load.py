@@ -1,7 +1,8 @@
 """Load on `gpuforge serve` beside a plain FastAPI route, LitServe and the model's no-server ceiling.
 
     python benchmarks/serve_load.py [--model DIR] [--levels 1,8,32,128] [--seconds 10] [--warmup 2]
-                                    [--client wrk|httpx] [--overload-seconds 120] [--overload-clients 512]
+                                    [--client wrk|httpx] [--rounds 1] [--before OLD/src]
+                                    [--overload-seconds 120] [--overload-clients 512]
                                     [--threads N] [--skip plain,litserve,gpuforge-fp32,gpuforge-auto,
                                     gpuforge-onnx-int8,overload,int8] [--quick] [--json out.json]
 
@@ -83,6 +84,11 @@ twice the level where its throughput stops growing, printed as "saturates at"; a
 bounded queue would never fill and no 429 would be seen) for `--overload-seconds`: answers by status
 (only 200 and 429 allowed: no 5xx, no failed connection) and its RSS sampled every second: at start, max,
 end, and the least-squares slope over the last 60 s (memory flat: at most FLAT_MB_PER_MIN).
+
+`--rounds N`: every contender N times, every other round in reverse order (a machine whose speed drifts
+over minutes, as a shared one does, then weighs on each alike); per contender and level the round with
+the median req/s counts, each round's printed beside it. `--before OLD/src`: an older checkout's
+gpuforge-fp32 and gpuforge-auto too (before-fp32, before-auto), for a before/after in one run.
 
 `--quick`: 3 s per level after 1 s of warm-up, a shorter ceiling, 20 s of overload: a smoke run.
 Every server process (and the load generator) is stopped at the end, on an error and on Ctrl-C.
@@ -670,6 +676,19 @@ def int8_instructions() -> str:
     return ", ".join(found) or "none (no VNNI or AMX)"
 
 
+def median_rows(rows: list[dict]) -> list[dict]:
+    """Per contender and level, the round with the median req/s (the lower one of an even count), each
+    round's req/s beside it; in the order first measured."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["contender"], row["clients"]), []).append(row)
+    out = []
+    for group in groups.values():
+        ranked = sorted(group, key=lambda r: r["req_per_s"])
+        out.append({**ranked[(len(ranked) - 1) // 2], "rounds_req_per_s": [r["req_per_s"] for r in group]})
+    return out
+
+
 def mark_client_bound(rows: list[dict], client: dict[int, float]) -> None:
     """Each row's client rate at its level (the trivial server's), and whether the client bound it."""
     for row in rows:
@@ -762,10 +781,13 @@ def print_table(rows: list[dict]) -> None:
         client = f"{r['client_req_per_s']:.0f}" if "client_req_per_s" in r else "-"
         loop = f"{r['loop_cpu_ms']:.2f}" if "loop_cpu_ms" in r else "-"
         client += "!" if r.get("client_bound") else " "
+        spread = r.get("rounds_req_per_s") or []
+        rounds = " rounds " + "/".join(f"{x:.0f}" for x in spread) if len(spread) > 1 else ""
         print(
             f"{r['contender']:<19}{r['clients']:>4}{r['req_per_s']:>8.1f}{r['p50_ms']:>8.1f}{r['p90_ms']:>8.1f}"
             f"{r['p99_ms']:>8.1f}  {behind:>12}  {batch:>6}{queue:>7}  {r['server_cpu']:>10.2f}{loop:>6}"
             f"{r['loadgen_cpu']:>8.2f}{r['other_cpu']:>7.2f}  {client:>9} {fmt_statuses(r['statuses'])}"
+            + rounds
         )
     print(
         "loop: a gpuforge worker's event loop (its main thread: HTTP, JSON, batching) CPU ms per answer; "
@@ -1039,6 +1061,9 @@ def main() -> None:
         "--client", choices=["wrk", "httpx"], default="wrk", help="the load client (the overload: httpx)"
     )
     parser.add_argument(
+        "--rounds", type=int, default=1, help="every contender this many times, in alternating order"
+    )
+    parser.add_argument(
         "--before",
         type=Path,
         help="an older checkout's src/: its gpuforge-fp32 and gpuforge-auto run too, as before-fp32 and "
@@ -1091,50 +1116,52 @@ def main() -> None:
             running.remove(trivial)
             client_rates = {r["clients"]: r["req_per_s"] for r in rows}
             contenders = [*CONTENDERS, *(("before-fp32", "before-auto") if args.before else ())]
-            for name in contenders:
-                if name in skip:
-                    continue
-                if name.startswith("gpuforge") and ceiling is None:  # measured next to what it judges
-                    print("ceiling (no server) ...", flush=True)
-                    rounds = 1 if args.quick else 3
-                    ceiling = measure_ceiling(
-                        model, args.threads, args.ceiling_seconds, rounds, "int8" not in skip, onnx
-                    )
-                    print(
-                        "  " + ", ".join(f"{k} {v:.1f}/s" for k, v in ceiling["samples_per_s"].items()),
-                        flush=True,
-                    )
-                served = onnx if name == "gpuforge-onnx-int8" else model
-                server = make_server(name, served, args.threads, tmp, args.before)
-                running.append(server)
-                print(f"{name}: starting ...", flush=True)
-                server.start()
-                if name in ("gpuforge-auto", "before-auto"):
-                    info = httpx.get(server.url + "/info", timeout=5).json()
-                    precision = info["precision"]
-                    if name == "gpuforge-auto":
-                        auto_precision = precision
-                        print(f"  {(info.get('precision_choice') or {}).get('rule')}", flush=True)
-                    print(f"  precision auto -> {precision}", flush=True)
-                for clients in levels:
-                    row = level(server, clients)
-                    rows.append(row)
-                    print(
-                        f"  {clients:>4} clients: {row['req_per_s']:.1f} req/s, p99 {row['p99_ms']:.0f} ms, "
-                        f"{fmt_statuses(row['statuses'])}",
-                        flush=True,
-                    )
-                if name == "gpuforge-auto" and "overload" not in skip:
-                    print(
-                        f"overload: {args.overload_clients} clients for {args.overload_seconds:g} s ...",
-                        flush=True,
-                    )
-                    overload = run_level(
-                        server, args.overload_clients, 0.0, args.overload_seconds, texts, 1.0
-                    )
-                    overload["rss"] = rss_figures(overload.pop("rss_mb"))
-                server.stop()
-                running.remove(server)
+            contenders = [name for name in contenders if name not in skip]
+            measured: list[dict] = []
+            for turn in range(args.rounds):  # every other round in reverse: a drifting machine evens out
+                for name in contenders if turn % 2 == 0 else contenders[::-1]:
+                    if name.startswith("gpuforge") and ceiling is None:  # measured next to what it judges
+                        print("ceiling (no server) ...", flush=True)
+                        rounds = 1 if args.quick else 3
+                        ceiling = measure_ceiling(
+                            model, args.threads, args.ceiling_seconds, rounds, "int8" not in skip, onnx
+                        )
+                        print(
+                            "  " + ", ".join(f"{k} {v:.1f}/s" for k, v in ceiling["samples_per_s"].items()),
+                            flush=True,
+                        )
+                    served = onnx if name == "gpuforge-onnx-int8" else model
+                    server = make_server(name, served, args.threads, tmp, args.before)
+                    running.append(server)
+                    print(f"{name}: starting (round {turn + 1} of {args.rounds}) ...", flush=True)
+                    server.start()
+                    if name in ("gpuforge-auto", "before-auto"):
+                        info = httpx.get(server.url + "/info", timeout=5).json()
+                        precision = info["precision"]
+                        if name == "gpuforge-auto":
+                            auto_precision = precision
+                            print(f"  {(info.get('precision_choice') or {}).get('rule')}", flush=True)
+                        print(f"  precision auto -> {precision}", flush=True)
+                    for clients in levels:
+                        row = level(server, clients)
+                        measured.append(row)
+                        print(
+                            f"  {clients:>4} clients: {row['req_per_s']:.1f} req/s, p99 {row['p99_ms']:.0f} "
+                            f"ms, {fmt_statuses(row['statuses'])}",
+                            flush=True,
+                        )
+                    if name == "gpuforge-auto" and "overload" not in skip and overload is None:
+                        print(
+                            f"overload: {args.overload_clients} clients for {args.overload_seconds:g} s ...",
+                            flush=True,
+                        )
+                        overload = run_level(
+                            server, args.overload_clients, 0.0, args.overload_seconds, texts, 1.0
+                        )
+                        overload["rss"] = rss_figures(overload.pop("rss_mb"))
+                    server.stop()
+                    running.remove(server)
+            rows.extend(median_rows(measured))
         finally:
             for server in running:
                 server.stop()
