@@ -27,7 +27,7 @@ once, under autocast), at bf16 autocast over fp32 weights ("bf16-autocast") and 
 beside it the server's own batch path (Predictor.run_batch: tokenize, forward, softmax, result dicts),
 also the int8 ONNX export's ("run_batch onnx").
 
-The contenders, one server process on 127.0.0.1 at a time, torch on the same `--threads`
+The contenders, one server process on 127.0.0.1 each, loaded one at a time, torch on the same `--threads`
 (OMP_NUM_THREADS for each, default: this machine's cores):
   plain          a FastAPI route written carefully, one forward per request (serve_baselines.py plain)
   litserve       LitServe, max_batch_size 32, batch_timeout 0.005, batch/unbatch (serve_baselines.py)
@@ -85,9 +85,12 @@ bounded queue would never fill and no 429 would be seen) for `--overload-seconds
 (only 200 and 429 allowed: no 5xx, no failed connection) and its RSS sampled every second: at start, max,
 end, and the least-squares slope over the last 60 s (memory flat: at most FLAT_MB_PER_MIN).
 
-`--rounds N`: every contender N times, every other round in reverse order (a machine whose speed drifts
-over minutes, as a shared one does, then weighs on each alike); per contender and level the round with
-the median req/s counts, each round's printed beside it. `--before OLD/src`: an older checkout's
+Every contender's server is started first and stays up, idle but for its turn; then, round after round
+(`--rounds N`), each level runs every contender in turn, the order rotated each round, with the ceiling
+measured again at each round's start: a machine whose speed drifts over minutes (a shared one does, by up
+to 1.7x here) weighs on every contender alike, not on whichever ran in a slow stretch. Per contender and
+level the round with the median req/s counts (the lower of an even count), each round's printed beside
+it; the ceiling is each figure's median over the rounds. `--before OLD/src`: an older checkout's
 gpuforge-fp32 and gpuforge-auto too (before-fp32, before-auto), for a before/after in one run.
 
 `--quick`: 3 s per level after 1 s of warm-up, a shorter ceiling, 20 s of overload: a smoke run.
@@ -105,6 +108,7 @@ import os
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -676,6 +680,18 @@ def int8_instructions() -> str:
     return ", ".join(found) or "none (no VNNI or AMX)"
 
 
+def median_ceiling(ceilings: list[dict]) -> dict | None:
+    """The rounds' ceilings as one: each figure's median over the rounds, every round kept."""
+    if not ceilings:
+        return None
+    names = ceilings[0]["samples_per_s"]
+    return {
+        **ceilings[0],
+        "samples_per_s": {k: statistics.median(c["samples_per_s"][k] for c in ceilings) for k in names},
+        "rounds": {k: [c["samples_per_s"][k] for c in ceilings] for k in names},
+    }
+
+
 def median_rows(rows: list[dict]) -> list[dict]:
     """Per contender and level, the round with the median req/s (the lower one of an even count), each
     round's req/s beside it; in the order first measured."""
@@ -1117,51 +1133,57 @@ def main() -> None:
             client_rates = {r["clients"]: r["req_per_s"] for r in rows}
             contenders = [*CONTENDERS, *(("before-fp32", "before-auto") if args.before else ())]
             contenders = [name for name in contenders if name not in skip]
+            servers: dict[str, Server] = {}
+            for name in contenders:  # all started, then loaded one at a time: the others sit idle
+                served = onnx if name == "gpuforge-onnx-int8" else model
+                servers[name] = server = make_server(name, served, args.threads, tmp, args.before)
+                running.append(server)
+                print(f"{name}: starting ...", flush=True)
+                server.start()
+                if name in ("gpuforge-auto", "before-auto"):
+                    info = httpx.get(server.url + "/info", timeout=5).json()
+                    if name == "gpuforge-auto":
+                        auto_precision = info["precision"]
+                        print(f"  {(info.get('precision_choice') or {}).get('rule')}", flush=True)
+                    print(f"  precision auto -> {info['precision']}", flush=True)
             measured: list[dict] = []
-            for turn in range(args.rounds):  # every other round in reverse: a drifting machine evens out
-                for name in contenders if turn % 2 == 0 else contenders[::-1]:
-                    if name.startswith("gpuforge") and ceiling is None:  # measured next to what it judges
-                        print("ceiling (no server) ...", flush=True)
-                        rounds = 1 if args.quick else 3
-                        ceiling = measure_ceiling(
-                            model, args.threads, args.ceiling_seconds, rounds, "int8" not in skip, onnx
-                        )
-                        print(
-                            "  " + ", ".join(f"{k} {v:.1f}/s" for k, v in ceiling["samples_per_s"].items()),
-                            flush=True,
-                        )
-                    served = onnx if name == "gpuforge-onnx-int8" else model
-                    server = make_server(name, served, args.threads, tmp, args.before)
-                    running.append(server)
-                    print(f"{name}: starting (round {turn + 1} of {args.rounds}) ...", flush=True)
-                    server.start()
-                    if name in ("gpuforge-auto", "before-auto"):
-                        info = httpx.get(server.url + "/info", timeout=5).json()
-                        precision = info["precision"]
-                        if name == "gpuforge-auto":
-                            auto_precision = precision
-                            print(f"  {(info.get('precision_choice') or {}).get('rule')}", flush=True)
-                        print(f"  precision auto -> {precision}", flush=True)
-                    for clients in levels:
-                        row = level(server, clients)
+            ceilings: list[dict] = []
+            for turn in range(args.rounds):
+                if any(n.startswith("gpuforge") for n in contenders):  # beside what it judges, each round
+                    print(f"round {turn + 1} of {args.rounds}: ceiling (no server) ...", flush=True)
+                    inner = 1 if args.quick or args.rounds > 1 else 3
+                    seconds = args.ceiling_seconds if args.rounds == 1 else args.ceiling_seconds / 2
+                    ceilings.append(
+                        measure_ceiling(model, args.threads, seconds, inner, "int8" not in skip, onnx)
+                    )
+                    print(
+                        "  " + ", ".join(f"{k} {v:.1f}/s" for k, v in ceilings[-1]["samples_per_s"].items()),
+                        flush=True,
+                    )
+                for clients in levels:  # each level, every contender in turn (rotated each round)
+                    shift = turn % len(contenders)
+                    for name in contenders[shift:] + contenders[:shift]:
+                        row = level(servers[name], clients)
                         measured.append(row)
                         print(
-                            f"  {clients:>4} clients: {row['req_per_s']:.1f} req/s, p99 {row['p99_ms']:.0f} "
-                            f"ms, {fmt_statuses(row['statuses'])}",
+                            f"  {name:<19} {clients:>4} clients: {row['req_per_s']:.1f} req/s, p99 "
+                            f"{row['p99_ms']:.0f} ms, {fmt_statuses(row['statuses'])}",
                             flush=True,
                         )
-                    if name == "gpuforge-auto" and "overload" not in skip and overload is None:
-                        print(
-                            f"overload: {args.overload_clients} clients for {args.overload_seconds:g} s ...",
-                            flush=True,
-                        )
-                        overload = run_level(
-                            server, args.overload_clients, 0.0, args.overload_seconds, texts, 1.0
-                        )
-                        overload["rss"] = rss_figures(overload.pop("rss_mb"))
-                    server.stop()
-                    running.remove(server)
+            if "gpuforge-auto" in servers and "overload" not in skip:
+                print(
+                    f"overload: {args.overload_clients} clients for {args.overload_seconds:g} s ...",
+                    flush=True,
+                )
+                overload = run_level(
+                    servers["gpuforge-auto"], args.overload_clients, 0.0, args.overload_seconds, texts, 1.0
+                )
+                overload["rss"] = rss_figures(overload.pop("rss_mb"))
+            for server in servers.values():
+                server.stop()
+                running.remove(server)
             rows.extend(median_rows(measured))
+            ceiling = median_ceiling(ceilings)
         finally:
             for server in running:
                 server.stop()
