@@ -41,20 +41,13 @@ class PredictRoute:
         body = await _body(receive)
         if body is None:
             return  # the client went away (or the Gate refused the body and has answered)
+        parsed = _parse(body)
+        if isinstance(parsed, JSONResponse):
+            return await parsed(scope, receive, send)
         try:
-            parsed = PredictRequest.model_validate(json.loads(body)) if body else None
-        except (UnicodeDecodeError, RecursionError):  # before ValueError: UnicodeDecodeError is one
-            response = JSONResponse({"detail": "There was an error parsing the body"}, 400)
-        except ValueError as err:  # not JSON, or not a PredictRequest
-            response = JSONResponse({"detail": _invalid(err)}, 422)
-        else:
-            try:
-                if parsed is None:
-                    raise HTTPException(422, [{"type": "missing", "loc": ["body"], "msg": "Field required",
-                                               "input": None}])  # fmt: skip
-                response = await self.backend.predict(parsed, Request(scope, receive))
-            except HTTPException as err:
-                response = JSONResponse({"detail": err.detail}, err.status_code, headers=err.headers)
+            response = await self.backend.predict(parsed, Request(scope, receive))
+        except HTTPException as err:
+            response = JSONResponse({"detail": err.detail}, err.status_code, headers=err.headers)
         await response(scope, receive, send)
 
 
@@ -67,6 +60,19 @@ async def _body(receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _parse(body: bytes) -> PredictRequest | JSONResponse:
+    """The body as a PredictRequest, or the framework's answer to one it cannot take."""
+    if not body:
+        missing = {"type": "missing", "loc": ["body"], "msg": "Field required", "input": None}
+        return JSONResponse({"detail": [missing]}, 422)
+    try:
+        return PredictRequest.model_validate(json.loads(body))
+    except (UnicodeDecodeError, RecursionError):  # before ValueError: UnicodeDecodeError is one
+        return JSONResponse({"detail": "There was an error parsing the body"}, 400)
+    except ValueError as err:  # not JSON, or not a PredictRequest
+        return JSONResponse({"detail": _invalid(err)}, 422)
 
 
 def _invalid(err: ValueError) -> list[dict[str, Any]]:
