@@ -11,7 +11,7 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # always open: probes carry no 
 # the schema, its pages and Prometheus' text: with a key, unless opened (GPUFORGE_PUBLIC_METRICS=true)
 DOCUMENT_PATHS = frozenset({"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 # the dashboard's pages (dashboard/pages.py): the same data-free shell, which asks for the key itself
-PAGE_PATHS = frozenset({"/", "/compare", "/devices", "/deployments", "/costs", "/searches"})
+PAGE_PATHS = frozenset({"/", "/compare", "/devices", "/deployments", "/costs", "/searches", "/audit"})
 
 
 def is_page_path(path: str) -> bool:

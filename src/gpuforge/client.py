@@ -239,10 +239,15 @@ class Client:
 
     # --- keys ---
     def create_key(
-        self, name: str, admin: bool = False, quotas: dict[str, int] | None = None, project: str | None = None
+        self,
+        name: str,
+        admin: bool = False,
+        quotas: dict[str, int] | None = None,
+        project: str | None = None,
+        role: str | None = None,
     ) -> dict:
         body = {"name": name, "admin": admin, **(quotas or {}), **({"project": project} if project else {})}
-        return self._call("POST", "/api/v1/keys", json=body)
+        return self._call("POST", "/api/v1/keys", json={**body, **({"role": role} if role else {})})
 
     def set_key(self, name: str, quotas: dict[str, int | str | None]) -> dict:
         """Change a key's quotas (those given; None puts one back to the default) or its "project" (None:
@@ -265,6 +270,18 @@ class Client:
     def set_project(self, name: str, settings: dict[str, float | int | None]) -> dict:
         """Change a project's settings: those given; None: no budget, no device cap."""
         return self._call("PATCH", f"/api/v1/projects/{name}", json=settings)
+
+    def set_member(self, project: str, key: str, role: str) -> dict:
+        """Put `key` in `project` with `role`, or change its role there (a maintainer, or an admin)."""
+        return self._call("PUT", f"/api/v1/projects/{project}/members/{key}", json={"role": role})
+
+    def remove_member(self, project: str, key: str) -> dict:
+        return self._call("DELETE", f"/api/v1/projects/{project}/members/{key}")
+
+    # --- audit ---
+    def audit(self, **filters: str | int | None) -> list[dict]:
+        """The audit log, newest first: project, actor, action, since (ISO 8601), before (an id), limit."""
+        return self._call("GET", "/api/v1/audit", params={k: v for k, v in filters.items() if v is not None})
 
     # --- costs ---
     def costs(self, by: str = "day", since: str | None = None, project: str | None = None) -> dict:

@@ -7,21 +7,13 @@ from gpuforge.dashboard.local import create_local_app
 from gpuforge.dashboard.read_routes import read_routes
 from gpuforge.server.app import create_app
 from gpuforge.server.settings import Settings
-
-
-def _flat(routes) -> list[APIRoute]:
-    """An app's routes, those of included routers too (FastAPI 0.165 keeps an included router whole)."""
-    found = []
-    for route in routes:
-        included = getattr(route, "original_router", None)
-        found += _flat(included.routes) if included is not None else [route]
-    return [route for route in found if isinstance(route, APIRoute)]
+from tests.helpers.routes import flat_routes
 
 
 def _api_routes(routes) -> dict[tuple[str, str], APIRoute]:
     return {
         (route.path, method): route
-        for route in _flat(routes)
+        for route in flat_routes(routes)
         if route.path.startswith("/api/")
         for method in route.methods
     }
@@ -39,5 +31,5 @@ def test_the_server_and_the_local_dashboard_mount_one_copy_of_the_read_routes(tm
         code = shared[where].endpoint.__code__
         assert local[where].endpoint.__code__ is code and server[where].endpoint.__code__ is code, where
     # and no module of the server answers one of them a second time (FastAPI would answer with the first)
-    mounted = [(r.path, m) for r in _flat(server_app.routes) for m in r.methods]
+    mounted = [(r.path, m) for r in flat_routes(server_app.routes) for m in r.methods]
     assert sorted(mounted) == sorted(set(mounted)), "a route mounted twice"

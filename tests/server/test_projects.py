@@ -169,8 +169,8 @@ def test_members_read_each_others_jobs_and_change_only_their_own(server):
     refused = client.post(f"{path}/cancel", headers=_auth(bob))
     assert refused.status_code == 403
     assert refused.json()["detail"] == (
-        f"job {job['id']} belongs to key 'alice': a member of its project may read it; only its owner or an "
-        "admin may change it"
+        f"job {job['id']} belongs to key 'alice': jobs.cancel on a teammate's needs its owner, an admin, "
+        "or a maintainer of its project (key 'bob' is a member)"
     )
     assert client.post(f"{path}/resume", json={}, headers=_auth(bob)).status_code == 403
     assert client.post(f"{path}/cancel", headers=_auth(carol)).status_code == 404  # another team's: none
@@ -226,8 +226,15 @@ def test_deployments_carry_their_project_and_price_and_members_read_them(server,
     made = client.post("/api/v1/deployments", json={"job_id": job_id, "name": "cats"}, headers=_auth(alice))
     assert made.status_code == 201, made.text
     (tmp_path / "home" / "prices.yaml").unlink()  # none priced: a replica then costs $0
+    teammates = client.post(
+        "/api/v1/deployments", json={"job_id": job_id, "name": "dogs"}, headers=_auth(bob)
+    )
+    assert teammates.status_code == 403 and "maintainer" in teammates.text  # a member deploys its own models
+    role = client.patch("/api/v1/keys/bob", json={"role": "maintainer"}, headers=_auth(admin))
+    assert role.status_code == 200 and role.json()["role"] == "maintainer", role.text
     free = client.post("/api/v1/deployments", json={"job_id": job_id, "name": "dogs"}, headers=_auth(bob))
-    assert free.status_code == 201, free.text  # a teammate's model, served as bob's own
+    assert free.status_code == 201, free.text  # a teammate's model, served as bob's own by a maintainer
+    client.patch("/api/v1/keys/bob", json={"role": "member"}, headers=_auth(admin))  # a member again
     with session(client.app.state.services.engine) as s:
         vision = s.scalar(select(Project.id).where(Project.name == "vision"))
         rows = {d.name: (d.project_id, d.usd_per_hour) for d in s.scalars(select(Deployment))}
@@ -321,3 +328,51 @@ def test_projects_and_keys_through_the_cli(tmp_path, monkeypatch):
         assert [p["name"] for p in json.loads(run_cli("projects", "list", "--json").stdout)] == ["vision"]
         refused = run_cli("projects", "set", "vision", "--share", "100")
         assert refused.returncode == 2 and "403" in refused.stderr
+
+
+@pytest.mark.slow
+def test_roles_members_and_the_audit_log_through_the_cli(tmp_path, monkeypatch):
+    with LocalServer(tmp_path / "home", log=tmp_path / "server.log", GPUFORGE_SCHEDULE="false") as live:
+        monkeypatch.setenv("GPUFORGE_URL", live.url)
+        monkeypatch.setenv("GPUFORGE_API_KEY", live.key)
+        assert run_cli("projects", "create", "vision").returncode == 0
+        lead = json.loads(run_cli("keys", "create", "lead", "--project", "vision", "--role", "maintainer",
+                                  "--json").stdout)  # fmt: skip
+        assert lead["role"] == "maintainer"
+        assert run_cli("keys", "create", "new").returncode == 0
+        bad = run_cli("keys", "create", "x", "--role", "owner")
+        assert (
+            bad.returncode == 2 and "--role: 'owner' is not one of viewer, member, maintainer" in bad.stderr
+        )
+        demoted = run_cli("keys", "set", "lead", "--role", "member")
+        assert demoted.stdout.startswith("key lead: role member, "), demoted.stderr
+        assert run_cli("keys", "set", "lead", "--role", "maintainer").returncode == 0
+
+        monkeypatch.setenv("GPUFORGE_API_KEY", lead["key"])  # the maintainer takes a new key in as a viewer
+        joined = run_cli("projects", "member", "vision", "new", "--role", "viewer")
+        assert joined.stdout.strip() == "project vision: lead (maintainer), new (viewer)", joined.stderr
+        neither = run_cli("projects", "member", "vision", "new")
+        assert neither.returncode == 2 and "give --role ROLE, or --remove" in neither.stderr
+        assert run_cli("projects", "member", "vision", "new", "--remove").stdout.strip() == (
+            "project vision: lead (maintainer)"
+        )
+        own = json.loads(run_cli("audit", "--json").stdout)  # its project's rows, newest first
+        assert [(r["action"], r["target"], r["actor"]) for r in own[:2]] == [
+            ("projects.members", "key new", "lead"), ("projects.members", "key new", "lead"),
+        ]  # fmt: skip
+        assert own[0]["before"] == {"project": "vision", "role": "viewer"}
+        assert own[0]["after"] == {"project": None, "role": "member"}
+        assert all(r["project"] == "vision" for r in own)
+        assert run_cli("keys", "list").returncode == 2  # the admin's
+
+        monkeypatch.setenv("GPUFORGE_API_KEY", live.key)
+        table = run_cli("audit", "--action", "keys.change", "--actor", "admin").stdout
+        assert "key lead" in table and "role maintainer -> member" in table, table
+        every = json.loads(run_cli("audit", "--json").stdout)
+        assert {r["action"] for r in every} >= {
+            "projects.create",
+            "keys.create",
+            "keys.change",
+            "projects.members",
+        }
+        assert json.loads(run_cli("audit", "--since", "2999-01-01", "--json").stdout) == []

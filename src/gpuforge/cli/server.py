@@ -409,6 +409,21 @@ ProjectOption = Annotated[
     str | None,
     typer.Option("--project", help="its project (projects create NAME): members read each other's jobs"),
 ]
+ROLES = ("viewer", "member", "maintainer")  # store/models.py Role: what each may do is docs/security.md's
+RoleOption = Annotated[
+    str | None,
+    typer.Option(
+        "--role",
+        help="its role in its project: viewer (reads), member (and submits, changes its own), maintainer "
+        "(and changes anyone's in the project, sets its members)",
+        show_default=False,
+    ),
+]
+
+
+def _check_role(role: str | None) -> None:
+    if role is not None and role not in ROLES:
+        raise GpuforgeError(f"--role: {role!r} is not one of {', '.join(ROLES)}")
 
 
 def _with_quota_options(command):
@@ -460,15 +475,17 @@ def keys_create(
         bool, typer.Option(help="an admin key: sees all jobs, makes keys, has no quotas")
     ] = False,
     project: ProjectOption = None,
+    role: RoleOption = None,
     url: Url = None,
     key_file: KeyFile = None,
     as_json: AsJson = False,
 ) -> None:
-    """Make a key, with its quotas (those not given: the defaults) and project; it is printed this once and
-    stored as a digest only."""
+    """Make a key, with its quotas (those not given: the defaults), project and role (default member); it
+    is printed this once and stored as a digest only."""
     if admin and project is not None:
         raise GpuforgeError("--project: an admin key belongs to no project (it sees every project already)")
-    made = client_for(url, key_file).create_key(name, admin, quotas, project)
+    _check_role(role)
+    made = client_for(url, key_file).create_key(name, admin, quotas, project, role)
     if as_json:
         _print_json(made)
     else:
@@ -484,24 +501,29 @@ def keys_set(
     no_project: Annotated[
         bool, typer.Option("--no-project", help="out of its project (its jobs made so far stay there)")
     ] = False,
+    role: RoleOption = None,
     url: Url = None,
     key_file: KeyFile = None,
     as_json: AsJson = False,
 ) -> None:
-    """Change a key's quotas or project (those given); they hold from its next request on."""
+    """Change a key's quotas, project or role (those given); they hold from its next request on."""
     if project is not None and no_project:
         raise GpuforgeError("--project and --no-project: give one of them")
+    _check_role(role)
     changes: dict[str, int | str | None] = dict(quotas)
     if project is not None or no_project:
         changes["project"] = project
+    if role is not None:
+        changes["role"] = role
     if not changes:
-        options = ", ".join(["--project", *(q.option for q in QUOTAS)])
+        options = ", ".join(["--project", "--role", *(q.option for q in QUOTAS)])
         raise GpuforgeError(f"keys set {name}: nothing to change; give {options}")
     changed = client_for(url, key_file).set_key(name, changes)
     if as_json:
         _print_json(changed)
         return
     moved = f"project {changed['project'] or 'none'}, " if "project" in changes else ""
+    moved += f"role {changed['role']}, " if "role" in changes else ""
     out_console.print(f"key {changed['name']}: {moved}{_quotas_line(changed)}", highlight=False, markup=False)
 
 
@@ -513,12 +535,13 @@ def keys_list(url: Url = None, key_file: KeyFile = None, as_json: AsJson = False
         _print_json(rows)
         return
     table = Table(title="API keys")
-    for column in ("id", "name", "admin", "project", "created", "revoked", *(q.name for q in QUOTAS)):
+    for column in ("id", "name", "admin", "project", "role", "created", "revoked", *(q.name for q in QUOTAS)):
         table.add_column(column)
     for k in rows:
         revoked = (k.get("revoked_at") or "")[:19]
         table.add_row(
             str(k["id"]), k["name"], "yes" if k["admin"] else "", k.get("project") or "",
+            "" if k["admin"] else k["role"],
             k["created_at"][:19], revoked, *(q.show(k[q.name]) for q in QUOTAS),
         )  # fmt: skip
     out_console.print(table)
@@ -595,9 +618,82 @@ def projects_list(url: Url = None, key_file: KeyFile = None, as_json: AsJson = F
         devices = f"{p['devices_held']}/{p['max_devices'] if p['max_devices'] is not None else '-'}"
         table.add_row(
             p["name"], f"{p['spend_usd_month']:.4f}", budget, devices, str(p["jobs_queued"]),
-            str(p["jobs_running"]), f"{p['share']:g}", ", ".join(p["keys"]),
+            str(p["jobs_running"]), f"{p['share']:g}",
+            ", ".join(f"{k} ({p['roles'].get(k, '?')})" for k in p["keys"]),
         )  # fmt: skip
     out_console.print(table)
+
+
+@projects_app.command("member")
+def projects_member(
+    project: str,
+    key: Annotated[str, typer.Argument(help="the key's name")],
+    role: Annotated[str | None, typer.Option(help="viewer, member or maintainer", show_default=False)] = None,
+    remove: Annotated[bool, typer.Option("--remove", help="take the key out of the project")] = False,
+    url: Url = None,
+    key_file: KeyFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """Put a key in a project with a role, change its role, or take it out (--remove): a maintainer of the
+    project, or an admin key. A maintainer takes in keys that are in no project."""
+    if remove == (role is not None):
+        raise GpuforgeError("projects member: give --role ROLE, or --remove")
+    _check_role(role)
+    api = client_for(url, key_file)
+    changed = api.remove_member(project, key) if remove else api.set_member(project, key, role)
+    if as_json:
+        _print_json(changed)
+        return
+    members = ", ".join(f"{k} ({changed['roles'].get(k, '?')})" for k in changed["keys"]) or "none"
+    out_console.print(f"project {changed['name']}: {members}", highlight=False, markup=False)
+
+
+@app.command()
+def audit(
+    project: Annotated[str | None, typer.Option(help="a project's rows")] = None,
+    actor: Annotated[str | None, typer.Option(help="a key's rows, by its name")] = None,
+    action: Annotated[str | None, typer.Option(help="one action, as jobs.cancel")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="rows at or after: ISO 8601 (2026-12-01, 2026-12-01T09:00:00Z)")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="rows at most")] = 100,
+    url: Url = None,
+    key_file: KeyFile = None,
+    as_json: AsJson = False,
+) -> None:
+    """The audit log, newest first: who changed what, when, from where, before and after (an admin key
+    reads every row, a maintainer its project's)."""
+    rows = client_for(url, key_file).audit(
+        project=project, actor=actor, action=action, since=since, limit=limit
+    )
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title="audit log")
+    for column in ("id", "at (UTC)", "actor", "from", "action", "target", "project", "change"):
+        table.add_column(column)
+    for r in rows:
+        change = _change_text(r.get("before"), r.get("after"))
+        if r["outcome"] != "done":
+            change = f"{r['outcome']}: {change}"
+        table.add_row(
+            str(r["id"]), r["at"][:19], r["actor"], r["source"], r["action"], r["target"],
+            r.get("project") or "", change,
+        )  # fmt: skip
+    out_console.print(table)
+
+
+def _change_text(before: dict | None, after: dict | None) -> str:
+    """before -> after, field by field (only those that differ where both are given)."""
+    before, after = before or {}, after or {}
+    fields = [k for k in {**before, **after} if before.get(k) != after.get(k) or k not in before]
+    shown = []
+    for field in fields:
+        if field in before:
+            shown.append(f"{field} {before.get(field)} -> {after.get(field)}")
+        else:
+            shown.append(f"{field} {after.get(field)}")
+    return "; ".join(shown)
 
 
 @projects_app.command("set")

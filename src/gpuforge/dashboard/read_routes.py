@@ -82,12 +82,16 @@ class JobReader(Protocol):
     def compared(self, ids: list[int]) -> list[ComparedJob]: ...
 
 
-def read_routes(reader: Callable[..., Any]) -> APIRouter:
-    """The read routes over the JobReader that the dependency `reader` answers for a request."""
+def read_routes(reader: Callable[..., Any], guard: Callable[[str], Any] | None = None) -> APIRouter:
+    """The read routes over the JobReader that the dependency `reader` answers for a request; `guard(action)`:
+    the dependency that checks a request's right to the action (the server's permit; none locally)."""
     Reader = Annotated[JobReader, Depends(reader)]
     router = APIRouter(prefix="/api/v1")
 
-    @router.get("/whoami", response_model=WhoAmI, tags=["overview"])
+    def guarded(action: str) -> list[Any]:
+        return [guard(action)] if guard is not None else []
+
+    @router.get("/whoami", response_model=WhoAmI, dependencies=guarded("whoami"), tags=["overview"])
     async def whoami(jobs: Reader) -> WhoAmI:  # async, as the two hot reads below
         """The key's name and whether it is an admin's: the dashboard signs in with it."""
         return jobs.whoami()
@@ -95,7 +99,7 @@ def read_routes(reader: Callable[..., Any]) -> APIRouter:
     # The two hot reads are `async def` with their (sub-millisecond, never-blocking WAL) store read inline:
     # the thread-pool hop of a plain `def` route cost 2.4x in throughput (402 against 968 requests/s,
     # benchmarks/api_load.py). The rest stay plain `def`, in the pool: they read files.
-    @router.get("/jobs", response_model=list[JobPublic], tags=["jobs"])
+    @router.get("/jobs", response_model=list[JobPublic], dependencies=guarded("jobs.read"), tags=["jobs"])
     async def list_jobs(
         response: Response,
         jobs: Reader,
@@ -113,17 +117,24 @@ def read_routes(reader: Callable[..., Any]) -> APIRouter:
         response.headers["X-Total-Count"] = str(total)
         return page
 
-    @router.get("/jobs/{job_id}", response_model=JobPublic, tags=["jobs"])
+    @router.get("/jobs/{job_id}", response_model=JobPublic, dependencies=guarded("jobs.read"), tags=["jobs"])
     async def get_job(job_id: JobId, jobs: Reader) -> Any:
         """One job."""
         return jobs.job(job_id)
 
-    @router.get("/jobs/{job_id}/spec", response_model=JobSpecPublic, tags=["jobs"])
+    @router.get(
+        "/jobs/{job_id}/spec", response_model=JobSpecPublic, dependencies=guarded("jobs.read"), tags=["jobs"]
+    )
     def job_spec(job_id: JobId, jobs: Reader) -> JobSpecPublic:
         """The resolved spec the job runs (defaults filled in, paths absolute)."""
         return jobs.spec(job_id)
 
-    @router.get("/jobs/{job_id}/events", response_model=list[EventPublic], tags=["jobs"])
+    @router.get(
+        "/jobs/{job_id}/events",
+        response_model=list[EventPublic],
+        dependencies=guarded("jobs.read"),
+        tags=["jobs"],
+    )
     def job_events(
         job_id: JobId,
         jobs: Reader,
@@ -135,7 +146,12 @@ def read_routes(reader: Callable[..., Any]) -> APIRouter:
         """The job's events, in order, a page at a time."""
         return jobs.events(job_id, after, limit)
 
-    @router.get("/jobs/{job_id}/metrics", response_model=list[dict[str, Any]], tags=["jobs"])
+    @router.get(
+        "/jobs/{job_id}/metrics",
+        response_model=list[dict[str, Any]],
+        dependencies=guarded("jobs.read"),
+        tags=["jobs"],
+    )
     def job_metrics(
         job_id: JobId,
         jobs: Reader,
@@ -145,7 +161,12 @@ def read_routes(reader: Callable[..., Any]) -> APIRouter:
         """The job's metrics records (DESIGN: metrics.jsonl), a page at a time, by step."""
         return metrics_page(jobs.run_dir(job_id) / "metrics.jsonl", after_step, limit)
 
-    @router.get("/jobs/{job_id}/summary", response_model=dict[str, Any], tags=["jobs"])
+    @router.get(
+        "/jobs/{job_id}/summary",
+        response_model=dict[str, Any],
+        dependencies=guarded("jobs.read"),
+        tags=["jobs"],
+    )
     def job_summary(job_id: JobId, jobs: Reader) -> dict[str, Any]:
         """The run's summary.json: written when the runner stops (finished, failed, cancelled, paused)."""
         summary = RunDir(jobs.run_dir(job_id)).readable_summary()  # torn, or not a summary: as good as none
@@ -153,7 +174,9 @@ def read_routes(reader: Callable[..., Any]) -> APIRouter:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no summary yet")
         return summary
 
-    @router.get("/jobs/{job_id}/logs", response_model=LogTail, tags=["jobs"])
+    @router.get(
+        "/jobs/{job_id}/logs", response_model=LogTail, dependencies=guarded("jobs.read"), tags=["jobs"]
+    )
     def job_logs(
         job_id: JobId,
         jobs: Reader,
@@ -167,6 +190,7 @@ def read_routes(reader: Callable[..., Any]) -> APIRouter:
         "/jobs/{job_id}/series",
         response_model=Series,
         responses={304: {"description": "unchanged"}},
+        dependencies=guarded("jobs.read"),
         tags=["jobs"],
     )
     def job_series(
@@ -180,7 +204,12 @@ def read_routes(reader: Callable[..., Any]) -> APIRouter:
         logged nothing new gets 304 and no body."""
         return _series_answer(jobs.run_dir(job_id) / "metrics.jsonl", max_points, request)
 
-    @router.get("/jobs/{job_id}/report", response_model=dict[str, Any], tags=["jobs"])
+    @router.get(
+        "/jobs/{job_id}/report",
+        response_model=dict[str, Any],
+        dependencies=guarded("jobs.read"),
+        tags=["jobs"],
+    )
     def job_report(job_id: JobId, jobs: Reader) -> dict[str, Any]:
         """The compression report of the run (compressed/report.json), where it has one."""
         report = read_report(jobs.run_dir(job_id))
@@ -188,7 +217,12 @@ def read_routes(reader: Callable[..., Any]) -> APIRouter:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no compression report")
         return report
 
-    @router.get("/jobs/{job_id}/lr_find", response_model=dict[str, Any], tags=["jobs"])
+    @router.get(
+        "/jobs/{job_id}/lr_find",
+        response_model=dict[str, Any],
+        dependencies=guarded("jobs.read"),
+        tags=["jobs"],
+    )
     def job_lr_find(job_id: JobId, jobs: Reader) -> dict[str, Any]:
         """train.lr auto: the range test's curve ([lr, loss] points), the rate it picked and why (as the
         job's lr_find.json says, range-checked)."""
@@ -197,13 +231,24 @@ def read_routes(reader: Callable[..., Any]) -> APIRouter:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no learning-rate range test")
         return found
 
-    @router.get("/jobs/{job_id}/profile", response_model=dict[str, Any], tags=["jobs"])
+    @router.get(
+        "/jobs/{job_id}/profile",
+        response_model=dict[str, Any],
+        dependencies=guarded("jobs.read"),
+        tags=["jobs"],
+    )
     def job_profile(job_id: JobId, jobs: Reader) -> dict[str, Any]:
         """The run's profile: the mean step's breakdown, the top operators, memory, advice, and the slowest
         rank's breakdown beside rank 0's."""
         return profile_answer(jobs.run_dir(job_id), job_id)
 
-    @router.get("/jobs/{job_id}/profile/trace", response_class=FileResponse, responses=TRACE, tags=["jobs"])
+    @router.get(
+        "/jobs/{job_id}/profile/trace",
+        response_class=FileResponse,
+        responses=TRACE,
+        dependencies=guarded("jobs.read"),
+        tags=["jobs"],
+    )
     def job_profile_trace(
         job_id: JobId,
         jobs: Reader,
@@ -214,7 +259,7 @@ def read_routes(reader: Callable[..., Any]) -> APIRouter:
         """A rank's trace (Chrome / Perfetto JSON, gzipped): open it in Perfetto or chrome://tracing."""
         return trace_answer(jobs.run_dir(job_id), job_id, rank)
 
-    @router.get("/compare", response_model=Comparison, tags=["overview"])
+    @router.get("/compare", response_model=Comparison, dependencies=guarded("jobs.read"), tags=["overview"])
     def compare(
         jobs: Reader,
         ids: Annotated[str, Query(max_length=200, description="2 to 8 job ids: 3,5,8")],

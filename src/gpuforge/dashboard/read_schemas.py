@@ -79,6 +79,10 @@ class Series(BaseModel):
 class WhoAmI(BaseModel):
     name: str
     admin: bool
+    project: str | None = Field(None, description="its project (none: only its own rows)")
+    role: str | None = Field(
+        None, description="viewer, member, maintainer (in its project, or over its own rows), or admin"
+    )
     read_only: bool = Field(False, description="true under `gpuforge dashboard`: nothing can be changed")
     states: dict[str, list[str]] = Field(
         default_factory=state_lists, description="every job state, and the job and deployment states ended"

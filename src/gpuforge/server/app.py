@@ -27,7 +27,9 @@ from gpuforge.scheduler.worker_keys import load_secret
 from gpuforge.secret_files import shown_url
 from gpuforge.server.auth import RequireKey
 from gpuforge.server.job_reader import store_reader
+from gpuforge.server.permissions import permit
 from gpuforge.server.routes import (
+    audit,
     deployment_versions,
     deployments,
     forward,
@@ -78,9 +80,9 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
 
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
     app.state.services = state = Services(settings)  # what the routes use (server/services.py)
-    app.include_router(read_routes(store_reader))  # the jobs' reads, shared with `gpuforge dashboard`
+    app.include_router(read_routes(store_reader, permit))  # the jobs' reads, shared with `gpuforge dashboard`
     for routes in (jobs, searches, profiles, keys, projects, uploads, deployments, deployment_versions,
-                   forward, overview, system):  # fmt: skip
+                   forward, overview, audit, system):  # fmt: skip
         app.include_router(routes.router)
     add_pages(app)
 

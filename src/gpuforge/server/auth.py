@@ -1,5 +1,9 @@
 """Every route but health needs an API key: `Authorization: Bearer <key>` or `X-API-Key: <key>`.
 
+A request that presents a key the store does not hold (unknown, or revoked) is a failed sign-in: the audit
+log keeps one row for it, at most one a source address a minute (the next says how many came between),
+so that a flood of bad keys cannot fill the store.
+
 The key is checked in the ASGI layer (RequireKey), before any route reads a byte of the body: a client
 without a valid key is refused having sent nothing the server reads (FastAPI reads a body before it runs a
 route's dependencies). The route's `Key` dependency then finds the key the gate looked up.
@@ -21,11 +25,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gpuforge.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, is_page_path, presented_key
 from gpuforge.server.services import services, services_of
+from gpuforge.store import audit
 from gpuforge.store.db import session
 from gpuforge.store.keys import find_key
 from gpuforge.store.models import ApiKey
 
 KEY_RECHECK_S = 30.0
+FAILED_SIGN_IN_EVERY_S = 60.0  # one audit row a source address in this long, at most
+MAX_SOURCES_KEPT = 10_000  # addresses remembered for that: past it, forgotten all at once
 UNAUTHORIZED = "missing, unknown or revoked API key: send Authorization: Bearer <key>"
 
 
@@ -64,6 +71,9 @@ class RequireKey:
             headers.get(b"x-api-key", b"").decode("latin-1") or None,
         )
         found = lookup_key(self.fastapi_app, given)
+        if found is None and given:
+            client = scope.get("client")
+            failed_sign_in(self.fastapi_app, client[0] if client else "-", scope["path"])
         if found is None:
             closing = {"Connection": "close"} if carries_body(headers) else {}  # the body is never read
             response = JSONResponse(
@@ -72,6 +82,24 @@ class RequireKey:
             return await response(scope, receive, send)
         scope.setdefault("state", {})["api_key"] = found
         await self.app(scope, receive, send)
+
+
+def failed_sign_in(app, source: str, path: str) -> None:
+    """An audit row for a key refused from `source`, unless that source had one in the last minute (then it
+    is counted, and the next row says how many)."""
+    state = services_of(app)
+    seen = state.failed_sign_ins
+    now = time.monotonic()
+    written, since = seen.get(source, (float("-inf"), 0))
+    if now - written < FAILED_SIGN_IN_EVERY_S:
+        seen[source] = (written, since + 1)
+        return
+    if len(seen) >= MAX_SOURCES_KEPT:
+        seen.clear()
+    seen[source] = (now, 0)
+    detail = {"path": path[:200], "refused_since_last_row": since}
+    with session(state.engine) as s:
+        audit.record(s, audit.Actor("-", None, source), "sign_in", "api key", after=detail, outcome="refused")
 
 
 _bearer = HTTPBearer(auto_error=False, description="an API key: gpuforge keys create NAME")

@@ -20,6 +20,7 @@ from gpuforge.server.visibility import readable, visible_job
 from gpuforge.store import jobs
 from gpuforge.store.db import session
 from gpuforge.store.models import QUEUE_JOB_STATES, ApiKey, Event, Job, utcnow
+from gpuforge.store.projects import project_names
 
 
 class StoreJobReader:
@@ -27,7 +28,16 @@ class StoreJobReader:
         self.served, self.key = served, key
 
     def whoami(self) -> WhoAmI:
-        return WhoAmI(name=self.key.name, admin=self.key.admin)
+        project = None
+        if self.key.project_id is not None:
+            with session(self.served.engine) as s:
+                project = project_names(s, {self.key.project_id}).get(self.key.project_id)
+        return WhoAmI(
+            name=self.key.name,
+            admin=self.key.admin,
+            project=project,
+            role="admin" if self.key.admin else str(self.key.role),
+        )
 
     def page(
         self, state: str | None, owner: str | None, limit: int, offset: int, search: int | None = None

@@ -20,7 +20,7 @@ from gpuforge.serve.adapters import NAME_MAX as ADAPTER_NAME_MAX
 from gpuforge.serve.adapters import NAME_PATTERN as ADAPTER_NAME
 from gpuforge.serve.options import deployment_options_model
 from gpuforge.spec import MAX_SCRIPT_FILES
-from gpuforge.store.models import MAX_NAME, NAME_PATTERN
+from gpuforge.store.models import MAX_NAME, NAME_PATTERN, Role
 from gpuforge.store.projects import ProjectName, ProjectSettings
 from gpuforge.store.quotas import QUOTAS, Quota, limits
 
@@ -105,6 +105,7 @@ class _KeyCreate(BaseModel):
     project: str | None = Field(
         None, max_length=100, description="the project it belongs to, by name; an admin key belongs to none"
     )
+    role: Role = Field(Role.MEMBER, description="its role in its project (server/permissions.py)")
 
 
 KeyCreate = create_model(
@@ -116,6 +117,7 @@ KeyUpdate = create_model(
     "KeyUpdate",
     __config__=ConfigDict(extra="forbid"),
     project=(str | None, Field(None, max_length=100, description="its project, by name; null: none")),
+    role=(Role | None, Field(None, description="its role in its project")),
     **_quota_fields(lambda q: f"{q.help}; null: back to the default ({q.show(q.default)})"),
 )
 
@@ -127,6 +129,7 @@ class _KeyPublic(BaseModel):
     created_at: datetime
     revoked_at: datetime | None = None
     project: str | None = Field(None, description="the project it belongs to (none for an admin key)")
+    role: Role = Field(description="its role in its project (an admin key: every right)")
 
     @model_validator(mode="before")
     @classmethod
@@ -134,7 +137,7 @@ class _KeyPublic(BaseModel):
         """A stored key (an ApiKey row): its quotas as they hold, the defaults where it stores NULL."""
         if isinstance(key, dict):
             return key
-        fields = ("id", "name", "admin", "created_at", "revoked_at")
+        fields = ("id", "name", "admin", "created_at", "revoked_at", "role")
         return {**{f: getattr(key, f) for f in fields}, **limits(key)}
 
 
@@ -169,6 +172,13 @@ class ProjectPublic(BaseModel):
     jobs_queued: int = Field(description="its jobs waiting for devices (queued or preempted)")
     jobs_running: int
     keys: list[str] = Field(description="its live keys, by name")
+    roles: dict[str, Role] = Field(description="each live key's role in it, by name")
+
+
+class MemberSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Role = Field(description="the key's role in the project")
 
 
 class UploadPublic(BaseModel):

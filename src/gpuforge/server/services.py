@@ -28,6 +28,7 @@ class Services:
     known_keys: dict[str, tuple[ApiKey, float]] = field(default_factory=dict)  # key -> row, when read (auth)
     revoked_keys: set[str] = field(default_factory=set)  # digests revoked by this process (auth)
     open_streams: dict[int, int] = field(default_factory=dict)  # key id -> its live streams (routes/jobs)
+    failed_sign_ins: dict[str, tuple[float, int]] = field(default_factory=dict)  # source -> (written, since)
     # set at start (lifespan)
     engine: Engine = field(init=False)
     devices: list[DeviceInfo] = field(init=False)

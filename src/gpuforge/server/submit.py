@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from fastapi import HTTPException, status
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from gpuforge.admission import check_script, check_spec
 from gpuforge.data.columns import check_columns
@@ -97,9 +98,16 @@ def admitted_job(body: JobCreate, key: ApiKey, server: Server) -> tuple[JobSpec 
     )
 
 
-def admit(body: JobCreate, key: ApiKey, idempotency_key: str | None, server: Server) -> Admitted:
+def admit(
+    body: JobCreate,
+    key: ApiKey,
+    idempotency_key: str | None,
+    server: Server,
+    record: Callable[[Session, Job], None] | None = None,
+) -> Admitted:
     """The job `body` asks for, queued, or the one an earlier submit with `idempotency_key` queued; an
-    HTTPException for any rule it fails (nothing queued then)."""
+    HTTPException for any rule it fails (nothing queued then). `record(s, job)`: called in the transaction
+    that queues it (its audit row), never for a replay."""
     spec, job = admitted_job(body, key, server)
     job.idempotency_key = idempotency_key
     priority = job.priority
@@ -118,6 +126,8 @@ def admit(body: JobCreate, key: ApiKey, idempotency_key: str | None, server: Ser
             if spec.kind == "script":
                 make_working_copy(spec, body.script_files or {}, Path(job.run_dir))
             s.refresh(job, ["owner", "project"])  # read by the answer, after the session has closed
+            if record is not None:
+                record(s, job)
     except IntegrityError:  # the unique (owner, idempotency key) held against a submit at the same moment
         if idempotency_key is None or (earlier := _earlier(server, key, idempotency_key)) is None:
             raise

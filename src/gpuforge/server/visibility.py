@@ -1,9 +1,10 @@
-"""Who may read and who may change a job or a deployment, in one place for every route; what is the
-admin's alone (keys, projects).
+"""Who may read and who may change one job, search or deployment, by the rules of server/permissions.py.
 
-Read: its owner, an admin, and the other members of its project (a team sees each other's runs).
-Change (cancel, resume, undeploy): its owner or an admin alone. A row the key may not read does not exist
-for it (404, as if there were none); one it reads but may not change is a 403 that says whose it is.
+Read: its owner, an admin, and the others in its project (a team sees each other's runs, a viewer too).
+Change (cancel, resume, undeploy...): its owner, an admin, and a maintainer of its project (the action's
+`others` role). The route's permit has checked the key's role for the action already. A row the key may
+not read does not exist for it (404, as if there were none); one it reads but may not change is a 403 that
+says whose it is and which role would.
 """
 
 from __future__ import annotations
@@ -12,18 +13,26 @@ from fastapi import HTTPException, status
 from sqlalchemy import ColumnElement, or_, true
 from sqlalchemy.orm import Session
 
-from gpuforge.store.models import ApiKey, Deployment, Job
+from gpuforge.server.permissions import RULES, has
+from gpuforge.store.models import ApiKey, Deployment, Job, Search
+
+Row = Job | Deployment | Search
 
 
-def may_read(key: ApiKey, row: Job | Deployment) -> bool:
-    return may_change(key, row) or (key.project_id is not None and row.project_id == key.project_id)
+def may_read(key: ApiKey, row: Row) -> bool:
+    return key.admin or row.owner_id == key.id or _teammate(key, row)
 
 
-def may_change(key: ApiKey, row: Job | Deployment) -> bool:
-    return key.admin or row.owner_id == key.id
+def may_change(key: ApiKey, row: Row, action: str) -> bool:
+    """Whether `key` may do `action` to `row` (one it may read): its own, or as its project's `others`."""
+    return key.admin or row.owner_id == key.id or (_teammate(key, row) and has(key, RULES[action].others))
 
 
-def readable(key: ApiKey, model: type[Job] | type[Deployment]) -> ColumnElement[bool]:
+def _teammate(key: ApiKey, row: Row) -> bool:
+    return key.project_id is not None and row.project_id == key.project_id
+
+
+def readable(key: ApiKey, model: type[Job] | type[Deployment] | type[Search]) -> ColumnElement[bool]:
     """may_read as a SQL condition, for list queries: the filter travels with the query, no second read."""
     if key.admin:
         return true()
@@ -31,19 +40,14 @@ def readable(key: ApiKey, model: type[Job] | type[Deployment]) -> ColumnElement[
     return own if key.project_id is None else or_(own, model.project_id == key.project_id)
 
 
-def admin_only(key: ApiKey) -> None:
-    """403 unless an admin key: making and changing keys and projects is the admin's alone."""
-    if not key.admin:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, f"key {key.name!r} is not an admin key")
-
-
-def check_change(key: ApiKey, row: Job | Deployment, what: str, owner: str | None) -> None:
-    """403 unless `key` may change `row` (which it may read): `what` names it, `owner` is its key's name."""
-    if not may_change(key, row):
+def check_change(key: ApiKey, row: Row, action: str, what: str, owner: str | None) -> None:
+    """403 unless `key` may do `action` to `row` (which it may read): `what` names it, `owner` is its key's
+    name."""
+    if not may_change(key, row, action):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
-            f"{what} belongs to key {owner!r}: a member of its project may read it; only its owner or an "
-            "admin may change it",
+            f"{what} belongs to key {owner!r}: {action} on a teammate's needs its owner, an admin, or "
+            f"a {RULES[action].others} of its project (key {key.name!r} is a {key.role})",
         )
 
 
@@ -55,8 +59,8 @@ def visible_job(s: Session, key: ApiKey, job_id: int) -> Job:
     return job
 
 
-def changeable_job(s: Session, key: ApiKey, job_id: int) -> Job:
-    """The job, if `key` may change it: 404 as visible_job, 403 for a teammate's job."""
+def changeable_job(s: Session, key: ApiKey, job_id: int, action: str) -> Job:
+    """The job, if `key` may do `action` to it: 404 as visible_job, 403 for a teammate's job it may not."""
     job = visible_job(s, key, job_id)
-    check_change(key, job, f"job {job_id}", job.owner)
+    check_change(key, job, action, f"job {job_id}", job.owner)
     return job

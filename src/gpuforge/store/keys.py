@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.store.models import ApiKey, utcnow
+from gpuforge.store.models import ApiKey, Role, utcnow
 from gpuforge.store.projects import project_named
 from gpuforge.store.quotas import BY_NAME, check_settable
 
@@ -36,6 +36,7 @@ def create_key(
     admin: bool = False,
     quotas: dict[str, int | None] | None = None,
     project: str | None = None,
+    role: Role = Role.MEMBER,
 ) -> str:
     """A new key named `name` (unique), with the quotas given (the others: the defaults; an admin key has
     none, store/quotas.py), in `project` (by name; an admin key in none); returns the key itself, which is
@@ -45,7 +46,21 @@ def create_key(
     if s.scalar(select(ApiKey.id).where(ApiKey.name == name)) is not None:
         raise GpuforgeError(f"an API key named {name!r} exists already")
     key = PREFIX + secrets.token_urlsafe(32)
-    s.add(ApiKey(name=name, digest=digest(key), admin=admin, project_id=project_id, **(quotas or {})))
+    s.add(
+        ApiKey(name=name, digest=digest(key), admin=admin, project_id=project_id, role=role, **(quotas or {}))
+    )
+    return key
+
+
+def set_key_role(s: Session, name: str, role: Role) -> ApiKey:
+    """Give the key named `name` `role` in its project (or over its own rows, in none). LookupError: no
+    such key; ValueError: an admin key (it has every right already)."""
+    key = s.scalar(select(ApiKey).where(ApiKey.name == name))
+    if key is None:
+        raise LookupError(f"no API key named {name!r}")
+    if key.admin:
+        raise ValueError(f"role: {name!r} is an admin key: it holds every right, in every project")
+    key.role = role
     return key
 
 

@@ -60,6 +60,19 @@ class SearchState(_StoredState):
     FAILED = "failed"  # it could not go on (its study unreadable): the reason says why
 
 
+class Role(_StoredState):
+    """What a key may do in its project (server/permissions.py holds the table of who may do what); the
+    server-wide admin is the key's `admin` flag, not a role."""
+
+    VIEWER = "viewer"  # reads the project's jobs, metrics, logs, deployments, costs
+    MEMBER = "member"  # and submits; changes its own jobs and deployments
+    MAINTAINER = "maintainer"  # and changes anyone's in the project, deploys theirs, sets the members
+
+    @property
+    def rank(self) -> int:
+        return list(Role).index(self)
+
+
 class DeploymentState(_StoredState):
     """Where a deployment is; store/states.py holds every move from one to another."""
 
@@ -172,6 +185,7 @@ class ApiKey(Base):
     max_deployments: Mapped[int | None] = mapped_column(default=None)
     max_priority: Mapped[int | None] = mapped_column(default=None)
     project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), default=None)  # admin: none
+    role: Mapped[Role] = mapped_column(StateColumn(Role), default=Role.MEMBER)  # in its project (or its own)
 
 
 class Search(Base):
@@ -430,3 +444,24 @@ class LedgerEntry(Base):
     project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"))
     device_seconds: Mapped[float] = mapped_column(default=0.0)
     usd: Mapped[float] = mapped_column(default=0.0)
+
+
+class AuditEntry(Base):
+    """One change made through the API (store/audit.py): who, from where, what, on what, before and after.
+    Written in the transaction of the change it tells; never changed nor deleted (the migration's triggers
+    refuse both)."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_project_at", "project_id", "at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)  # also the order they happened in
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(100))  # a key's name, or "-" for a request without a key
+    actor_key_id: Mapped[int | None] = mapped_column(default=None)  # no foreign key: a row outlives anything
+    source: Mapped[str] = mapped_column(String(64))  # the client's address, as the server saw it
+    action: Mapped[str] = mapped_column(String(40), index=True)  # server/permissions.py's name, "job.cancel"
+    target: Mapped[str] = mapped_column(String(200))  # "job 12", "deployment web", "key alice"
+    project_id: Mapped[int | None] = mapped_column(default=None)  # the target's project: maintainers read it
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
+    outcome: Mapped[str] = mapped_column(String(16), default="done")  # done | refused (failed sign-ins)

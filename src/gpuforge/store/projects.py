@@ -71,6 +71,7 @@ class ProjectFigures:
     jobs_queued: int = 0  # queued or preempted: waiting for devices
     jobs_running: int = 0
     keys: list[str] = field(default_factory=list)  # its live keys, by name
+    roles: dict[str, str] = field(default_factory=dict)  # key name -> its role in the project
 
 
 def check_name(name: str) -> None:
@@ -151,11 +152,12 @@ def figures(s: Session, only: int | None = None) -> list[ProjectFigures]:
             rows[project_id].jobs_running += count
         else:
             rows[project_id].jobs_queued += count
-    members = select(ApiKey.project_id, ApiKey.name).where(
+    members = select(ApiKey.project_id, ApiKey.name, ApiKey.role).where(
         ApiKey.project_id.in_(rows), ApiKey.revoked_at.is_(None)
     )
-    for project_id, key_name in s.execute(members.order_by(ApiKey.name)):
+    for project_id, key_name, role in s.execute(members.order_by(ApiKey.name)):
         rows[project_id].keys.append(key_name)
+        rows[project_id].roles[key_name] = str(role)
     return list(rows.values())
 
 

@@ -148,6 +148,7 @@ const ROUTES = [
   { path: /^\/costs\/?$/, module: "/static/costs.js", full: true },
   { path: /^\/searches\/?$/, module: "/static/searches.js", full: true },
   { path: /^\/searches\/(\d+)\/?$/, module: "/static/searches.js", full: true },
+  { path: /^\/audit\/?$/, module: "/static/audit.js", full: true },
 ];
 
 const NAV = [
@@ -156,6 +157,7 @@ const NAV = [
   { href: "/deployments", text: "Deployments", full: true },
   { href: "/costs", text: "Costs", full: true },
   { href: "/searches", text: "Searches", full: true },
+  { href: "/audit", text: "Audit", full: true, audit: true }, // admins and maintainers read it
 ];
 
 // Pages this tab may show: under `gpuforge dashboard` (read-only) only the jobs, a job, and compare.
@@ -215,9 +217,11 @@ function markNav() {
 
 function drawHeader() {
   const nav = document.getElementById("nav");
-  nav.replaceChildren(...NAV.filter((n) => !(n.full && me.read_only)).map((n) => el("a", { href: n.href, text: n.text })));
+  const shown = (n) => !(n.full && me.read_only) && !(n.audit && !(me.admin || me.role === "maintainer"));
+  nav.replaceChildren(...NAV.filter(shown).map((n) => el("a", { href: n.href, text: n.text })));
   const who = document.getElementById("whoami");
-  who.textContent = me.read_only ? `${me.name} · read-only` : me.name + (me.admin ? " (admin)" : "");
+  const role = me.admin ? " (admin)" : me.role ? ` (${me.role}${me.project ? ` in ${me.project}` : ""})` : "";
+  who.textContent = me.read_only ? `${me.name} · read-only` : me.name + role;
   document.getElementById("signout").hidden = !!me.read_only; // no key to forget
   markNav();
 }

@@ -22,6 +22,7 @@ from fastapi import Path as PathParam
 
 from gpuforge.serve.adapters import NAME_MAX, NAME_PATTERN, OWN
 from gpuforge.server.auth import Key
+from gpuforge.server.permissions import audited, permit
 from gpuforge.server.routes.deployments import changeable, check_fit, finished_model, public, visible
 from gpuforge.server.routes.forward import Name
 from gpuforge.server.schemas import AdapterAdd, DeploymentPublic, Rollback, VersionPublic
@@ -35,17 +36,17 @@ Adapter = Annotated[str, PathParam(max_length=100, description="the adapter's na
 SERVING_STATES = (DeploymentState.STARTING, DeploymentState.READY)
 
 
-def _serving(s, key, name: str):
+def _serving(s, key, name: str, action: str):
     """The deployment `key` may change, locked against a second change at the same moment (PostgreSQL;
     SQLite has one writer at a time anyway); 409 unless it is starting or ready."""
-    deployment = changeable(s, key, name)
+    deployment = changeable(s, key, name, action)
     s.refresh(deployment, with_for_update=True)
     if deployment.state not in SERVING_STATES:
         raise HTTPException(status.HTTP_409_CONFLICT, f"deployment {name!r} is {deployment.state}")
     return deployment
 
 
-@router.get("/{name}/versions", response_model=list[VersionPublic])
+@router.get("/{name}/versions", response_model=list[VersionPublic], dependencies=[permit("deployments.read")])
 def list_versions(name: Name, request: Request, key: Key) -> list[VersionPublic]:
     """Every version of the deployment, newest first: its job, state (rolling, serving, retired, refused,
     failed), why it was refused or failed, and the eval metric its replica measured at load."""
@@ -54,13 +55,16 @@ def list_versions(name: Name, request: Request, key: Key) -> list[VersionPublic]
         return [VersionPublic.model_validate(v) for v in versions.all_versions(s, deployment.id)]
 
 
-@router.post("/{name}/rollback", response_model=DeploymentPublic)
+@router.post(
+    "/{name}/rollback", response_model=DeploymentPublic, dependencies=[permit("deployments.rollback")]
+)
 def rollback(name: Name, body: Rollback, request: Request, key: Key) -> DeploymentPublic:
     """Stop a rollout under way (its version is refused); and roll out `to` (default: the version served
     before this one, when nothing was rolling out), replica by replica, without the metric check."""
     with session(services(request).engine) as s:
-        deployment = _serving(s, key, name)
+        deployment = _serving(s, key, name, "deployments.rollback")
         rolling = versions.of_state(s, deployment.id, VersionState.ROLLING)
+        before = {"version": deployment.version, "rolling": rolling.version if rolling else None}
         if rolling is not None:
             # a version that served before (a rollback's own rollout) may come back again; a new one not
             stopped = versions.refuse(s, rolling.id, "rolled back") if rolling.checked else (
@@ -77,6 +81,8 @@ def rollback(name: Name, body: Rollback, request: Request, key: Key) -> Deployme
             versions.record(s, deployment.id, "rolling", version=target.version, job_id=target.job_id,
                             rollback=True)  # fmt: skip
         shown = public(s, deployment)
+        after = {"version": deployment.version, "rolling": target.version if target else None}
+        audited(s, request, key, f"deployment {name}", deployment.project_id, before, after)
     services(request).scheduler.wake()
     return shown
 
@@ -105,13 +111,18 @@ def _rollback_target(s, deployment, to: int | None, stopped_one: bool) -> Deploy
     return found
 
 
-@router.post("/{name}/adapters", status_code=status.HTTP_201_CREATED, response_model=DeploymentPublic)
+@router.post(
+    "/{name}/adapters",
+    status_code=status.HTTP_201_CREATED,
+    response_model=DeploymentPublic,
+    dependencies=[permit("deployments.adapters")],
+)
 def add_adapter(name: Name, body: AdapterAdd, request: Request, key: Key) -> DeploymentPublic:
     """A finished LoRA job's adapter, served by the running replicas under `name` (default: the job's
     name) without restarting one: requests name it with "adapter"."""
     with session(services(request).engine) as s:
-        deployment = _serving(s, key, name)
-        job, model_dir, _ = finished_model(s, key, body.job_id)
+        deployment = _serving(s, key, name, "deployments.adapters")
+        job, model_dir, _ = finished_model(s, key, body.job_id, "deployments.adapters")
         adapter = body.name or job.name
         if not _fits_name(adapter):
             raise HTTPException(
@@ -133,24 +144,33 @@ def add_adapter(name: Name, body: AdapterAdd, request: Request, key: Key) -> Dep
         deployment.adapters = {**added, adapter: str(model_dir)}
         versions.record(s, deployment.id, "adapter_added", adapter=adapter, job_id=job.id)
         shown = public(s, deployment)
+        after = {"adapter": adapter, "job_id": job.id}
+        audited(
+            s, request, key, f"deployment {name}", deployment.project_id, {"adapters": sorted(added)}, after
+        )
     services(request).scheduler.wake()
     return shown
 
 
-@router.delete("/{name}/adapters/{adapter}", response_model=DeploymentPublic)
+@router.delete(
+    "/{name}/adapters/{adapter}",
+    response_model=DeploymentPublic,
+    dependencies=[permit("deployments.adapters")],
+)
 def remove_adapter(name: Name, adapter: Adapter, request: Request, key: Key) -> DeploymentPublic:
     """Stop serving an adapter added to the deployment (requests naming it are refused from then on)."""
     with session(services(request).engine) as s:
-        deployment = _serving(s, key, name)
+        deployment = _serving(s, key, name, "deployments.adapters")
         added = dict(deployment.adapters or {})
         if adapter not in added:
             raise HTTPException(
                 status.HTTP_404_NOT_FOUND, f"deployment {name!r} has no added adapter {adapter!r}"
             )
-        del added[adapter]
+        before = {"adapter": adapter, "job_model": added.pop(adapter)}
         deployment.adapters = added
         versions.record(s, deployment.id, "adapter_removed", adapter=adapter)
         shown = public(s, deployment)
+        audited(s, request, key, f"deployment {name}", deployment.project_id, before, {"adapter": None})
     services(request).scheduler.wake()
     return shown
 

@@ -27,6 +27,7 @@ from gpuforge.errors import GpuforgeError
 from gpuforge.scheduler.worker_keys import replicas_key, worker_key
 from gpuforge.serve.adapters import check_adapters
 from gpuforge.server.auth import Key
+from gpuforge.server.permissions import audited, permit
 from gpuforge.server.pricing import device_price
 from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.replica_stats import read_metrics, replica_figures, restarted
@@ -84,21 +85,24 @@ def visible(s, key: ApiKey, name: str) -> Deployment:
     return deployment
 
 
-def changeable(s, key: ApiKey, name: str) -> Deployment:
-    """The deployment, if `key` may change it: 404 as visible, 403 for a teammate's."""
+def changeable(s, key: ApiKey, name: str, action: str) -> Deployment:
+    """The deployment, if `key` may do `action` to it: 404 as visible, 403 for a teammate's it may not."""
     deployment = visible(s, key, name)
-    if not may_change(key, deployment):
+    if not may_change(key, deployment, action):
         owner = key_name(s, deployment.owner_id)
-        check_change(key, deployment, f"deployment {name!r}", owner)
+        check_change(key, deployment, action, f"deployment {name!r}", owner)
     return deployment
 
 
-def finished_model(s, key: ApiKey, job_id: int, variant: str | None = None) -> tuple[Job, Path, Manifest]:
+def finished_model(
+    s, key: ApiKey, job_id: int, action: str, variant: str | None = None
+) -> tuple[Job, Path, Manifest]:
     """A finished job's model/ (or the `variant` its compress: section made, compressed/<name>) that `key`
-    may read, and its manifest: 404, or 409 saying why it has none."""
+    may `action` (a teammate's: a maintainer), and its manifest: 404, 403, or 409 saying why it has none."""
     job = s.get(Job, job_id)
-    if job is None or not may_read(key, job):  # a teammate's model too: the deployment is the key's own
+    if job is None or not may_read(key, job):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
+    check_change(key, job, action, f"job {job_id}", job.owner)  # the deployment is the key's own
     run = Path(job.run_dir)
     model_dir = run / (variant or "model")
     if job.state != JobState.FINISHED or not (model_dir / MANIFEST).is_file():
@@ -131,13 +135,18 @@ def _unprocessable(why: str) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, why)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=DeploymentPublic)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=DeploymentPublic,
+    dependencies=[permit("deployments.deploy")],
+)
 def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPublic:
     """Serve a finished job's model; the replicas start on free devices (state starting, then ready). On
     the name of a live deployment: its next version, rolled out replica by replica. Past its key's
     max_deployments: 429."""
     with session(services(request).engine) as s:
-        job, model_dir, manifest = finished_model(s, key, body.job_id, body.model)
+        job, model_dir, manifest = finished_model(s, key, body.job_id, "deployments.deploy", body.model)
         if manifest.task == "causal-lm":
             raise _unprocessable(
                 f"job {job.id} trained a causal-lm: the server forwards /predict only; run `gpuforge serve` "
@@ -152,14 +161,23 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
                 f"({quantize}) does not apply to it"
             )
         if live:
-            deployment = changeable(s, key, body.name)  # 404 or 403 where another key's
+            deployment = changeable(s, key, body.name, "deployments.deploy")  # 404 or 403: a teammate's
             s.refresh(deployment, with_for_update=True)  # one change at a time (PostgreSQL)
-            _next_version(s, deployment, job, model_dir, body)
+            before = {"version": deployment.version}
+            made = _next_version(s, deployment, job, model_dir, body)
             shown = public(s, deployment)
+            after = {"rolling": made, "job_id": job.id}
+            audited(s, request, key, f"deployment {body.name}", deployment.project_id, before, after)
         else:
-            if existing is not None and not may_change(key, existing):
+            if existing is not None and not may_change(key, existing, "deployments.deploy"):
                 raise HTTPException(status.HTTP_409_CONFLICT, f"a deployment named {body.name!r} exists")
             shown = _first_version(s, request, key, job, model_dir, body, existing)
+            after = {
+                "job_id": job.id,
+                "replicas": shown.replicas,
+                "options": body.options.model_dump(exclude_none=True),
+            }
+            audited(s, request, key, f"deployment {body.name}", key.project_id, after=after)
     services(request).scheduler.wake()
     return shown
 
@@ -211,7 +229,7 @@ def _first_version(s, request, key, job, model_dir, body, existing) -> Deploymen
     return shown
 
 
-def _next_version(s, deployment: Deployment, job: Job, model_dir: Path, body: DeploymentCreate) -> None:
+def _next_version(s, deployment: Deployment, job: Job, model_dir: Path, body: DeploymentCreate) -> int:
     """The job's model as the deployment's next version, rolling out (checked against the serving one)."""
     if deployment.state not in (DeploymentState.STARTING, DeploymentState.READY):
         raise HTTPException(status.HTTP_409_CONFLICT, f"deployment {deployment.name!r} is {deployment.state}")
@@ -237,9 +255,10 @@ def _next_version(s, deployment: Deployment, job: Job, model_dir: Path, body: De
         deployment.max_metric_drop = body.max_metric_drop
     made = versions.add(s, deployment, job.id, str(model_dir), VersionState.ROLLING)
     versions.record(s, deployment.id, "rolling", version=made.version, job_id=job.id)
+    return made.version
 
 
-@router.get("", response_model=list[DeploymentPublic])
+@router.get("", response_model=list[DeploymentPublic], dependencies=[permit("deployments.read")])
 def list_deployments(
     request: Request,
     key: Key,
@@ -251,29 +270,33 @@ def list_deployments(
         return [public(s, d) for d in deployments.listed(s, readable(key, Deployment), every)]
 
 
-@router.get("/{name}", response_model=DeploymentPublic)
+@router.get("/{name}", response_model=DeploymentPublic, dependencies=[permit("deployments.read")])
 def get_deployment(name: Name, request: Request, key: Key) -> DeploymentPublic:
     """One deployment, with its replicas."""
     with session(services(request).engine) as s:
         return public(s, visible(s, key, name))
 
 
-@router.delete("/{name}", response_model=DeploymentPublic)
+@router.delete("/{name}", response_model=DeploymentPublic, dependencies=[permit("deployments.undeploy")])
 def undeploy(name: Name, request: Request, key: Key) -> DeploymentPublic:
     """Stop the replicas (each finishes the requests it holds)."""
     with session(services(request).engine) as s:
-        deployment = changeable(s, key, name)
+        deployment = changeable(s, key, name, "deployments.undeploy")
+        before = {"state": str(deployment.state)}
         if not states.undeploy(s, deployment.id):
             s.refresh(deployment)  # the state that ended it, perhaps since it was read
             raise HTTPException(
                 status.HTTP_409_CONFLICT, f"deployment {name!r} is already {deployment.state}"
             )
         shown = public(s, deployment)
+        audited(
+            s, request, key, f"deployment {name}", deployment.project_id, before, {"state": str(shown.state)}
+        )
     services(request).scheduler.wake()
     return shown
 
 
-@router.get("/{name}/stats", response_model=DeploymentStats)
+@router.get("/{name}/stats", response_model=DeploymentStats, dependencies=[permit("deployments.read")])
 async def deployment_stats(name: Name, request: Request, key: Key) -> DeploymentStats:
     """Each replica's requests/s, p50/p99 latency (ms) and refusals over the last STATS_WINDOW_S or so
     (over its whole life at the first look), read from the replica's own /metrics."""
@@ -305,7 +328,9 @@ async def deployment_stats(name: Name, request: Request, key: Key) -> Deployment
     return DeploymentStats(name=name, replicas=replicas)
 
 
-@router.get("/{name}/events", response_model=list[DeploymentEventPublic])
+@router.get(
+    "/{name}/events", response_model=list[DeploymentEventPublic], dependencies=[permit("deployments.read")]
+)
 def deployment_events(
     name: Name,
     request: Request,

@@ -22,6 +22,7 @@ from fastapi import Path as PathParam
 
 from gpuforge.scheduler.worker_keys import replicas_key
 from gpuforge.server.auth import Key
+from gpuforge.server.permissions import permit
 from gpuforge.server.services import services
 from gpuforge.store.db import session
 from gpuforge.store.deployments import named
@@ -37,7 +38,7 @@ TRIES = 3  # replicas tried when one cannot be reached
 _turns = itertools.count()  # breaks ties between equally loaded replicas: round-robin
 
 
-@router.post("/{name}/predict", response_model=dict)
+@router.post("/{name}/predict", response_model=dict, dependencies=[permit("deployments.predict")])
 async def predict(name: Name, request: Request, key: Key) -> Response:
     """Forwarded as it is to the least loaded ready replica (body: as `gpuforge serve` takes it)."""
     body, traffic, began = await request.body(), services(request).traffic, time.monotonic()

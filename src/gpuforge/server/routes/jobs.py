@@ -16,6 +16,7 @@ from gpuforge.run_files import small_text
 from gpuforge.runs import RunDir
 from gpuforge.server.auth import Key
 from gpuforge.server.follow import REVOKED, follow
+from gpuforge.server.permissions import audited, permit
 from gpuforge.server.schemas import JobCreate, JobResume
 from gpuforge.server.services import services
 from gpuforge.server.submit import Server, admit
@@ -46,7 +47,13 @@ SUBMIT_ANSWERS = {
 }
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic, responses=SUBMIT_ANSWERS)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobPublic,
+    responses=SUBMIT_ANSWERS,
+    dependencies=[permit("jobs.submit")],
+)
 def submit(
     body: JobCreate, request: Request, response: Response, key: Key, idempotency_key: IdempotencyKey = None
 ) -> Job:
@@ -55,7 +62,12 @@ def submit(
     is safe to send again: the same key (of the same API key) and the same request answer 200 with the
     job the first one queued; the same key with another spec, name or priority answers 409."""
     state = services(request)
-    admitted = admit(body, key, idempotency_key, Server(state.settings, state.devices, state.engine))
+    server = Server(state.settings, state.devices, state.engine)
+
+    def record(s, job: Job) -> None:  # in the transaction that queues it
+        audited(s, request, key, f"job {job.id}", job.project_id, after={"name": job.name, "state": "queued"})
+
+    admitted = admit(body, key, idempotency_key, server, record)
     if admitted.replayed:
         response.status_code = status.HTTP_200_OK
     else:
@@ -70,15 +82,17 @@ def wake_scheduler(request: Request) -> None:
         scheduler.wake()
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic)
+@router.post("/{job_id}/cancel", response_model=JobPublic, dependencies=[permit("jobs.cancel")])
 def cancel_job(job_id: JobId, request: Request, key: Key) -> Job:
     """Cancel a job (its owner or an admin: 403 for a teammate's); a job already ended answers 409."""
     with session(services(request).engine) as s:
-        job = changeable_job(s, key, job_id)
+        job = changeable_job(s, key, job_id, "jobs.cancel")
+        before = {"state": str(job.state)}
         # queued or paused: cancelled now; running: the loop sends SIGTERM, the runner checkpoints and stops
         if not states.cancel(s, job.id, f"cancelled by {key.name}"):
             s.refresh(job)  # the state that ended it, perhaps since it was read
             raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {job.state}")
+        audited(s, request, key, f"job {job_id}", job.project_id, before, {"state": str(job.state)})
     wake_scheduler(request)
     return job
 
@@ -86,12 +100,13 @@ def cancel_job(job_id: JobId, request: Request, key: Key) -> Job:
 ONLY_THESE_RESUME = "only a paused or cancelled job resumes"
 
 
-@router.post("/{job_id}/resume", response_model=JobPublic)
+@router.post("/{job_id}/resume", response_model=JobPublic, dependencies=[permit("jobs.resume")])
 def resume_job(job_id: JobId, body: JobResume, request: Request, key: Key) -> Job:
     """Queue a paused job again, or a cancelled one that left a checkpoint, from its last checkpoint (its
     owner or an admin). `budget_usd` given: its new cost budget (null: none); left out: the one it had."""
     with session(services(request).engine) as s:
-        job = changeable_job(s, key, job_id)
+        job = changeable_job(s, key, job_id, "jobs.resume")
+        before = {"state": str(job.state), "budget_usd": _budget(job.spec_yaml)}
         if job.state not in (JobState.PAUSED, JobState.CANCELLED):
             raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}: {ONLY_THESE_RESUME}")
         if job.state == JobState.CANCELLED and RunDir(job.run_dir).latest_checkpoint() is None:
@@ -121,12 +136,20 @@ def resume_job(job_id: JobId, body: JobResume, request: Request, key: Key) -> Jo
         if not states.resume(s, job.id, yaml.safe_dump(spec, sort_keys=False), reason, seen=job.state):
             s.refresh(job)  # resumed or cancelled since it was read
             raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}: {ONLY_THESE_RESUME}")
+        after = {"state": str(job.state), "budget_usd": budget}
+        audited(s, request, key, f"job {job_id}", job.project_id, before, after)
     wake_scheduler(request)
     return job
 
 
+def _budget(spec_text: str) -> float | None:
+    spec = yaml.safe_load(spec_text) or {}
+    return (spec.get("cost") or {}).get("budget_usd") if isinstance(spec, dict) else None
+
+
 @router.get(
     "/{job_id}/slurm-script",
+    dependencies=[permit("jobs.read")],
     response_class=PlainTextResponse,
     responses={200: {"content": {"text/plain": {}}}, 404: {"description": "not submitted to Slurm"}},
 )
@@ -191,7 +214,12 @@ def _stream(request: Request, key: Key, job_id: int, **what) -> StreamingRespons
     )
 
 
-@router.get("/{job_id}/metrics/stream", response_class=StreamingResponse, responses=SSE)
+@router.get(
+    "/{job_id}/metrics/stream",
+    response_class=StreamingResponse,
+    responses=SSE,
+    dependencies=[permit("jobs.read")],
+)
 def stream_metrics(
     job_id: JobId,
     request: Request,
@@ -203,7 +231,12 @@ def stream_metrics(
     return _stream(request, key, job_id, after_step=after_step)
 
 
-@router.get("/{job_id}/logs/stream", response_class=StreamingResponse, responses=SSE)
+@router.get(
+    "/{job_id}/logs/stream",
+    response_class=StreamingResponse,
+    responses=SSE,
+    dependencies=[permit("jobs.read")],
+)
 def stream_logs(
     job_id: JobId,
     request: Request,

@@ -11,6 +11,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 
 from gpuforge.run_files import last_record
 from gpuforge.server.auth import Key
+from gpuforge.server.permissions import permit
 from gpuforge.server.pricing import prices_of, server_prices, set_price_command, shown_price
 from gpuforge.server.schemas import CostsPublic, DevicePublic, PricesPublic
 from gpuforge.server.services import services
@@ -25,7 +26,7 @@ from gpuforge.store.models import utcnow
 router = APIRouter(prefix="/api/v1", tags=["overview"])
 
 
-@router.get("/devices", response_model=list[DevicePublic])
+@router.get("/devices", response_model=list[DevicePublic], dependencies=[permit("overview.read")])
 def devices(request: Request, key: Key) -> list[dict[str, Any]]:
     """Each device this server has now: the job or replica holding it (named where the key may read it),
     how long it was busy in the last hour and in all (store/device_busy.py: from the cost ledger, which
@@ -73,7 +74,7 @@ def devices(request: Request, key: Key) -> list[dict[str, Any]]:
     return answer
 
 
-@router.get("/prices", response_model=PricesPublic)
+@router.get("/prices", response_model=PricesPublic, dependencies=[permit("overview.read")])
 def prices(request: Request, key: Key) -> dict[str, Any]:
     """The server's prices (`gpuforge prices list` against a server): each device's price an hour and
     where it comes from, or null with the command that sets one; and, for an admin key, the entries of
@@ -95,7 +96,7 @@ def prices(request: Request, key: Key) -> dict[str, Any]:
     return {"devices": shown, "entries": entries}
 
 
-@router.get("/costs", response_model=CostsPublic)
+@router.get("/costs", response_model=CostsPublic, dependencies=[permit("overview.read")])
 def costs(
     request: Request,
     key: Key,

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuforge.dashboard.read_routes import JobId
 from gpuforge.profile_files import REQUEST_FILE, ask
 from gpuforge.server.auth import Key
+from gpuforge.server.permissions import audited, permit
 from gpuforge.server.services import services
 from gpuforge.server.visibility import changeable_job
 from gpuforge.spec import MAX_PROFILE_STEPS
@@ -39,12 +40,18 @@ class ProfileAsked(BaseModel):
     note: str
 
 
-@router.post("/{job_id}/profile", response_model=ProfileAsked, status_code=status.HTTP_202_ACCEPTED)
+@router.post(
+    "/{job_id}/profile",
+    response_model=ProfileAsked,
+    status_code=status.HTTP_202_ACCEPTED,
+    dependencies=[permit("jobs.profile")],
+)
 def ask_profile(job_id: JobId, body: ProfileAsk, request: Request, key: Key) -> ProfileAsked:
     """Profile a running job's next `steps` steps (its owner or an admin). The report replaces the run's
     earlier one; `GET .../profile` reads it once the `profiled` event came."""
     with session(services(request).engine) as s:
-        job = changeable_job(s, key, job_id)
+        job = changeable_job(s, key, job_id, "jobs.profile")
+        project_id = job.project_id
         if (yaml.safe_load(job.spec_yaml) or {}).get("kind") == "script":
             raise HTTPException(
                 status.HTTP_422_UNPROCESSABLE_CONTENT,
@@ -60,4 +67,6 @@ def ask_profile(job_id: JobId, body: ProfileAsk, request: Request, key: Key) -> 
             status.HTTP_503_SERVICE_UNAVAILABLE, f"job {job_id}: {REQUEST_FILE} not written ({err.strerror})"
         ) from None
     note = "the runner takes the request at its next step and profiles the steps after it"
+    with session(services(request).engine) as s:  # the change is the request file: its row follows it
+        audited(s, request, key, f"job {job_id}", project_id, after={"profile_steps": body.steps})
     return ProfileAsked(job_id=job_id, steps=body.steps, note=note)

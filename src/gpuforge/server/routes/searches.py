@@ -15,12 +15,14 @@ from gpuforge.admission import check_spec
 from gpuforge.errors import GpuforgeError
 from gpuforge.scheduler.searches import Searches, search_view
 from gpuforge.server.auth import Key
+from gpuforge.server.permissions import audited, permit
 from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.routes.jobs import wake_scheduler
 from gpuforge.server.schemas import JobCreate, SearchCreate, SearchPublic
 from gpuforge.server.services import services
 from gpuforge.server.settings import job_policy
 from gpuforge.server.submit import MAX_SPEC_BYTES, Server, admitted_job, spec_yaml
+from gpuforge.server.visibility import check_change
 from gpuforge.spec import JobSpec, check_search, parse_tune
 from gpuforge.store import searches, states
 from gpuforge.store.db import session
@@ -56,7 +58,12 @@ def _tune_and_job(body: SearchCreate) -> tuple[Any, dict]:
     return (in_spec if in_spec is not None else sent), raw
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=SearchPublic)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SearchPublic,
+    dependencies=[permit("searches.create")],
+)
 def create_search(body: SearchCreate, request: Request, key: Key) -> Search:
     """Start a search (201): refused (422) like a submit for its job, or for its tune section (a key the
     job lacks, a range it cannot take, an objective its evaluation does not report); nothing is stored
@@ -101,11 +108,12 @@ def create_search(body: SearchCreate, request: Request, key: Key) -> Search:
         s.add(search)
         s.flush()
         s.refresh(search, ["owner"])
+        audited(s, request, key, f"search {search.id}", search.project_id, after={"name": search.name})
     wake_scheduler(request)
     return search
 
 
-@router.get("", response_model=list[SearchPublic])
+@router.get("", response_model=list[SearchPublic], dependencies=[permit("searches.read")])
 def list_searches(request: Request, key: Key) -> list[Search]:
     """The searches this key may read (its own, its project's; an admin's: all), newest first."""
     with session(services(request).engine) as s:
@@ -119,7 +127,7 @@ def _visible(s, key, search_id: int) -> Search:
     return search
 
 
-@router.get("/{search_id}")
+@router.get("/{search_id}", dependencies=[permit("searches.read")])
 def read_search(search_id: SearchId, request: Request, key: Key) -> dict[str, Any]:
     """A search as `gpuforge tune show` shows it: its state, trials (parameters, state, objective, steps,
     cost, job), the best finished trial, importances, spend and what is left of its budget. Objectives
@@ -132,16 +140,16 @@ def read_search(search_id: SearchId, request: Request, key: Key) -> dict[str, An
         return search_view(s, keeper.study(search), search)
 
 
-@router.post("/{search_id}/stop", response_model=SearchPublic)
+@router.post("/{search_id}/stop", response_model=SearchPublic, dependencies=[permit("searches.stop")])
 def stop_search(search_id: SearchId, request: Request, key: Key) -> Search:
     """Stop a search (its owner or an admin): its running trials stop at a checkpoint, its queued ones are
     cancelled, then it ends `stopped`. A search that has ended answers 409."""
     with session(services(request).engine) as s:
         search = _visible(s, key, search_id)
-        if search.owner_id != key.id and not key.admin:
-            raise HTTPException(status.HTTP_403_FORBIDDEN, f"search {search_id}: another key's search")
+        check_change(key, search, "searches.stop", f"search {search_id}", search.owner)
         if not states.stop_search(s, search.id):
             raise HTTPException(status.HTTP_409_CONFLICT, f"search {search_id}: already {search.state}")
         s.refresh(search)
+        audited(s, request, key, f"search {search_id}", search.project_id, after={"stop_requested": True})
     wake_scheduler(request)
     return search

@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
 from gpuforge.server.auth import Key
+from gpuforge.server.permissions import audited, permit
 from gpuforge.server.refusals import quota_refusal
 from gpuforge.server.schemas import UploadPublic
 from gpuforge.server.services import services
@@ -57,15 +58,17 @@ def _held(request: Request, key: ApiKey, path: Path) -> bool:
         return may_use(s, key, *split_name(path))
 
 
-def _grant(request: Request, key: ApiKey, path: Path) -> None:
+def _grant(request: Request, key: ApiKey, path: Path, size: int) -> None:
+    """Let the key's project name the file, with the upload's audit row in the same transaction."""
     try:
         with session(services(request).engine) as s:
             grant(s, key, *split_name(path))
+            audited(s, request, key, f"upload {path.name}", key.project_id, after={"bytes": size})
     except IntegrityError:
         pass  # granted at the same moment by another request of the same project
 
 
-@router.get("/{sha256}", response_model=UploadPublic)
+@router.get("/{sha256}", response_model=UploadPublic, dependencies=[permit("uploads.read")])
 def find_upload(sha256: str, request: Request, key: Key, name: Name = "") -> UploadPublic:
     """Where the server keeps this content, if this key's project has sent it (404 otherwise: another
     project's upload is not this one's to know of, even by its hash)."""
@@ -75,7 +78,7 @@ def find_upload(sha256: str, request: Request, key: Key, name: Name = "") -> Upl
     return _public(path, sha256)
 
 
-@router.put("/{sha256}", response_model=UploadPublic)
+@router.put("/{sha256}", response_model=UploadPublic, dependencies=[permit("uploads.write")])
 async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> UploadPublic:
     """Store the request body (raw bytes) under its SHA-256, charged to its key's max_upload_bytes: past
     it, 429 before the body is read (by its Content-Length) or as soon as it passes, and nothing is kept.
@@ -99,7 +102,7 @@ async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> Up
         except IntegrityError:
             pass  # another key stored the same content at the same moment: charged to it, as if first
         os.replace(tmp, path)  # whole or absent: a reader never sees half a file
-        _grant(request, key, path)
+        _grant(request, key, path, size)
 
     allowed = await run_in_threadpool(allowance)  # the store off the event loop: it may wait for a lock
     length = request.headers.get("content-length", "")
@@ -128,7 +131,7 @@ async def upload(sha256: str, request: Request, key: Key, name: Name = "") -> Up
                 f"the body's sha256 is {digest.hexdigest()}, not the {sha256} named in the URL",
             )
         if stored:  # another project's content: this one proved it has the bytes, and holds it too
-            await run_in_threadpool(_grant, request, key, path)
+            await run_in_threadpool(_grant, request, key, path, size)
         else:
             with quota_refusal():
                 await run_in_threadpool(keep, tmp, size)
