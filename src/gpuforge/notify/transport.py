@@ -29,7 +29,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Smtp:
-    """The server's SMTP settings (GPUFORGE_SMTP_*: server/settings.py)."""
+    """The server's SMTP settings (GPUFORGE_SMTP_HOST and the rest: server/settings.py)."""
 
     host: str
     sender: str

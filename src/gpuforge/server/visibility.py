@@ -9,10 +9,10 @@ for it (404, as if there were none); one it reads but may not change is a 403 th
 from __future__ import annotations
 
 from fastapi import HTTPException, status
-from sqlalchemy import ColumnElement, or_, true
+from sqlalchemy import ColumnElement, and_, or_, true
 from sqlalchemy.orm import Session
 
-from gpuforge.store.models import ApiKey, Deployment, Job
+from gpuforge.store.models import ApiKey, Deployment, Job, NotificationTarget
 
 
 def may_read(key: ApiKey, row: Job | Deployment) -> bool:
@@ -60,3 +60,18 @@ def changeable_job(s: Session, key: ApiKey, job_id: int) -> Job:
     job = visible_job(s, key, job_id)
     check_change(key, job, f"job {job_id}", job.owner)
     return job
+
+
+# --- notification targets (routes/notifications.py): every decision of who may manage one is here ---
+def may_manage_target(key: ApiKey, owner_id: int, project_id: int | None) -> bool:
+    """Who may make, see, test and remove a notification target (and its deliveries): a person's target
+    (no project) its own key; a project's target an admin, for now (a project role would be checked here).
+    An admin may manage every target. Its URL and secret are shown to no one else."""
+    return key.admin or (project_id is None and owner_id == key.id)
+
+
+def manageable_targets(key: ApiKey) -> ColumnElement[bool]:
+    """may_manage_target as a SQL condition, for the lists."""
+    if key.admin:
+        return true()
+    return and_(NotificationTarget.owner_id == key.id, NotificationTarget.project_id.is_(None))

@@ -456,6 +456,13 @@ class NotificationTarget(Base):
     secret: Mapped[str] = mapped_column(String(64))  # signs each body (HMAC-SHA256): shown once, at creation
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
+    owner: Mapped[str | None] = column_property(
+        select(ApiKey.name).where(ApiKey.id == owner_id).correlate_except(ApiKey).scalar_subquery()
+    )
+    project: Mapped[str | None] = column_property(
+        select(Project.name).where(Project.id == project_id).correlate_except(Project).scalar_subquery()
+    )
+
 
 class NotificationEvent(Base):
     """What happened that someone may want to hear of (store/outbox.py): written in the transaction of the

@@ -177,7 +177,9 @@ def budget_event(
     return record(s, kind, f"project:{project.id}", data, project_id=project.id, once=once)
 
 
-def ping(s: Session, target: NotificationTarget, by: str) -> NotificationEvent | None:
-    """A test of `target` asked for by key `by`: to it alone."""
+def ping(s: Session, target: NotificationTarget, by: str) -> NotificationDelivery:
+    """A test of `target` asked for by key `by`, to it alone: its delivery."""
     data = {"text": f"a test of notification target {target.id}, sent for key {by}"}
-    return record(s, TEST, f"target:{target.id}", data, target.owner_id, target.project_id, only=target)
+    event = record(s, TEST, f"target:{target.id}", data, target.owner_id, target.project_id, only=target)
+    s.flush()
+    return s.scalar(select(NotificationDelivery).where(NotificationDelivery.event_id == event.id))
