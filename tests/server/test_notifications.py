@@ -127,3 +127,73 @@ def test_targets_are_their_owners_alone_and_a_projects_an_admins(server, receive
     assert client.get(f"{API}/deliveries", headers=_auth(bob)).json() == []  # not his target's
     assert len(client.get(f"{API}/deliveries", headers=_auth(ada)).json()) == 1
     assert client.get(f"{API}/targets", headers={}).status_code == 401
+
+
+@pytest.mark.slow
+def test_the_cli_adds_tests_lists_and_removes_and_the_servers_sender_delivers_a_jobs_end(
+    tmp_path, monkeypatch
+):
+    """`gpuforge server` as users run it: its sender thread sends what a move commits to the store."""
+    import json
+    import time
+
+    from sqlalchemy import select
+
+    from gpuforge.server.local import LocalServer
+    from gpuforge.store import states
+    from gpuforge.store.db import connect, session
+    from gpuforge.store.models import ApiKey, Job, JobState
+    from tests.helpers.cli import run_cli
+
+    receiver = WebhookReceiver()
+    url_file = tmp_path / "hook-url"
+    url_file.write_text(receiver.url("/from-file") + "\n")
+    try:
+        with LocalServer(tmp_path / "home", log=tmp_path / "server.log") as live:
+            monkeypatch.setenv("GPUFORGE_URL", live.url)
+            monkeypatch.setenv("GPUFORGE_API_KEY", live.key)
+            bad = run_cli("notifications", "add", "--url", "ftp://example.com/x")
+            assert bad.returncode == 2 and "url: only http and https URLs are sent to, not ftp:" in bad.stderr
+            added = run_cli(
+                "notifications", "add", "--url-file", str(url_file), "--events", "job.finished,job.failed"
+            )
+            assert added.returncode == 0, added.stderr
+            assert (
+                "notification target 1 made (json, key admin, events: job.finished, job.failed)"
+                in added.stdout
+            )
+            secret = added.stdout.split("shown this once: ")[1].strip()
+            tested = run_cli("notifications", "test", "1")
+            assert (tested.returncode, tested.stdout.strip()) == (0, "notification target 1: test delivered")
+            assert signature_holds(
+                secret, receiver.received[0].headers["X-Gpuforge-Signature"], receiver.received[0].body
+            )
+
+            engine = connect(f"sqlite:///{tmp_path / 'home' / 'gpuforge.db'}")  # a move, as the loop makes it
+            with session(engine) as s:
+                admin_id = s.scalar(select(ApiKey.id).where(ApiKey.name == "admin"))
+                job = Job(
+                    name="digits", spec_yaml="", run_dir="/tmp/r", owner_id=admin_id, state=JobState.RUNNING
+                )
+                s.add(job)
+                s.flush()
+                states.end(s, job.id, "finished", None)
+            engine.dispose()
+            client, deadline = (
+                live.client(),
+                time.monotonic() + 60,
+            )  # the server's own sender, within its poll
+            while client.notification_deliveries()[0]["state"] != "delivered" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert [r.json()["kind"] for r in receiver.received] == ["test", "job.finished"]
+            listed = json.loads(run_cli("notifications", "--json").stdout)
+            assert [(d["kind"], d["state"]) for d in listed] == [
+                ("job.finished", "delivered"),
+                ("test", "delivered"),
+            ]
+            assert "job.finished" in run_cli("notifications").stdout
+            assert receiver.url("/from-file") in run_cli("notifications", "targets").stdout
+            assert run_cli("notifications", "remove", "1").stdout.strip() == "notification target 1: removed"
+            assert json.loads(run_cli("notifications", "targets", "--json").stdout) == []
+    finally:
+        receiver.close()
