@@ -212,3 +212,11 @@ def test_two_servers_recording_the_same_once_event_at_once_keep_one_row(engine):
     with session(engine) as s:
         assert s.get(Project, ids["vision"]).share == 3.0
         assert len(s.scalars(select(NotificationEvent)).all()) == 1
+
+
+def test_an_event_nobody_hears_of_leaves_no_row(engine):
+    ids = _setup(engine)
+    job_id = _job(engine, ids["root"], None)  # the admin has no target of its own, and no project
+    with session(engine) as s:
+        assert states.end(s, job_id, "finished", None)
+    assert _told(engine) == []

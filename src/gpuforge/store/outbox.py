@@ -59,8 +59,14 @@ def record(
     only: NotificationTarget | None = None,
 ) -> NotificationEvent | None:
     """Add an event and a pending delivery to each target that wants it (`only`: to that one target), in
-    the caller's transaction. `once`: the event's name among those that happen once; None, and nothing
-    added, when one of that name exists (recorded by an earlier tick, or by another server meanwhile)."""
+    the caller's transaction; None, and nothing added, when no target wants it. `once`: the event's name
+    among those that happen once; None, and nothing added, when one of that name exists (recorded by an
+    earlier tick, or by another server meanwhile)."""
+    if once is not None and s.scalar(select(NotificationEvent.id).where(NotificationEvent.once == once)):
+        return None  # told already (each tick past a budget's level asks again: one indexed read)
+    targets = [only] if only is not None else _listening(s, kind, owner_id, project_id)
+    if not targets and once is None:
+        return None  # nobody hears of it: no row (a once-event is kept all the same, to be told once)
     values = {"kind": kind, "subject": subject, "data": data, "owner_id": owner_id, "project_id": project_id,
               "once": once, "created_at": utcnow()}  # fmt: skip
     if once is None:
@@ -68,12 +74,9 @@ def record(
         s.add(event)
         s.flush()  # its id, for the deliveries
     else:
-        if s.scalar(select(NotificationEvent.id).where(NotificationEvent.once == once)) is not None:
-            return None
         event = _insert_once(s, values)
         if event is None:
             return None
-    targets = [only] if only is not None else _listening(s, kind, owner_id, project_id)
     for target in targets:
         s.add(NotificationDelivery(event_id=event.id, target_id=target.id, next_attempt_at=event.created_at))
     return event
