@@ -1,6 +1,6 @@
-"""The HTTP client behind `gpuforge submit | jobs | job | cancel | resume | logs | keys | projects`:
-GPUFORGE_URL (or --url) and GPUFORGE_API_KEY (or the key cli/server.py read from --api-key-file), errors
-as one line.
+"""The HTTP client behind `gpuforge submit | jobs | job | cancel | resume | logs | keys | projects` and
+`gpuforge notifications`: GPUFORGE_URL (or --url) and GPUFORGE_API_KEY (or the key cli/server.py read from
+--api-key-file), errors as one line.
 
 `submit` sends the local files a spec names (data.train, data.eval, a `python:` model's .py file) to the
 server first, each once by content (the server answers whether it has a SHA-256 already), and submits
@@ -282,6 +282,28 @@ class Client:
     def audit(self, **filters: str | int | None) -> list[dict]:
         """The audit log, newest first: project, actor, action, since (ISO 8601), before (an id), limit."""
         return self._call("GET", "/api/v1/audit", params={k: v for k, v in filters.items() if v is not None})
+
+    # --- notifications ---
+    def add_notification_target(
+        self, url: str, format: str = "json", project: str | None = None, events: list[str] | None = None
+    ) -> dict:
+        """A new target: its answer holds its signing secret, shown this once."""
+        body = {"url": url, "format": format, "project": project, "events": events}
+        return self._call("POST", "/api/v1/notifications/targets", json={k: v for k, v in body.items() if v})
+
+    def notification_targets(self) -> list[dict]:
+        return self._call("GET", "/api/v1/notifications/targets")
+
+    def remove_notification_target(self, target_id: int) -> dict:
+        return self._call("DELETE", f"/api/v1/notifications/targets/{target_id}")
+
+    def test_notification_target(self, target_id: int) -> dict:
+        """Send a test event now: the delivery as that try left it."""
+        return self._call("POST", f"/api/v1/notifications/targets/{target_id}/test")
+
+    def notification_deliveries(self, state: str | None = None, limit: int = 100) -> list[dict]:
+        params = {"limit": limit, **({"state": state} if state else {})}
+        return self._call("GET", "/api/v1/notifications/deliveries", params=params)
 
     # --- costs ---
     def costs(self, by: str = "day", since: str | None = None, project: str | None = None) -> dict:

@@ -188,6 +188,35 @@ class ServerOptions(BaseSettings):
         read_by="`gpuforge server`, its job runners",
     )
 
+    smtp_host: str | None = setting(
+        None,
+        meaning="the SMTP server email notifications are handed to (docs/notifications.md); none: email "
+        "targets' deliveries fail saying so",
+        read_by="`gpuforge server`",
+    )
+    smtp_port: int = setting(587, ge=1, le=65535, meaning="its port", read_by="`gpuforge server`")
+    smtp_from: str | None = setting(
+        None, meaning="the From address of email notifications", read_by="`gpuforge server`"
+    )
+    smtp_user: str | None = setting(
+        None, meaning="the user it logs in as (none: no login)", read_by="`gpuforge server`"
+    )
+    smtp_password: str | None = setting(
+        None,
+        meaning="that user's password, from the environment (or GPUFORGE_SMTP_PASSWORD_FILE), never a "
+        "command line",
+        read_by="`gpuforge server`",
+    )
+    smtp_password_file: Path | None = setting(
+        None, meaning="a file whose first line is that password", read_by="`gpuforge server`"
+    )
+    smtp_starttls: bool = setting(
+        True,
+        meaning="upgrade the SMTP connection with STARTTLS before logging in and sending (false: a relay "
+        "on a trusted network that has none)",
+        read_by="`gpuforge server`",
+    )
+
 
 class Environment(ServerOptions):
     """The whole table: the server's options and every other variable. Read it through `current()`."""

@@ -27,7 +27,8 @@ MINILM_SPEC = {  # no code of the user's and no server files: any member may sub
 }
 # the 404s that hide a row another project's key may not know of (as if there were none)
 NOT_VISIBLE = re.compile(
-    r"no job \d+|no deployment '[^']+'|no project '[^']+'|no upload \w+|search \d+: no such search"
+    r"no notification target \d+|no job \d+|no deployment '[^']+'|no project '[^']+'|no upload \w+|"
+    r"search \d+: no such search"
 )
 # the walk's actors, least rights first: what one allows, the ones after it see done already
 ACTORS = ["outsider", "viewer", "member", "maintainer", "admin"]
@@ -51,8 +52,11 @@ def test_every_route_names_one_action_of_the_table_or_is_open(server):
         opened = route.path in OPEN_PATHS | DOCUMENT_PATHS or is_page_path(concrete)
         assert (action is None) == opened, f"{sorted(route.methods)} {route.path}: no permit({action!r})"
         if action is not None and route.methods & {"POST", "PUT", "PATCH", "DELETE"}:
-            # a change is audited; the one exception asks a deployment for an answer and changes nothing
-            assert RULES[action].audited or action == "deployments.predict", route.path
+            # a change is audited; the exceptions ask for an answer (a prediction, a test message) and change
+            # nothing of what the server keeps
+            assert RULES[action].audited or action in ("deployments.predict", "notifications.test"), (
+                route.path
+            )
 
 
 def test_docs_security_holds_the_table_the_code_has():
@@ -102,13 +106,18 @@ def _rows(client, keys, tmp_path) -> dict:
     search = client.post("/api/v1/searches", headers=owner, **_search_body())
     assert search.status_code == 201, search.text
     search_id = search.json()["id"]
-    return {"job": job, "lora": lora, "search": search_id, "sha": sha, "body": body}
+    hook = {"url": "http://127.0.0.1:9/hook", "events": ["job.failed"]}  # nothing listens: refused at once
+    made = [client.post("/api/v1/notifications/targets", json=hook, headers=owner) for _ in range(2)]
+    assert [m.status_code for m in made] == [201, 201], made[0].text
+    return {"job": job, "lora": lora, "search": search_id, "sha": sha, "body": body,
+            "target": made[0].json()["id"], "target_gone": made[1].json()["id"]}  # fmt: skip
 
 
 def _request(route: APIRoute, method: str, actor: str, rows: dict) -> tuple[str, dict]:
     """The URL and keyword arguments of one request to `route` by `actor`: on the owner's rows."""
     values = {"job_id": rows["job"], "search_id": rows["search"], "sha256": rows["sha"], "adapter": "none",
-              "member": "joiner" if method == "PUT" else "leaver"}  # fmt: skip
+              "member": "joiner" if method == "PUT" else "leaver",
+              "target_id": rows["target_gone"] if method == "DELETE" else rows["target"]}  # fmt: skip
     path = route.path
     if path.endswith("/predict"):
         values["name"] = "gone"  # stopped: answered at once (a starting one would be waited for)
@@ -136,6 +145,7 @@ def _request(route: APIRoute, method: str, actor: str, rows: dict) -> tuple[str,
         ("POST", "/api/v1/deployments/{name}/adapters"): {"json": {"job_id": rows["lora"]}},
         ("POST", "/api/v1/deployments/{name}/predict"): {"json": {"inputs": ["x"]}},
         ("GET", "/api/v1/compare"): {"params": {"ids": f"{rows['job']},{rows['lora']}"}},
+        ("POST", "/api/v1/notifications/targets"): {"json": {"url": f"http://127.0.0.1:9/{actor}"}},
     }
     return url, bodies.get((method, path), {})
 
@@ -161,6 +171,8 @@ def _expected(actor: str, action: str, route: APIRoute) -> str:
     )  # its body names the owner's job
     on_a_row = on_a_row and action != "uploads.write"  # content: whoever sends the bytes holds it
     if actor == "outsider" and on_a_row and action != "deployments.predict":
+        return "hidden"
+    if "{target_id}" in route.path:  # a person's target: its owner's and an admin's alone
         return "hidden"
     if on_a_row and rule.others is not None and rule.others != ADMIN and not has(key, rule.others):
         return "refused"

@@ -1,5 +1,7 @@
 """Which projects have spent their month's budget (store/ledger.py): the loop pauses their running jobs
-and the queue holds their queued ones, until the admin raises the budget or the month turns (UTC)."""
+and the queue holds their queued ones, until the admin raises the budget or the month turns (UTC). A
+project at 80 % and at 100 % of it is told once each a month (store/outbox.py), in the tick's transaction
+that charged the spend."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpuforge.store import outbox
 from gpuforge.store.ledger import month_spend
 from gpuforge.store.models import Project, utcnow
 
@@ -46,3 +49,14 @@ class ProjectBudgets:
             for p in budgeted
             if spend.get(p.id, 0.0) >= p.budget_usd_month
         }
+        for p in budgeted:
+            _tell_levels(s, p, spend.get(p.id, 0.0), now)
+
+
+def _tell_levels(s: Session, project: Project, spend_usd: float, now) -> None:
+    """Add the outbox's event of each level of its budget the project's spend has reached; the outbox
+    keeps one a month of each (a read of its unique name: no memory here that a rolled-back tick could
+    leave wrong)."""
+    for kind, share in outbox.BUDGET_LEVELS.items():
+        if spend_usd >= share * project.budget_usd_month:
+            outbox.budget_event(s, project, kind, spend_usd, now)

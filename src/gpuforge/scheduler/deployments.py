@@ -49,7 +49,7 @@ from gpuforge.scheduler import replica_calls
 from gpuforge.scheduler.allocator import DeviceInfo
 from gpuforge.scheduler.autoscale import Autoscaler
 from gpuforge.serve.options import serve_flags
-from gpuforge.store import states, versions
+from gpuforge.store import outbox, states, versions
 from gpuforge.store.models import LIVE_DEPLOYMENT_STATES as LIVE
 from gpuforge.store.models import Deployment, DeploymentState, DeploymentVersion, VersionState
 
@@ -390,6 +390,9 @@ class _Pass:
         rolling, served = self.rolling, self._gate_open()
         if rolling is not None and move(self.s, rolling.id, why):
             versions.record(self.s, self.d.id, kind, version=rolling.version, why=why)
+            outbox.deployment_event(
+                self.s, self.d.id, outbox.DEPLOYMENT_REFUSED, f"v{rolling.version} {kind}: {why}"
+            )
             log.warning("deployment %s: v%d %s: %s", self.d.name, rolling.version, kind, why)
             if not served:
                 self._drain(self._active(rolling.version))

@@ -20,6 +20,7 @@ from gpuforge.dashboard.pages import add_pages
 from gpuforge.dashboard.read_routes import read_routes
 from gpuforge.errors import GpuforgeError
 from gpuforge.executors import build as build_executor
+from gpuforge.notify.worker import Notifier, NotifierOptions
 from gpuforge.runtime.host import port_range
 from gpuforge.scheduler.executor import Executor
 from gpuforge.scheduler.loop import Scheduler, SchedulerOptions
@@ -35,6 +36,7 @@ from gpuforge.server.routes import (
     forward,
     jobs,
     keys,
+    notifications,
     overview,
     profiles,
     projects,
@@ -69,20 +71,23 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
         state.worker_secret = load_secret(settings.home)
         options = scheduler_options(settings, state.worker_secret, replica_ports)
         state.scheduler = scheduler = Scheduler(engine, state.devices, executor, options)
-        if settings.schedule:
+        state.notifier = notifier = Notifier(engine, NotifierOptions(smtp=settings.smtp()))
+        if settings.schedule:  # an API-only server sends only the tests asked of it (routes/notifications)
             scheduler.start()
+            notifier.start()
         state.traffic = scheduler.traffic
         state.replica_readings = {}  # each start reads replicas afresh (routes/deployments stats)
         async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=5)) as state.http:
             yield
         scheduler.stop()
+        notifier.stop()
         engine.dispose()
 
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
     app.state.services = state = Services(settings)  # what the routes use (server/services.py)
     app.include_router(read_routes(store_reader, permit))  # the jobs' reads, shared with `gpuforge dashboard`
     for routes in (jobs, searches, profiles, keys, projects, uploads, deployments, deployment_versions,
-                   forward, overview, audit, system):  # fmt: skip
+                   forward, overview, audit, system, notifications):  # fmt: skip
         app.include_router(routes.router)
     add_pages(app)
 
@@ -174,6 +179,7 @@ def check_store_and_bind(settings: Settings) -> None:
     """Before listening: the store opens (a bad --db is one line, not a traceback), and the server refuses
     to listen beyond loopback on a store with no admin key yet, unless GPUFORGE_ADMIN_KEY gives one: an
     open port should have its admin key decided before it opens, not made by its first start."""
+    settings.smtp()  # a bad SMTP setting (its password file unreadable) is one line now, not a failed start
     settings.make_home()
     try:
         engine = open_store(settings)

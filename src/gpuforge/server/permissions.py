@@ -71,6 +71,11 @@ RULES: dict[str, Rule] = {
     "deployments.rollback": Rule(M, MT, True, "roll a deployment back"),
     "deployments.adapters": Rule(M, MT, True, "add or remove a deployment's adapters"),
     "projects.members": Rule(MT, None, True, "set who is in its project, and their roles"),
+    "notifications.read": Rule(V, None, False, "its notification targets and their deliveries"),
+    "notifications.change": Rule(
+        V, None, True, "add or remove its notification targets (a project's: a maintainer)"
+    ),
+    "notifications.test": Rule(V, None, False, "send a test event to one of its targets"),
     # the admin's alone
     "keys.read": Rule(ADMIN, None, False, "list keys"),
     "keys.create": Rule(ADMIN, None, True, "make a key"),

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI, Request
     from sqlalchemy.engine import Engine
 
+    from gpuforge.notify.worker import Notifier
     from gpuforge.scheduler.allocator import DeviceInfo
     from gpuforge.scheduler.loop import Scheduler
     from gpuforge.scheduler.traffic import Traffic
@@ -34,6 +35,7 @@ class Services:
     devices: list[DeviceInfo] = field(init=False)
     worker_secret: bytes = field(init=False)  # replicas' keys derive from it (scheduler/worker_keys.py)
     scheduler: Scheduler | None = None  # None until started
+    notifier: Notifier = field(init=False)  # sends the notifications' outbox (started with the scheduler)
     traffic: Traffic = field(init=False)  # requests forwarded to replicas, not yet answered
     http: httpx.AsyncClient = field(init=False)  # the forwarder's connections to replicas
     replica_readings: dict[tuple[str, int], Any] = field(default_factory=dict)  # counters at the last look

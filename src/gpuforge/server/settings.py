@@ -11,7 +11,10 @@ import os
 from pathlib import Path
 
 from gpuforge.access import is_loopback
+from gpuforge.errors import GpuforgeError
+from gpuforge.notify.transport import Smtp
 from gpuforge.policy import Policy
+from gpuforge.secret_files import read_secret_file
 from gpuforge.settings import ServerOptions, as_environment
 
 
@@ -46,6 +49,26 @@ class Settings(ServerOptions):
     @property
     def roots(self) -> list[Path]:
         return [Path(p).expanduser().resolve() for p in self.data_roots.split(os.pathsep) if p]
+
+    def smtp(self) -> Smtp | None:
+        """Where email notifications are handed (None: no SMTP server set); its password from
+        GPUFORGE_SMTP_PASSWORD or the file GPUFORGE_SMTP_PASSWORD_FILE names, never from a command line."""
+        if not self.smtp_host:
+            return None
+        if not self.smtp_from:
+            raise GpuforgeError(
+                "GPUFORGE_SMTP_HOST is set without GPUFORGE_SMTP_FROM: the address mail is from"
+            )
+        if self.smtp_password and self.smtp_password_file:
+            raise GpuforgeError("GPUFORGE_SMTP_PASSWORD and GPUFORGE_SMTP_PASSWORD_FILE: give one of them")
+        password = self.smtp_password
+        if self.smtp_password_file is not None:
+            password = read_secret_file(
+                self.smtp_password_file, "GPUFORGE_SMTP_PASSWORD_FILE", "the password"
+            )
+        return Smtp(
+            self.smtp_host, self.smtp_from, self.smtp_port, self.smtp_user, password, self.smtp_starttls
+        )
 
     def make_home(self) -> None:
         """GPUFORGE_HOME and runs/, mode 0700: the store, the keys and every run are the server's alone

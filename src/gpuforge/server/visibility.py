@@ -10,11 +10,11 @@ says whose it is and which role would.
 from __future__ import annotations
 
 from fastapi import HTTPException, status
-from sqlalchemy import ColumnElement, or_, true
+from sqlalchemy import ColumnElement, and_, or_, true
 from sqlalchemy.orm import Session
 
 from gpuforge.server.permissions import RULES, has
-from gpuforge.store.models import ApiKey, Deployment, Job, Search
+from gpuforge.store.models import ApiKey, Deployment, Job, NotificationTarget, Role, Search
 
 Row = Job | Deployment | Search
 
@@ -64,3 +64,25 @@ def changeable_job(s: Session, key: ApiKey, job_id: int, action: str) -> Job:
     job = visible_job(s, key, job_id)
     check_change(key, job, action, f"job {job_id}", job.owner)
     return job
+
+
+# --- notification targets (routes/notifications.py): every decision of who may manage one is here ---
+def may_manage_target(key: ApiKey, owner_id: int, project_id: int | None) -> bool:
+    """Who may make, see, test and remove a notification target (and its deliveries): a person's target
+    (no project) its own key; a project's target a maintainer of the project; an admin every target. Its
+    URL and secret are shown to no one else."""
+    if key.admin:
+        return True
+    if project_id is None:
+        return owner_id == key.id
+    return project_id == key.project_id and has(key, Role.MAINTAINER)
+
+
+def manageable_targets(key: ApiKey) -> ColumnElement[bool]:
+    """may_manage_target as a SQL condition, for the lists."""
+    if key.admin:
+        return true()
+    own = and_(NotificationTarget.owner_id == key.id, NotificationTarget.project_id.is_(None))
+    if key.project_id is None or not has(key, Role.MAINTAINER):
+        return own
+    return or_(own, NotificationTarget.project_id == key.project_id)

@@ -465,3 +465,77 @@ class AuditEntry(Base):
     before: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
     after: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
     outcome: Mapped[str] = mapped_column(String(16), default="done")  # done | refused (failed sign-ins)
+
+
+class DeliveryState(_StoredState):
+    """Where one event's delivery to one target is (store/deliveries.py moves it)."""
+
+    PENDING = "pending"  # to be sent, at next_attempt_at (again, after a failed try)
+    DELIVERED = "delivered"  # the receiver answered 2xx (an SMTP server took the message)
+    FAILED = "failed"  # every try failed: last_error says how the last one did
+
+
+class NotificationTarget(Base):
+    """Where events are sent (store/notification_targets.py): a webhook, generic JSON or Slack's, or an
+    email address. A person's (project_id None: the events of its owner key's jobs and deployments) or a
+    project's (its jobs', deployments' and budget's). Its destination and secret are its owner's alone."""
+
+    __tablename__ = "notification_targets"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"), index=True)  # the key that made it
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), index=True, default=None)
+    format: Mapped[str] = mapped_column(String(8))  # json | slack | email
+    destination: Mapped[str] = mapped_column(Text)  # the URL, or the email address: never shown to others
+    events: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), default=None)  # None: all
+    secret: Mapped[str] = mapped_column(String(64))  # signs each body (HMAC-SHA256): shown once, at creation
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    owner: Mapped[str | None] = column_property(
+        select(ApiKey.name).where(ApiKey.id == owner_id).correlate_except(ApiKey).scalar_subquery()
+    )
+    project: Mapped[str | None] = column_property(
+        select(Project.name).where(Project.id == project_id).correlate_except(Project).scalar_subquery()
+    )
+
+
+class NotificationEvent(Base):
+    """What happened that someone may want to hear of (store/outbox.py): written in the transaction of the
+    change that caused it, with one delivery per target that wants it."""
+
+    __tablename__ = "notification_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))  # outbox.EVENT_KINDS
+    subject: Mapped[str] = mapped_column(String(40))  # "job:12" | "deployment:3" | "project:2" | "target:5"
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"), default=None)  # its subject's
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), default=None)
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)  # what the message says: `text` and details
+    # set for an event that happens once, whatever the ticks that see it ("budget.80:project:2:2026-01")
+    once: Mapped[str | None] = mapped_column(String(100), unique=True, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class NotificationDelivery(Base):
+    """One event sent to one target: claimed by one sender at a time (claimed_by until claimed_until),
+    tried again later after a failure, `failed` after the last try."""
+
+    __tablename__ = "notification_deliveries"
+    __table_args__ = (
+        UniqueConstraint("event_id", "target_id"),  # an event reaches a target once
+        Index("ix_notification_deliveries_due", "state", "next_attempt_at"),  # the sender's poll
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    event_id: Mapped[int] = mapped_column(ForeignKey("notification_events.id", ondelete="CASCADE"))
+    target_id: Mapped[int] = mapped_column(
+        ForeignKey("notification_targets.id", ondelete="CASCADE"), index=True
+    )
+    state: Mapped[DeliveryState] = mapped_column(StateColumn(DeliveryState), default=DeliveryState.PENDING)
+    attempts: Mapped[int] = mapped_column(default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    claimed_by: Mapped[str | None] = mapped_column(String(32), default=None)  # the sender sending it now
+    claimed_until: Mapped[datetime | None] = mapped_column(default=None)  # past it, another may take it
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)  # never holds the destination
+    delivered_at: Mapped[datetime | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -43,6 +43,10 @@ The API and the scheduling loop write the same rows from different transactions,
 UPDATE that holds only while the row is still in a state it may leave from: a cancel is never overwritten
 by a runner's late `finished`, a claim that lands after a cancel starts nothing. Each function says
 whether the move happened; the rows loaded in the session see its new values. Nothing is committed here.
+
+A move that someone may want to hear of (a job finished, failed, preempted or paused, a deployment failed)
+adds its event to the notifications' outbox (store/outbox.py) in the same transaction, only when it
+happened: the change and its event are committed together or not at all.
 """
 
 from __future__ import annotations
@@ -51,9 +55,10 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, or_, update
+from sqlalchemy import case, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from gpuforge.store import outbox
 from gpuforge.store.models import (
     LIVE_DEPLOYMENT_STATES,
     QUEUE_JOB_STATES,
@@ -72,6 +77,12 @@ RUNNER_ENDINGS = {
     "finished": JobState.FINISHED,
     "failed": JobState.FAILED,
     "cancelled": JobState.CANCELLED,
+}
+# the outbox's event for each ending (a cancel was asked for by someone who knows of it: none)
+ENDING_EVENTS = {
+    JobState.PAUSED: outbox.JOB_PAUSED_BUDGET,  # the runner's own cost budget spent
+    JobState.FINISHED: outbox.JOB_FINISHED,
+    JobState.FAILED: outbox.JOB_FAILED,
 }
 
 
@@ -142,20 +153,29 @@ def end(s: Session, job_id: int, event: str, reason: str | None, at: datetime | 
     if ending is None:
         raise ValueError(f"a runner's `{event}` event ends nothing (endings: {', '.join(RUNNER_ENDINGS)})")
     if ending is JobState.PAUSED:
-        return _move_job(
+        moved = _move_job(
             s, job_id, _RUNNING, state=ending, pid=None, devices=None, stop_requested=None, reason=reason
         )
-    first_reason = func.coalesce(Job.reason, reason)
-    return _move_job(
-        s,
-        job_id,
-        _RUNNING,
-        state=ending,
-        pid=None,
-        finished_at=at or utcnow(),
-        stop_requested=None,
-        reason=first_reason,
-    )
+    else:
+        first_reason = func.coalesce(Job.reason, reason)
+        moved = _move_job(
+            s,
+            job_id,
+            _RUNNING,
+            state=ending,
+            pid=None,
+            finished_at=at or utcnow(),
+            stop_requested=None,
+            reason=first_reason,
+        )
+    return _told(s, job_id, moved, ENDING_EVENTS.get(ending))
+
+
+def _told(s: Session, job_id: int, moved: bool, kind: str | None) -> bool:
+    """Add the job's event of `kind` to the outbox when it moved (None: nobody is told of this move)."""
+    if moved and kind is not None:
+        outbox.job_event(s, job_id, kind)
+    return moved
 
 
 def requeue(s: Session, job_id: int, reason: str) -> bool:
@@ -186,7 +206,7 @@ def preempt(s: Session, job_id: int, reason: str, boost: int | None = None) -> b
     """running → preempted (in the queue again), one preemption more in a row; `boost`, when given, is
     its new lift in the queue (it was preempted too often). False when a cancel was asked for meanwhile."""
     lift = {} if boost is None else {"boost": boost}
-    return _move_job(
+    moved = _move_job(
         s,
         job_id,
         _RUNNING,
@@ -199,12 +219,17 @@ def preempt(s: Session, job_id: int, reason: str, boost: int | None = None) -> b
         reason=reason,
         **lift,
     )
+    return _told(s, job_id, moved, outbox.JOB_PREEMPTED)
 
 
 def pause(s: Session, job_id: int, reason: str) -> bool:
     """running → paused for the server's `reason` (its project's budget, its max_time): resumable. False
     when a cancel was asked for meanwhile."""
-    return _move_job(
+    why = s.scalar(
+        select(Job.stop_requested).where(Job.id == job_id)
+    )  # which pause: the outbox tells them apart
+    kind = outbox.JOB_PAUSED_MAX_TIME if why == "timeout" else outbox.JOB_PAUSED_BUDGET
+    moved = _move_job(
         s,
         job_id,
         _RUNNING,
@@ -215,6 +240,7 @@ def pause(s: Session, job_id: int, reason: str) -> bool:
         stop_requested=None,
         reason=reason,
     )
+    return _told(s, job_id, moved, kind)
 
 
 def prune(s: Session, job_id: int, reason: str) -> bool:
@@ -229,14 +255,16 @@ def prune(s: Session, job_id: int, reason: str) -> bool:
 def fail(s: Session, job_id: int, reason: str, at: datetime | None = None) -> bool:
     """running → failed, for `reason`: its runner refused its input, or died once too often; `at` as
     for end()."""
-    return _move_job(
+    moved = _move_job(
         s, job_id, _RUNNING, state=JobState.FAILED, pid=None, finished_at=at or utcnow(), reason=reason
     )
+    return _told(s, job_id, moved, outbox.JOB_FAILED)
 
 
 def reject(s: Session, job_id: int, reason: str) -> bool:
     """queued → failed, for `reason`: it can never start here."""
-    return _move_job(s, job_id, _QUEUED, state=JobState.FAILED, finished_at=utcnow(), reason=reason)
+    moved = _move_job(s, job_id, _QUEUED, state=JobState.FAILED, finished_at=utcnow(), reason=reason)
+    return _told(s, job_id, moved, outbox.JOB_FAILED)
 
 
 def hold(s: Session, job_id: int, reason: str | None) -> bool:
@@ -322,4 +350,7 @@ def deployment_stopped(s: Session, deployment_id: int) -> bool:
 def deployment_failed(s: Session, deployment_id: int) -> bool:
     """failing → failed: no replica is left."""
     failing = [DeploymentState.FAILING]
-    return _move_deployment(s, deployment_id, failing, state=DeploymentState.FAILED, stopped_at=utcnow())
+    moved = _move_deployment(s, deployment_id, failing, state=DeploymentState.FAILED, stopped_at=utcnow())
+    if moved:
+        outbox.deployment_event(s, deployment_id, outbox.DEPLOYMENT_FAILED, None)  # why: what `failing` said
+    return moved
