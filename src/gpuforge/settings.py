@@ -228,11 +228,12 @@ class ServerOptions(BaseSettings):
     )
     oidc_redirect_uri: str | None = setting(
         None,
-        meaning="single sign-on: the dashboard's callback URL as registered at the issuer, for a server behind "
-        "a proxy",
+        meaning="single sign-on: the dashboard's callback URL as registered at the issuer, for a server "
+        "behind a proxy",
         read_by="`gpuforge server`",
         shown_default="the request's own URL of /auth/oidc/callback",
     )
+
 
 class Environment(ServerOptions):
     """The whole table: the server's options and every other variable. Read it through `current()`."""
@@ -505,7 +506,14 @@ def _type_name(annotation: Any) -> str:
         return " or ".join(f"`{a}`" for a in get_args(annotation))
     if get_origin(annotation) is tuple:
         return "paths"
-    names = {bool: "boolean", int: "integer", float: "number", str: "string", Path: "path", SecretStr: "secret"}
+    names = {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        Path: "path",
+        SecretStr: "secret",
+    }
     return names[annotation]
 
 

@@ -23,14 +23,21 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+import pytest
 import uvicorn
 from authlib.oauth2 import AuthorizationServer, OAuth2Error
-from authlib.oauth2.rfc6749 import AuthorizationCodeMixin, ClientMixin, OAuth2Payload, OAuth2Request, TokenMixin
+from authlib.oauth2.rfc6749 import (
+    AuthorizationCodeMixin,
+    ClientMixin,
+    OAuth2Payload,
+    OAuth2Request,
+    TokenMixin,
+)
 from authlib.oauth2.rfc6749.grants import AuthorizationCodeGrant, RefreshTokenGrant
 from authlib.oauth2.rfc6750 import BearerTokenGenerator
 from authlib.oauth2.rfc7636 import CodeChallenge
@@ -45,7 +52,11 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 START_TIMEOUT_S = 30.0
+# gpuforge as registered at the provider by the fixtures: the dashboard (confidential) and the CLI (public)
+DASHBOARD, CLI, SECRET = "gpuforge", "gpuforge-cli", "dashboard-secret"
+DASHBOARD_CALLBACK = "http://testserver/auth/oidc/callback"
 SCOPES = ("openid", "profile", "email", "groups", "offline_access")
+ALL_GRANTS = ("authorization_code", "refresh_token", DeviceCodeGrant.GRANT_TYPE)
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,8 @@ class RegisteredClient(ClientMixin):
         if self.secret is not None or parts.scheme != "http" or parts.hostname != "127.0.0.1" or parts.query:
             return False
         return any(
-            urlsplit(uri).hostname == "127.0.0.1" and urlsplit(uri).path == parts.path for uri in self.redirect_uris
+            urlsplit(uri).hostname == "127.0.0.1" and urlsplit(uri).path == parts.path
+            for uri in self.redirect_uris
         )
 
     def check_client_secret(self, client_secret):
@@ -176,7 +188,9 @@ class _Request(OAuth2Request):
     """A Starlette request as Authlib's server reads one: its query and form together, as Flask's
     `request.values`."""
 
-    def __init__(self, method: str, url: str, headers, query: list[tuple[str, str]], form: list[tuple[str, str]]):
+    def __init__(
+        self, method: str, url: str, headers, query: list[tuple[str, str]], form: list[tuple[str, str]]
+    ):
         super().__init__(method, url, headers=headers)
         self.payload = _Payload(query + form)
         self._query, self._form = dict(query), dict(form)
@@ -192,14 +206,16 @@ class _Request(OAuth2Request):
 
 async def _oauth_request(request: Request) -> _Request:
     body = (await request.body()).decode() if request.method == "POST" else ""
-    return _Request(request.method, str(request.url), request.headers, list(request.query_params.multi_items()),
-                    parse_qsl(body, keep_blank_values=True))  # fmt: skip
+    query = list(request.query_params.multi_items())
+    return _Request(request.method, str(request.url), request.headers, query, parse_qsl(body))
 
 
 class Provider(AuthorizationServer):
     """The provider's state (keys, clients, codes, tokens, device codes) and its Authlib server."""
 
-    def __init__(self, issuer: str, device_flow: bool = True, device_interval: int = 0, id_token_ttl_s: int = 3600):
+    def __init__(
+        self, issuer: str, device_flow: bool = True, device_interval: int = 0, id_token_ttl_s: int = 3600
+    ):
         super().__init__(scopes_supported=list(SCOPES))
         self.issuer, self.device_flow = issuer, device_flow
         self.device_interval, self.id_token_ttl_s = device_interval, id_token_ttl_s
@@ -214,8 +230,10 @@ class Provider(AuthorizationServer):
         self.device_code_issued = threading.Event()
         self.token_requests = 0
         self.register_token_generator(
-            "default", BearerTokenGenerator(lambda *a, **k: secrets.token_urlsafe(32),
-                                            lambda *a, **k: secrets.token_urlsafe(32))  # fmt: skip
+            "default",
+            BearerTokenGenerator(
+                lambda *a, **k: secrets.token_urlsafe(32), lambda *a, **k: secrets.token_urlsafe(32)
+            ),  # fmt: skip
         )
         id_tokens = _IdTokens(self)
         self.register_grant(_CodeGrant, [CodeChallenge(required=True), _IdTokensForCodes(self)])
@@ -230,8 +248,10 @@ class Provider(AuthorizationServer):
 
     # --- what tests do ---
     def register_client(self, client_id: str, secret: str | None = None, redirect_uris=(),
-                        grant_types=("authorization_code", "refresh_token", DeviceCodeGrant.GRANT_TYPE)) -> None:  # fmt: skip
-        self.clients[client_id] = RegisteredClient(client_id, secret, tuple(redirect_uris), tuple(grant_types))
+                        grant_types=ALL_GRANTS) -> None:  # fmt: skip
+        self.clients[client_id] = RegisteredClient(
+            client_id, secret, tuple(redirect_uris), tuple(grant_types)
+        )
 
     def rotate_key(self) -> RSAKey:
         """A new signing key, published beside the old one (as providers roll keys)."""
@@ -372,7 +392,11 @@ class _IdTokens(OpenIDToken):
 
     def get_client_claims(self, client):
         now = int(time.time())
-        return {"iss": self.provider.issuer, "aud": [client.get_client_id()], "exp": now + self.provider.id_token_ttl_s}
+        return {
+            "iss": self.provider.issuer,
+            "aud": [client.get_client_id()],
+            "exp": now + self.provider.id_token_ttl_s,
+        }
 
     def generate_user_info(self, user, scope):
         info = UserInfo(sub=user.sub, name=user.name)
@@ -389,10 +413,7 @@ class _IdTokensForCodes(_IdTokens, OpenIDCode):
         OpenIDCode.__init__(self, require_nonce=True)
 
     def exists_nonce(self, nonce, request):
-        if nonce in self.provider.nonces:
-            return True
-        self.provider.nonces.add(nonce)
-        return False
+        return nonce in self.provider.nonces  # recorded with the code it was issued with
 
 
 class _CodeGrant(AuthorizationCodeGrant):
@@ -400,6 +421,7 @@ class _CodeGrant(AuthorizationCodeGrant):
 
     def save_authorization_code(self, code, request):
         data = request.payload.data
+        self.server.nonces.add(data.get("nonce"))
         self.server.codes[code] = IssuedCode(
             code, request.client.get_client_id(), request.payload.redirect_uri, request.scope, request.user,
             data.get("nonce"), data.get("code_challenge"), data.get("code_challenge_method"),
@@ -468,7 +490,9 @@ def serving(app, name: str = "server") -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), name=name, daemon=True)
+    thread = threading.Thread(
+        target=lambda: asyncio.run(server.serve(sockets=[sock])), name=name, daemon=True
+    )
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S
     while not server.started:
@@ -495,3 +519,24 @@ def running_provider(**options: Any) -> Iterator[Provider]:
         provider = Provider(url, **options)
         holder["provider"], holder["app"] = provider, provider.app()
         yield provider
+
+
+def with_gpuforge_clients(provider: Provider) -> Provider:
+    provider.register_client(DASHBOARD, secret=SECRET, redirect_uris=[DASHBOARD_CALLBACK])
+    provider.register_client(CLI, redirect_uris=["http://127.0.0.1/callback"])  # any loopback port
+    return provider
+
+
+# fixtures for every test (tests/conftest.py names this module in pytest_plugins)
+@pytest.fixture
+def start_provider():
+    """start_provider(**options): a provider (Provider's options) with gpuforge's two clients, on loopback
+    until the test ends."""
+    with ExitStack() as stack:
+        yield lambda **options: with_gpuforge_clients(stack.enter_context(running_provider(**options)))
+
+
+@pytest.fixture
+def oidc_provider(start_provider) -> Provider:
+    """A provider with the device flow, polled with no wait (interval 0)."""
+    return start_provider()

@@ -64,7 +64,9 @@ class AuthorizationRequest:
 
     @classmethod
     def new(cls, redirect_uri: str) -> AuthorizationRequest:
-        return cls(secrets.token_urlsafe(32), secrets.token_urlsafe(32), secrets.token_urlsafe(48), redirect_uri)
+        return cls(
+            secrets.token_urlsafe(32), secrets.token_urlsafe(32), secrets.token_urlsafe(48), redirect_uri
+        )
 
     @property
     def code_challenge(self) -> str:
@@ -125,7 +127,10 @@ def start_device_flow(discovery: Discovery, client: Client, scopes: tuple[str, .
     form = {"scope": " ".join(scopes)}
     auth, credentials = _credentials(discovery, client)
     status, body = post_form(
-        discovery.device_authorization_endpoint, {**form, **credentials}, "OIDC device authorization", auth=auth
+        discovery.device_authorization_endpoint,
+        {**form, **credentials},
+        "OIDC device authorization",
+        auth=auth,
     )
     if status != 200:
         raise SignInFailed(f"device authorization refused: {_error_text(body, status)}")
@@ -175,10 +180,16 @@ def poll_device_flow(
 
 
 def _token_request(
-    discovery: Discovery, client: Client, form: dict[str, str], what: str, keep_refresh_token: str | None = None
+    discovery: Discovery,
+    client: Client,
+    form: dict[str, str],
+    what: str,
+    keep_refresh_token: str | None = None,
 ) -> Tokens:
     auth, credentials = _credentials(discovery, client)
-    status, body = post_form(discovery.token_endpoint, {**form, **credentials}, "OIDC token endpoint", auth=auth)
+    status, body = post_form(
+        discovery.token_endpoint, {**form, **credentials}, "OIDC token endpoint", auth=auth
+    )
     if status != 200:
         raise SignInFailed(f"{what} refused: {_error_text(body, status)}")
     tokens = _tokens(body, what)
@@ -193,7 +204,10 @@ def _credentials(discovery: Discovery, client: Client) -> tuple[tuple[str, str] 
     public client sends its id alone."""
     if not client.secret:
         return None, {"client_id": client.client_id}
-    if "client_secret_basic" not in discovery.token_auth_methods and "client_secret_post" in discovery.token_auth_methods:
+    if (
+        "client_secret_basic" not in discovery.token_auth_methods
+        and "client_secret_post" in discovery.token_auth_methods
+    ):
         return None, {"client_id": client.client_id, "client_secret": client.secret}
     return (quote(client.client_id, safe=""), quote(client.secret, safe="")), {}
 

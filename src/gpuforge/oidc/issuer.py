@@ -138,7 +138,11 @@ def parse_key_set(doc: dict) -> list[Key]:
     out). A key is imported as public even if the document, wrongly, holds its private half."""
     keys = []
     for entry in doc.get("keys") or []:
-        if not isinstance(entry, dict) or entry.get("use", "sig") != "sig" or entry.get("kty") not in ("RSA", "EC"):
+        if (
+            not isinstance(entry, dict)
+            or entry.get("use", "sig") != "sig"
+            or entry.get("kty") not in ("RSA", "EC")
+        ):
             continue
         public = {k: v for k, v in entry.items() if k not in ("d", "p", "q", "dp", "dq", "qi")}
         try:

@@ -61,7 +61,9 @@ def server_sso(server: str, timeout_s: float = 15.0) -> ServerSso:
             bool(body.get("device_flow")),
         )  # fmt: skip
     except (ValueError, KeyError, TypeError, AttributeError):
-        raise GpuforgeError(f"{url}: answered {response.status_code}, not a single sign-on configuration") from None
+        raise GpuforgeError(
+            f"{url}: answered {response.status_code}, not a single sign-on configuration"
+        ) from None
 
 
 def sign_in(

@@ -88,7 +88,9 @@ def load_login(server: str, directory: Path | None = None) -> StoredLogin | None
             data = json.load(file)
             login = StoredLogin(**data)
         except (ValueError, TypeError):
-            raise GpuforgeError(f"{path}: not a gpuforge sign-in; gpuforge logout, then gpuforge login") from None
+            raise GpuforgeError(
+                f"{path}: not a gpuforge sign-in; gpuforge logout, then gpuforge login"
+            ) from None
     if login.server != normal_server(server):
         return None  # a digest's collision, or a file copied by hand: not this server's
     return login

@@ -67,15 +67,22 @@ class LoopbackReceiver:
 
 class _Handler(BaseHTTPRequestHandler):
     timeout = 10  # a connection that sends nothing does not hold the port for good
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         parts = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
         expected = self.server.expected_state
         state = query.get("state", "")
-        if parts.path != CALLBACK_PATH or not expected or not hmac.compare_digest(state.encode(), expected.encode()):
+        if (
+            parts.path != CALLBACK_PATH
+            or not expected
+            or not hmac.compare_digest(state.encode(), expected.encode())
+        ):
             return self._answer(400, "This is not the sign-in gpuforge is waiting for.")
         if "error" in query:
-            error = query["error"][:100] + (f" ({query['error_description'][:300]})" if "error_description" in query else "")
+            error = query["error"][:100] + (
+                f" ({query['error_description'][:300]})" if "error_description" in query else ""
+            )
             self.server.outcome = _Outcome(error=error)
             return self._answer(400, "The sign-in was refused; see the terminal.")
         if not query.get("code"):

@@ -44,14 +44,17 @@ class SignedIn(httpx.Auth):
 def refreshed(login: StoredLogin) -> StoredLogin:
     """`login` with a new ID token from its refresh token, verified, for the same user."""
     if not login.refresh_token:
-        raise GpuforgeError(f"the sign-in to {login.server} has expired: gpuforge login --server {login.server}")
+        raise GpuforgeError(
+            f"the sign-in to {login.server} has expired: gpuforge login --server {login.server}"
+        )
     issuer = Issuer(login.issuer)
     try:
         tokens = refresh(issuer.discovery(), Client(login.client_id), login.refresh_token)
         claims = IdTokenVerifier(issuer, (login.client_id,)).verify_id_token(tokens.id_token)
     except GpuforgeError as err:
+        again = f"gpuforge login --server {login.server}"
         raise GpuforgeError(
-            f"the sign-in to {login.server} could not be refreshed ({err}): gpuforge login --server {login.server}"
+            f"the sign-in to {login.server} could not be refreshed ({err}): {again}"
         ) from None
     if claims.subject != login_subject(login):
         raise GpuforgeError("a refresh gave an ID token for another user: not used; gpuforge login again")

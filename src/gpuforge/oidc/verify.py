@@ -99,7 +99,9 @@ class IdTokenVerifier:
         alg = header.get("alg")
         allowed = self.issuer.discovery().signing_algorithms
         if alg not in allowed:
-            raise TokenRefused("algorithm", f"signed with {alg!r}; this provider signs with {', '.join(allowed)}")
+            raise TokenRefused(
+                "algorithm", f"signed with {alg!r}; this provider signs with {', '.join(allowed)}"
+            )
         kid = header.get("kid")
         try:
             key = self.issuer.key_for(kid if isinstance(kid, str) else None, alg)

@@ -126,7 +126,9 @@ class OidcSignIn:
         self.issuer = issuer or Issuer(config.issuer)
         audiences = tuple(dict.fromkeys((config.client_id, config.cli_client_id)))
         self.verifier = IdTokenVerifier(self.issuer, audiences, groups_claim=config.groups_claim)
-        self.client = Client(config.client_id, config.client_secret.get_secret_value() if config.client_secret else None)
+        self.client = Client(
+            config.client_id, config.client_secret.get_secret_value() if config.client_secret else None
+        )
         self.pending = PendingSignIns()
 
     def verify_bearer(self, token: str) -> Claims:
@@ -174,7 +176,9 @@ class OidcSignIn:
         query = request.query_params
         state, cookie = query.get("state", ""), request.cookies.get(STATE_COOKIE, "")
         if not state or not hmac.compare_digest(state.encode(), cookie.encode()):
-            return _refusal(400, "this sign-in was not started in this browser: start again at /auth/oidc/start")
+            return _refusal(
+                400, "this sign-in was not started in this browser: start again at /auth/oidc/start"
+            )
         found = self.pending.redeem(state)
         if found is None:
             return _refusal(400, "this sign-in expired or was finished already: start again")
@@ -202,9 +206,14 @@ class OidcSignIn:
 
 
 def local_path(next_path: str) -> str:
-    """Where to go after signing in: a path on this server, never another site (`//evil`, `/\\evil`
-    and absolute URLs become /)."""
-    if not next_path.startswith("/") or next_path.startswith("//") or "\\" in next_path or len(next_path) > 2000:
+    """Where to go after signing in: a path on this server, never another site (`//evil`, `/\\evil`,
+    an absolute URL, or a path with control characters, which browsers drop: all become /)."""
+    unsafe = (
+        next_path.startswith("//")
+        or "\\" in next_path
+        or any(ord(c) < 0x20 or ord(c) == 0x7F for c in next_path)
+    )
+    if not next_path.startswith("/") or unsafe or len(next_path) > 2000:
         return "/"
     return next_path
 
