@@ -17,7 +17,7 @@ from pydantic import SecretStr
 from gpuforge.client import Client
 from gpuforge.errors import GpuforgeError
 from gpuforge.oidc.flows import SignInFailed
-from gpuforge.oidc.login import sign_in
+from gpuforge.oidc.login import can_open_browser, printable, sign_in
 from gpuforge.oidc.login_file import StoredLogin, load_login, login_path, save_login
 from gpuforge.oidc.loopback import LoopbackReceiver
 from gpuforge.oidc.session import SignedIn
@@ -195,3 +195,16 @@ def test_gpuforge_login_and_logout_as_a_user_runs_them(oidc_provider, tmp_path):
     out = subprocess.run([sys.executable, "-m", "gpuforge", "logout", "--server", url], env=env,
                          capture_output=True, text=True, timeout=DEADLINE_S)  # fmt: skip
     assert out.returncode == 0 and "signed out" in out.stderr and not path.exists()
+
+
+def test_a_providers_text_reaches_the_terminal_without_escapes():
+    assert printable("ABCD-\x1b[2J\x07EFGH\n") == "ABCD-[2JEFGH"
+
+
+def test_no_browser_is_started_on_linux_without_a_display(monkeypatch):
+    monkeypatch.setattr("sys.platform", "linux")
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    assert not can_open_browser()
+    monkeypatch.setenv("DISPLAY", ":0")
+    assert can_open_browser()

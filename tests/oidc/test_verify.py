@@ -146,12 +146,13 @@ def test_a_rotated_key_is_fetched_once(oidc_provider):
 
 
 def test_unknown_key_ids_do_not_make_a_request_each(oidc_provider, monkeypatch):
-    check = verifier(oidc_provider)  # refetch_after_s: 10 s
+    made_up = [oidc_provider.mint(key=new_key(f"made-up-{n}")) for n in range(5)]
+    check = verifier(oidc_provider, refetch_after_s=3600)
     check.verify_id_token(oidc_provider.mint())
     fetched = []
     monkeypatch.setattr("gpuforge.oidc.issuer.get_json", lambda *a: fetched.append(a) or {"keys": []})
-    for n in range(5):
-        assert refused(check, oidc_provider.mint(key=new_key(f"made-up-{n}"))) == "key"
+    for token in made_up:
+        assert refused(check, token) == "key"
     assert fetched == []
 
 

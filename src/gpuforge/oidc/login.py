@@ -11,6 +11,8 @@ login, not at the first request), then kept in a 0600 file (login_file.py).
 
 from __future__ import annotations
 
+import os
+import sys
 import webbrowser
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,9 +107,10 @@ def cli_scopes(server_scopes: tuple[str, ...], discovery: Discovery) -> tuple[st
 
 def _device_flow(discovery, client, scopes, show, sleep) -> Tokens:
     device = start_device_flow(discovery, client, scopes)
-    show(f"To sign in, open {device.verification_uri} and enter the code {device.user_code}")
+    shown = printable(device.verification_uri), printable(device.user_code)
+    show(f"To sign in, open {shown[0]} and enter the code {shown[1]}")
     if device.verification_uri_complete:
-        show(f"(or open {device.verification_uri_complete})")
+        show(f"(or open {printable(device.verification_uri_complete)})")
     return poll_device_flow(discovery, client, device, **({"sleep": sleep} if sleep else {}))
 
 
@@ -116,7 +119,7 @@ def _loopback_flow(discovery, client, scopes, show, open_browser, wait_s) -> tup
         request = AuthorizationRequest.new(receiver.redirect_uri)
         url = request.url(discovery, client, scopes)
         show(f"To sign in, open this URL in a browser on this machine:\n{url}")
-        if open_browser:
+        if open_browser and can_open_browser():
             try:
                 webbrowser.get().open(url)
             except webbrowser.Error:
@@ -125,5 +128,18 @@ def _loopback_flow(discovery, client, scopes, show, open_browser, wait_s) -> tup
     return exchange_code(discovery, client, request, code), request.nonce
 
 
+def can_open_browser() -> bool:
+    """Whether a browser window can open here: not on a Linux machine without a display, where Python's
+    webbrowser would start a text browser (lynx, w3m) in the very terminal that shows the URL."""
+    if sys.platform.startswith("linux"):
+        return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    return True
+
+
+def printable(text: str) -> str:
+    """A provider's text as the terminal may show it: no escape sequences or other control characters."""
+    return "".join(c for c in text if c.isprintable())
+
+
 def _who(claims: Claims) -> str:
-    return claims.email or claims.name or claims.subject
+    return printable(claims.email or claims.name or claims.subject)

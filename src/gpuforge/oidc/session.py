@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import time
 from collections.abc import Generator
@@ -64,9 +66,6 @@ def refreshed(login: StoredLogin) -> StoredLogin:
 
 def login_subject(login: StoredLogin) -> str | None:
     """The `sub` of the kept ID token, read without verifying (it was verified when it was kept)."""
-    import base64
-    import json
-
     try:
         payload = login.id_token.split(".")[1]
         return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))).get("sub")
