@@ -208,3 +208,11 @@ def test_no_browser_is_started_on_linux_without_a_display(monkeypatch):
     assert not can_open_browser()
     monkeypatch.setenv("DISPLAY", ":0")
     assert can_open_browser()
+
+
+def test_a_sign_in_file_that_holds_something_else_is_refused(config_home):
+    path = save_login(StoredLogin("http://gpu.example:8600", "https://sso.example", CLI, "a.b.c", "r", 0))
+    path.write_text('{"server": "http://gpu.example:8600", "issuer": 1, "client_id": "c", "id_token": "t", '
+                    '"refresh_token": null, "expires_at": 0}')  # fmt: skip
+    with pytest.raises(GpuforgeError, match="not a gpuforge sign-in"):
+        load_login("http://gpu.example:8600")

@@ -5,6 +5,8 @@ provider). The provider is named by the admin, but its answers still cross a net
 from __future__ import annotations
 
 import json
+from functools import cache
+from http.cookiejar import DefaultCookiePolicy
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -51,13 +53,12 @@ def _send(method: str, url: str, what: str, **request: Any) -> tuple[int, dict[s
     check_url(url, what)
     headers = {"Accept": "application/json"}
     try:
-        with httpx.Client(timeout=TIMEOUT, follow_redirects=False) as http:
-            with http.stream(method, url, headers=headers, **request) as response:
-                body = bytearray()
-                for chunk in response.iter_bytes():
-                    body += chunk
-                    if len(body) > MAX_ANSWER_BYTES:
-                        raise ProviderError(f"{what} {url}: answer over {MAX_ANSWER_BYTES} bytes")
+        with _http().stream(method, url, headers=headers, **request) as response:
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > MAX_ANSWER_BYTES:
+                    raise ProviderError(f"{what} {url}: answer over {MAX_ANSWER_BYTES} bytes")
     except httpx.HTTPError as err:
         raise ProviderError(f"{what} {url}: unreachable ({type(err).__name__}: {err})") from None
     try:
@@ -67,3 +68,12 @@ def _send(method: str, url: str, what: str, **request: Any) -> tuple[int, dict[s
     if not isinstance(parsed, dict):
         raise ProviderError(f"{what} {url}: answered {response.status_code}, not a JSON object")
     return response.status_code, parsed
+
+
+@cache
+def _http() -> httpx.Client:
+    """One client for the process, shared by threads (making one loads the CA bundle: tens of ms). It
+    keeps no cookies: a provider's are no business of gpuforge's."""
+    client = httpx.Client(timeout=TIMEOUT, follow_redirects=False)
+    client.cookies.jar.set_policy(DefaultCookiePolicy(allowed_domains=[]))  # no domain may set one
+    return client

@@ -85,8 +85,12 @@ def load_login(server: str, directory: Path | None = None) -> StoredLogin | None
                 "known to others); gpuforge logout, then gpuforge login"
             )
         try:
-            data = json.load(file)
-            login = StoredLogin(**data)
+            login = StoredLogin(**json.load(file))
+            texts = (login.server, login.issuer, login.client_id, login.id_token)
+            if not all(isinstance(t, str) for t in texts) or not isinstance(login.refresh_token, str | None):
+                raise TypeError
+            if not isinstance(login.expires_at, int):
+                raise TypeError
         except (ValueError, TypeError):
             raise GpuforgeError(
                 f"{path}: not a gpuforge sign-in; gpuforge logout, then gpuforge login"

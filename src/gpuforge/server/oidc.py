@@ -11,7 +11,8 @@ Routes (open: they are how one gets a credential):
   S256, a state and a nonce of its own);
 - GET /auth/oidc/callback: redeems the code, verifies the ID token (nonce included) and hands the claims
   to `on_sign_in(request, claims, next_path)`, whose response is the answer (the integrator's: it maps
-  the claims to a user and sets the dashboard's session).
+  the claims to a user and sets the dashboard's session; a plain function runs in the thread pool, an
+  async one on the event loop).
 """
 
 from __future__ import annotations
@@ -165,9 +166,10 @@ class OidcSignIn:
         if not self.pending.add(sign_in, local_path(next)):
             return _refusal(503, "too many sign-ins under way: try again in a few minutes")
         response = RedirectResponse(sign_in.url(discovery, self.client, self.config.scopes), status_code=303)
+        https = redirect_uri.startswith("https://")  # behind a TLS proxy the request itself may read http
         response.set_cookie(
             STATE_COOKIE, sign_in.state, max_age=SIGN_IN_TTL_S, path="/auth/oidc", httponly=True,
-            samesite="lax", secure=request.url.scheme == "https",
+            samesite="lax", secure=https,
         )  # fmt: skip
         return response
 
@@ -194,9 +196,10 @@ class OidcSignIn:
             return _refusal(401, str(err))
         except ProviderError as err:
             return _refusal(502, str(err))
-        response = self.on_sign_in(request, claims, next_path)
-        if inspect.isawaitable(response):
-            response = await response
+        if inspect.iscoroutinefunction(self.on_sign_in):
+            response = await self.on_sign_in(request, claims, next_path)
+        else:  # the store is synchronous: a plain function runs off the event loop
+            response = await run_in_threadpool(self.on_sign_in, request, claims, next_path)
         response.delete_cookie(STATE_COOKIE, path="/auth/oidc")
         return response
 
