@@ -164,3 +164,16 @@ def test_discovery_must_name_the_issuer_exactly(oidc_provider):
 def test_a_plain_http_issuer_off_loopback_is_refused():
     with pytest.raises(ProviderError, match="https"):
         Issuer("http://sso.example.com")
+
+
+def test_a_provider_out_of_reach_is_not_a_refused_token(oidc_provider, monkeypatch):
+    check = verifier(oidc_provider)
+    check.issuer.discovery()
+
+    def unreachable(url, what):
+        raise ProviderError(f"{what} {url}: unreachable")
+
+    monkeypatch.setattr("gpuforge.oidc.issuer.get_json", unreachable)
+    with pytest.raises(ProviderError, match="unreachable") as caught:
+        check.verify_id_token(oidc_provider.mint())
+    assert not isinstance(caught.value, TokenRefused)

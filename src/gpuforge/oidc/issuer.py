@@ -29,6 +29,10 @@ KEYS_TTL_S = 3600.0
 REFETCH_AFTER_S = 10.0
 
 
+class UnknownKey(ProviderError):
+    """The provider publishes no key with a token's key id (for its algorithm)."""
+
+
 @dataclass(frozen=True)
 class Discovery:
     """What gpuforge uses of a provider's /.well-known/openid-configuration."""
@@ -64,8 +68,9 @@ class Issuer:
             return self._discovery[0]
 
     def key_for(self, kid: str | None, alg: str) -> Key:
-        """The provider's public key that signed a token with header `kid`, `alg`; a ProviderError when
-        the provider has none (after one fetch of a fresh key set, for a kid not seen yet)."""
+        """The provider's public key that signed a token with header `kid`, `alg`; UnknownKey when the
+        provider has none (after one fetch of a fresh key set, for a kid not seen yet), ProviderError
+        when its key set cannot be had."""
         found = _pick(self._cached_keys(), kid, alg)
         if found is None:
             with self._lock:
@@ -74,7 +79,7 @@ class Issuer:
                     self._keys = (self._fetch_keys(), time.monotonic())
                 found = _pick(self._keys[0], kid, alg) if self._keys else None
         if found is None:
-            raise ProviderError(f"the provider's key set has no {alg} key with id {kid!r}")
+            raise UnknownKey(f"the provider's key set has no {alg} key with id {kid!r}")
         return found
 
     def _cached_keys(self) -> list[Key]:

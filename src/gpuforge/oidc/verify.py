@@ -26,8 +26,7 @@ from joserfc import jwt
 from joserfc.errors import BadSignatureError, JoseError
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.oidc.http import ProviderError
-from gpuforge.oidc.issuer import Issuer
+from gpuforge.oidc.issuer import Issuer, UnknownKey
 
 LEEWAY_S = 60  # clock skew between the provider and this machine
 MAX_TOKEN_CHARS = 16 * 1024  # a real ID token is 1-2 KiB; a header is no place for megabytes
@@ -105,7 +104,7 @@ class IdTokenVerifier:
         kid = header.get("kid")
         try:
             key = self.issuer.key_for(kid if isinstance(kid, str) else None, alg)
-        except ProviderError as err:
+        except UnknownKey as err:
             raise TokenRefused("key", str(err)) from None
         try:
             claims = jwt.decode(token, key, algorithms=[alg]).claims
