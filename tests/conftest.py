@@ -17,6 +17,8 @@ from gpuforge.distributed.ranks import leave_process_group
 from tests.helpers.paths import TOPICS
 from tests.helpers.postgres import postgres_required
 
+pytest_plugins = ("tests.helpers.oidc_provider",)  # start_provider, oidc_provider: a real OpenID provider
+
 
 def pytest_configure(config):
     # One cache (measured matmul peaks, gathered corpora) for the whole session, never the user's.

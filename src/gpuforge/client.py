@@ -1,6 +1,7 @@
-"""The HTTP client behind `gpuforge submit | jobs | job | cancel | resume | logs | keys | projects` and
-`gpuforge notifications`: GPUFORGE_URL (or --url) and GPUFORGE_API_KEY (or the key cli/server.py read from
---api-key-file), errors as one line.
+"""The HTTP client behind `gpuforge submit | jobs | job | cancel | resume | logs | keys | projects`, `gpuforge
+notifications` and `gpuforge audit`: GPUFORGE_URL (or --url) and GPUFORGE_API_KEY (or the key cli/server.py
+read from --api-key-file), else the ID token of a `gpuforge login` to that server (oidc/session.py refreshes
+it), errors as one line.
 
 `submit` sends the local files a spec names (data.train, data.eval, a `python:` model's .py file) to the
 server first, each once by content (the server answers whether it has a SHA-256 already), and submits
@@ -39,13 +40,14 @@ class Client:
         environment = current()
         self.url = (url or environment.url).rstrip("/")
         key = key or environment.api_key
-        if not key:
+        signed_in = None if key else _signed_in(self.url)
+        if not key and signed_in is None:
             raise GpuforgeError(
-                "no API key: set GPUFORGE_API_KEY or pass --api-key-file PATH (the server wrote admin.key)"
+                "no API key: set GPUFORGE_API_KEY or pass --api-key-file PATH (the server wrote admin.key), "
+                f"or sign in: gpuforge login --server {self.url}"
             )
-        self.http = httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=timeout
-        )
+        headers = {"Authorization": f"Bearer {key}"} if key else {}  # else the sign-in's ID token, kept fresh
+        self.http = httpx.Client(base_url=self.url, headers=headers, auth=signed_in, timeout=timeout)
 
     def _call(self, method: str, path: str, **kwargs) -> Any:
         try:
@@ -357,6 +359,15 @@ class Client:
         if scheme == "python" and module in server_path:
             raw["model"]["source"] = f"python:{server_path[module]}:{fn}"
         return JobSpec.model_validate(raw), files
+
+
+def _signed_in(url: str) -> httpx.Auth | None:
+    """The bearer auth of a `gpuforge login` kept for `url`, if there is one."""
+    from gpuforge.oidc.login_file import load_login
+    from gpuforge.oidc.session import SignedIn
+
+    login = load_login(url)
+    return SignedIn(login) if login else None
 
 
 def local_files(spec: JobSpec) -> list[tuple[str, Path]]:

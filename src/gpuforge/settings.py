@@ -26,7 +26,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, cast, get_args, get_origin
 
-from pydantic import AfterValidator, BeforeValidator, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BeforeValidator, Field, SecretStr, TypeAdapter, ValidationError
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -186,6 +186,52 @@ class ServerOptions(BaseSettings):
         None,
         meaning="the Slurm QOS jobs are submitted with (executor slurm)",
         read_by="`gpuforge server`, its job runners",
+    )
+    oidc_issuer: str | None = setting(
+        None,
+        meaning="single sign-on: the OpenID Connect issuer's URL, exactly as its discovery document names it "
+        "(https; http only on loopback)",
+        read_by="`gpuforge server`",
+        shown_default="unset: API keys only",
+    )
+    oidc_client_id: str | None = setting(
+        None,
+        meaning="single sign-on: gpuforge's client id at the issuer (the dashboard's, a confidential client)",
+        read_by="`gpuforge server`",
+    )
+    oidc_cli_client_id: str | None = setting(
+        None,
+        meaning="single sign-on: the client id `gpuforge login` signs in as (a public client, no secret)",
+        read_by="`gpuforge server`",
+        shown_default="GPUFORGE_OIDC_CLIENT_ID",
+    )
+    oidc_client_secret: SecretStr | None = setting(
+        None,
+        meaning="single sign-on: the dashboard client's secret (or --oidc-client-secret-file; never on the "
+        "command line)",
+        read_by="`gpuforge server`",
+    )
+    oidc_client_secret_file: Path | None = setting(
+        None,
+        meaning="single sign-on: a file whose first line is that secret",
+        read_by="`gpuforge server`",
+    )
+    oidc_scopes: str = setting(
+        "openid profile email",
+        meaning="single sign-on: the scopes asked for (space-separated; openid is always among them)",
+        read_by="`gpuforge server`",
+    )
+    oidc_groups_claim: str = setting(
+        "groups",
+        meaning="single sign-on: the ID token's claim that lists the user's groups",
+        read_by="`gpuforge server`",
+    )
+    oidc_redirect_uri: str | None = setting(
+        None,
+        meaning="single sign-on: the dashboard's callback URL as registered at the issuer, for a server "
+        "behind a proxy",
+        read_by="`gpuforge server`",
+        shown_default="the request's own URL of /auth/oidc/callback",
     )
 
     smtp_host: str | None = setting(
@@ -489,7 +535,15 @@ def _type_name(annotation: Any) -> str:
         return " or ".join(f"`{a}`" for a in get_args(annotation))
     if get_origin(annotation) is tuple:
         return "paths"
-    return {bool: "boolean", int: "integer", float: "number", str: "string", Path: "path"}[annotation]
+    names = {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        Path: "path",
+        SecretStr: "secret",
+    }
+    return names[annotation]
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
     gpuforge server | submit | jobs | job | logs | cancel | resume | wait | keys      (cli/server.py)
     gpuforge notifications [add | targets | remove | test]                         (cli/notifications.py)
     gpuforge serve RUN/model [--port 8700] [--max-batch 32] [--max-wait-ms 5]        (cli/serve.py)
+    gpuforge login [--server URL] [--browser] | logout [--server URL]                 (cli/login.py)
 
 Bad input is one line on stderr and exit code 2; a training failure (NaN loss) exits 1; a run paused by
 its cost budget exits 3; a run stopped by SIGINT/SIGTERM exits 130/143 after its checkpoint.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import sys
 
-from gpuforge.cli import deployments, local, notifications, profile, serve, server, tune  # noqa: F401  (each module's verbs join `app`)
+from gpuforge.cli import deployments, local, login, notifications, profile, serve, server, tune  # noqa: F401  (each module's verbs join `app`)
 from gpuforge.cli.app import EXIT_BAD_INPUT, EXIT_FAILED, app, console
 from gpuforge.errors import GpuforgeError, TrainingFailed
 

@@ -1,6 +1,7 @@
 """The server and its client verbs (they join `gpuforge.cli.app`):
 
     gpuforge server [--host 127.0.0.1] [--port 8600] [--db URL | --db-file PATH]
+                    [--oidc-issuer URL --oidc-client-id ID [--oidc-client-secret-file PATH]]
     gpuforge submit SPEC.yaml [--priority N] [--name NAME] [--set k=v]... [--json]
     gpuforge jobs [--state S] [--json] | job ID [--json] | logs ID [--follow] [--tail N]
     gpuforge cancel ID [--no-wait] | resume ID [--budget USD | --no-budget] | wait ID...
@@ -114,6 +115,21 @@ def server(
     qos: Annotated[
         str | None, typer.Option(help="Slurm QOS, for --executor slurm ($GPUFORGE_SLURM_QOS)")
     ] = None,
+    oidc_issuer: Annotated[
+        str | None,
+        typer.Option(help="single sign-on: the OpenID Connect issuer's URL ($GPUFORGE_OIDC_ISSUER)"),
+    ] = None,
+    oidc_client_id: Annotated[
+        str | None, typer.Option(help="single sign-on: gpuforge's client id there ($GPUFORGE_OIDC_CLIENT_ID)")
+    ] = None,
+    oidc_client_secret_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="a file whose first line is the client's secret (or $GPUFORGE_OIDC_CLIENT_SECRET; never on "
+            "the command line)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve the HTTP API: jobs are queued in the store and run on this machine's devices (or a Ray
     cluster's, or a Slurm partition's: docs/slurm.md)."""
@@ -132,11 +148,16 @@ def server(
     if db_file is not None:
         db = read_secret_file(db_file, "--db-file", "the store URL")
     given = {"host": host, "port": port, "db": db, "executor": executor, "ray_address": ray_address,
-             "slurm_partition": partition, "slurm_account": account, "slurm_qos": qos}  # fmt: skip
+             "slurm_partition": partition, "slurm_account": account, "slurm_qos": qos,
+             "oidc_issuer": oidc_issuer, "oidc_client_id": oidc_client_id,
+             "oidc_client_secret_file": oidc_client_secret_file}  # fmt: skip
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as err:
         raise GpuforgeError(format_validation_error(err)) from None
+    from gpuforge.server.oidc import oidc_settings
+
+    oidc_settings(settings)  # an issuer without a client id, an unreadable secret file: said now
     check_port_free(settings.host, settings.port)  # before the home, the store or a key is made
     # the app (torch, the store's tables) only once the options hold: a refusal takes a second
     from gpuforge.server.app import check_executor, check_store_and_bind, create_app
