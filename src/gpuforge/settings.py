@@ -226,6 +226,13 @@ class ServerOptions(BaseSettings):
         meaning="single sign-on: the ID token's claim that lists the user's groups",
         read_by="`gpuforge server`",
     )
+    oidc_roles: str = setting(
+        "",
+        meaning="single sign-on: projects and roles from the groups claim, `GROUP=PROJECT:ROLE` or "
+        "`GROUP=admin`, comma-separated (`ml-team=vision:member,ml-leads=vision:maintainer,ops=admin`)",
+        read_by="`gpuforge server`",
+        shown_default="none: the server's own table alone (`gpuforge projects member`)",
+    )
     oidc_redirect_uri: str | None = setting(
         None,
         meaning="single sign-on: the dashboard's callback URL as registered at the issuer, for a server "

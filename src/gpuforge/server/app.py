@@ -36,6 +36,7 @@ from gpuforge.server.routes import (
     forward,
     jobs,
     keys,
+    me,
     notifications,
     overview,
     profiles,
@@ -46,6 +47,7 @@ from gpuforge.server.routes import (
 )
 from gpuforge.server.services import Services
 from gpuforge.server.settings import Settings, job_policy
+from gpuforge.server.sso import session_router, single_sign_on
 from gpuforge.store.db import connect, migrate, session
 from gpuforge.store.keys import ensure_admin_key, has_admin_key
 
@@ -85,9 +87,13 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
 
     app = FastAPI(title="gpuforge", version="0.1.0", lifespan=lifespan)
     app.state.services = state = Services(settings)  # what the routes use (server/services.py)
+    state.sso = single_sign_on(settings)
+    if state.sso.oidc is not None:
+        app.include_router(state.sso.oidc.router())
+        app.include_router(session_router())
     app.include_router(read_routes(store_reader, permit))  # the jobs' reads, shared with `gpuforge dashboard`
     for routes in (jobs, searches, profiles, keys, projects, uploads, deployments, deployment_versions,
-                   forward, overview, audit, system, notifications):  # fmt: skip
+                   forward, overview, audit, me, system, notifications):  # fmt: skip
         app.include_router(routes.router)
     add_pages(app)
 

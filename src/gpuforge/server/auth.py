@@ -24,11 +24,14 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gpuforge.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, is_page_path, presented_key
+from gpuforge.server.oidc import OPEN_PATHS as SIGN_IN_PATHS
 from gpuforge.server.services import services, services_of
+from gpuforge.server.sso import SESSION_PATH, bearer_key
 from gpuforge.store import audit
 from gpuforge.store.db import session
-from gpuforge.store.keys import find_key
-from gpuforge.store.models import ApiKey
+from gpuforge.store.keys import PREFIX, find_key
+from gpuforge.store.models import ApiKey, utcnow
+from gpuforge.store.users import capped, owned_ids
 
 KEY_RECHECK_S = 30.0
 FAILED_SIGN_IN_EVERY_S = 60.0  # one audit row a source address in this long, at most
@@ -42,9 +45,14 @@ def lookup_key(app, key: str | None) -> ApiKey | None:
     known = state.known_keys
     cached = known.get(key) if key else None
     found = cached[0] if cached and time.monotonic() - cached[1] < KEY_RECHECK_S else None
+    if found is not None and found.expires_at is not None and found.expires_at <= utcnow():
+        found = None  # a session that ended while cached
     if found is None:
         with session(state.engine) as s:
             found = find_key(s, key)
+            found = capped(s, found) if found is not None else None  # a session's end, a person's rights
+            if found is not None and found.user_id is not None:
+                found.owned = owned_ids(s, found)
         if found is not None and found.digest in state.revoked_keys:
             found = None  # read before a revoke here committed: it must not come back into the cache
         if found is not None:
@@ -60,7 +68,12 @@ class RequireKey:
 
     def __init__(self, app, fastapi_app, public_documents: bool):
         self.app, self.fastapi_app = app, fastapi_app
-        self.open = OPEN_PATHS | (DOCUMENT_PATHS if public_documents else frozenset())
+        self.open = (
+            OPEN_PATHS
+            | SIGN_IN_PATHS
+            | {SESSION_PATH}
+            | (DOCUMENT_PATHS if public_documents else frozenset())
+        )
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in self.open or is_page_path(scope["path"]):
@@ -70,14 +83,20 @@ class RequireKey:
             headers.get(b"authorization", b"").decode("latin-1") or None,
             headers.get(b"x-api-key", b"").decode("latin-1") or None,
         )
-        found = lookup_key(self.fastapi_app, given)
-        if found is None and given:
-            client = scope.get("client")
-            failed_sign_in(self.fastapi_app, client[0] if client else "-", scope["path"])
+        client = scope.get("client")
+        source = client[0] if client else "-"
+        found, refused, why = None, 401, UNAUTHORIZED
+        if given and not given.startswith(PREFIX):  # not a key: a signed-in user's ID token, perhaps
+            found, code, told = await bearer_key(self.fastapi_app, given, source)
+            refused, why = (code, told) if code else (refused, why)
+        else:
+            found = lookup_key(self.fastapi_app, given)
+        if found is None and given and refused != 503:
+            failed_sign_in(self.fastapi_app, source, scope["path"])
         if found is None:
             closing = {"Connection": "close"} if carries_body(headers) else {}  # the body is never read
             response = JSONResponse(
-                {"detail": UNAUTHORIZED}, 401, headers={"WWW-Authenticate": "Bearer", **closing}
+                {"detail": why}, refused, headers={"WWW-Authenticate": "Bearer", **closing}
             )
             return await response(scope, receive, send)
         scope.setdefault("state", {})["api_key"] = found
@@ -85,8 +104,8 @@ class RequireKey:
 
 
 def failed_sign_in(app, source: str, path: str) -> None:
-    """An audit row for a key refused from `source`, unless that source had one in the last minute (then it
-    is counted, and the next row says how many)."""
+    """An audit row for a key (or an ID token) refused from `source`, unless that source had one in the last
+    minute (then it is counted, and the next row says how many)."""
     state = services_of(app)
     seen = state.failed_sign_ins
     now = time.monotonic()
@@ -125,6 +144,16 @@ def forget_key(request: Request, digest: str, revoked: bool = False) -> None:
     known = services(request).known_keys
     for key in [k for k, (found, _) in known.items() if found.digest == digest]:
         known.pop(key, None)
+
+
+def forget_person(request: Request, user_id: int) -> None:
+    """Drop every key of a signed-in person from this process's caches (their rights changed)."""
+    state = services(request)
+    for key in [k for k, (found, _) in state.known_keys.items() if found.user_id == user_id]:
+        state.known_keys.pop(key, None)
+    with state.sso.lock:
+        for tag in [t for t, (found, _) in state.sso.tokens.items() if found.user_id == user_id]:
+            state.sso.tokens.pop(tag, None)
 
 
 Key = Annotated[ApiKey, Depends(current_key)]

@@ -21,6 +21,7 @@ from gpuforge.store import jobs
 from gpuforge.store.db import session
 from gpuforge.store.models import QUEUE_JOB_STATES, ApiKey, Event, Job, utcnow
 from gpuforge.store.projects import project_names
+from gpuforge.store.users import person_name
 
 
 class StoreJobReader:
@@ -33,7 +34,7 @@ class StoreJobReader:
             with session(self.served.engine) as s:
                 project = project_names(s, {self.key.project_id}).get(self.key.project_id)
         return WhoAmI(
-            name=self.key.name,
+            name=person_name(self.key),
             admin=self.key.admin,
             project=project,
             role="admin" if self.key.admin else str(self.key.role),

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from gpuforge.server.auth import Key
 from gpuforge.store import audit
 from gpuforge.store.models import ApiKey, Role
+from gpuforge.store.users import person_name
 
 ADMIN = "admin"  # not a role: the key's admin flag
 
@@ -76,6 +77,8 @@ RULES: dict[str, Rule] = {
         V, None, True, "add or remove its notification targets (a project's: a maintainer)"
     ),
     "notifications.test": Rule(V, None, False, "send a test event to one of its targets"),
+    "me.keys.read": Rule(V, None, False, "a signed-in person's own personal keys"),
+    "me.keys.change": Rule(V, None, True, "make or revoke a personal key (its user's rights or fewer)"),
     # the admin's alone
     "keys.read": Rule(ADMIN, None, False, "list keys"),
     "keys.create": Rule(ADMIN, None, True, "make a key"),
@@ -127,7 +130,7 @@ def _a(role: Role | str) -> str:
 def actor(request: Request, key: ApiKey | None) -> audit.Actor:
     """Who sent `request`, for its audit row."""
     source = request.client.host if request.client else "-"
-    return audit.Actor(key.name if key else "-", key.id if key else None, source)
+    return audit.Actor(person_name(key) if key else "-", key.id if key else None, source)
 
 
 def audited(

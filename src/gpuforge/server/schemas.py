@@ -130,6 +130,8 @@ class _KeyPublic(BaseModel):
     revoked_at: datetime | None = None
     project: str | None = Field(None, description="the project it belongs to (none for an admin key)")
     role: Role = Field(description="its role in its project (an admin key: every right)")
+    kind: str = Field("key", description="key; a signed-in person's: user, session (expires), personal")
+    expires_at: datetime | None = Field(None, description="a session's end: it opens nothing after")
 
     @model_validator(mode="before")
     @classmethod
@@ -137,7 +139,7 @@ class _KeyPublic(BaseModel):
         """A stored key (an ApiKey row): its quotas as they hold, the defaults where it stores NULL."""
         if isinstance(key, dict):
             return key
-        fields = ("id", "name", "admin", "created_at", "revoked_at", "role")
+        fields = ("id", "name", "admin", "created_at", "revoked_at", "role", "kind", "expires_at")
         return {**{f: getattr(key, f) for f in fields}, **limits(key)}
 
 

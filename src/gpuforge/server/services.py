@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from gpuforge.scheduler.loop import Scheduler
     from gpuforge.scheduler.traffic import Traffic
     from gpuforge.server.settings import Settings
+    from gpuforge.server.sso import SingleSignOn
     from gpuforge.store.models import ApiKey
 
 
@@ -30,6 +31,7 @@ class Services:
     revoked_keys: set[str] = field(default_factory=set)  # digests revoked by this process (auth)
     open_streams: dict[int, int] = field(default_factory=dict)  # key id -> its live streams (routes/jobs)
     failed_sign_ins: dict[str, tuple[float, int]] = field(default_factory=dict)  # source -> (written, since)
+    sso: SingleSignOn = field(init=False)  # single sign-on, if the settings ask for it (server/sso.py)
     # set at start (lifespan)
     engine: Engine = field(init=False)
     devices: list[DeviceInfo] = field(init=False)

@@ -20,12 +20,21 @@ Row = Job | Deployment | Search
 
 
 def may_read(key: ApiKey, row: Row) -> bool:
-    return key.admin or row.owner_id == key.id or _teammate(key, row)
+    return key.admin or _own(key, row) or _teammate(key, row)
 
 
 def may_change(key: ApiKey, row: Row, action: str) -> bool:
     """Whether `key` may do `action` to `row` (one it may read): its own, or as its project's `others`."""
-    return key.admin or row.owner_id == key.id or (_teammate(key, row) and has(key, RULES[action].others))
+    return key.admin or _own(key, row) or (_teammate(key, row) and has(key, RULES[action].others))
+
+
+def own_ids(key: ApiKey) -> frozenset[int]:
+    """The keys whose rows are `key`'s own: a signed-in person's every key (store/users.py), else itself."""
+    return key.owned or frozenset({key.id})
+
+
+def _own(key: ApiKey, row: Row) -> bool:
+    return row.owner_id in own_ids(key)
 
 
 def _teammate(key: ApiKey, row: Row) -> bool:
@@ -36,7 +45,7 @@ def readable(key: ApiKey, model: type[Job] | type[Deployment] | type[Search]) ->
     """may_read as a SQL condition, for list queries: the filter travels with the query, no second read."""
     if key.admin:
         return true()
-    own = model.owner_id == key.id
+    own = model.owner_id == key.id if key.owned is None else model.owner_id.in_(sorted(key.owned))
     return own if key.project_id is None else or_(own, model.project_id == key.project_id)
 
 

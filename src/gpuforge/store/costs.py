@@ -113,7 +113,9 @@ def costs_for(s: Session, key: ApiKey, when: Period, by: CostBy, project: str | 
     `project`: that project's alone (LookupError where the key may not see it)."""
     where: list[ColumnElement[bool]] = []
     if not key.admin:  # its own spend, and its project's
-        mine = LedgerEntry.key_id == key.id
+        mine = (
+            LedgerEntry.key_id == key.id if key.owned is None else LedgerEntry.key_id.in_(sorted(key.owned))
+        )
         where.append(mine if key.project_id is None else or_(mine, LedgerEntry.project_id == key.project_id))
     if project is not None:
         try:

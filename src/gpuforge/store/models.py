@@ -186,6 +186,11 @@ class ApiKey(Base):
     max_priority: Mapped[int | None] = mapped_column(default=None)
     project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), default=None)  # admin: none
     role: Mapped[Role] = mapped_column(StateColumn(Role), default=Role.MEMBER)  # in its project (or its own)
+    # a person's (single sign-on, store/users.py): the one they act through, a session's, or a personal key
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), default=None, index=True)
+    kind: Mapped[str] = mapped_column(String(8), default="key")  # key | user | session | personal
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)  # a session's: opens nothing after
+    owned = None  # not stored: the ids of its user's every key, set when a request's key is looked up
 
 
 class Search(Base):
@@ -539,3 +544,34 @@ class NotificationDelivery(Base):
     last_error: Mapped[str | None] = mapped_column(Text, default=None)  # never holds the destination
     delivered_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class User(Base):
+    """A person signed in through single sign-on (store/users.py), known by the issuer's `sub`; they act
+    through an API key row of their own (kind `user`), which owns what they make."""
+
+    __tablename__ = "users"
+    __table_args__ = (UniqueConstraint("issuer", "subject"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    issuer: Mapped[str] = mapped_column(String(500))
+    subject: Mapped[str] = mapped_column(String(255))
+    name: Mapped[str | None] = mapped_column(String(200), default=None)
+    email: Mapped[str | None] = mapped_column(String(320), default=None)
+    admin: Mapped[bool] = mapped_column(default=False)  # from the roles rule (GROUP=admin), at each sign-in
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_sign_in_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Membership(Base):
+    """A user's role in a project: set in the server's table (`projects member`), or read from the groups
+    claim by the roles rule at each sign-in (`source` claim). The higher of the two holds."""
+
+    __tablename__ = "memberships"
+    __table_args__ = (UniqueConstraint("user_id", "project_id", "source"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    role: Mapped[Role] = mapped_column(StateColumn(Role))
+    source: Mapped[str] = mapped_column(String(8))  # table | claim

@@ -12,7 +12,7 @@ def visible(key: ApiKey):
     """The searches `key` may read: its own and its project's; an admin's, all."""
     if key.admin:
         return True
-    mine = Search.owner_id == key.id
+    mine = Search.owner_id == key.id if key.owned is None else Search.owner_id.in_(sorted(key.owned))
     return or_(mine, Search.project_id == key.project_id) if key.project_id is not None else mine
 
 

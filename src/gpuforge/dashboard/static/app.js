@@ -3,7 +3,7 @@
 // The key lives in this tab's sessionStorage only and travels as `Authorization: Bearer` on every call,
 // never in a URL or a cookie. Any 401 signs the tab out: a revoked key is signed out at its next poll.
 
-import { el, notFound } from "/static/dom.js";
+import { detailText, el, notFound } from "/static/dom.js";
 
 const KEY = "gpuforge.key";
 const POLL_MS = 2000;
@@ -278,12 +278,33 @@ async function onSignIn(event) {
   }
 }
 
+// Single sign-on, where the server offers it: a link to the issuer beside the key form, and, back from it,
+// the one-time code in the URL's fragment traded for the session's key (server/sso.py), the fragment
+// dropped from the address bar at once.
+async function singleSignOn() {
+  const code = new URLSearchParams(location.hash.slice(1)).get("sso");
+  if (code) {
+    history.replaceState(null, "", location.pathname + location.search);
+    const answer = await api("/auth/oidc/session", { method: "POST", body: { code }, key: "" });
+    if (answer.ok) sessionStorage.setItem(KEY, answer.data.key);
+    else document.getElementById("signin-error").textContent = detailText(answer);
+  }
+  const config = await api("/auth/oidc/config", { key: "" }).catch(() => null);
+  if (config?.ok) {
+    const link = document.getElementById("sso-start");
+    link.textContent = `Sign in with ${new URL(config.data.issuer).host}`;
+    link.href = `/auth/oidc/start?next=${encodeURIComponent(location.pathname + location.search)}`;
+    document.getElementById("sso").hidden = false;
+  }
+}
+
 // At load: a stored key is tried; with none, whoami may still answer (the read-only `gpuforge dashboard`).
 async function start() {
   document.getElementById("signin").addEventListener("submit", onSignIn);
   document.getElementById("signout").addEventListener("click", () => signOut(""));
   document.addEventListener("click", onClick);
   window.addEventListener("popstate", () => me && route());
+  await singleSignOn().catch(() => {});
   const stored = sessionStorage.getItem(KEY);
   let answer;
   try {

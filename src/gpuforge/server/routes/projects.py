@@ -15,7 +15,7 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi import Path as PathParam
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.server.auth import Key, forget_key
+from gpuforge.server.auth import Key, forget_key, forget_person
 from gpuforge.server.permissions import audited, has, permit
 from gpuforge.server.routes.jobs import wake_scheduler
 from gpuforge.server.schemas import MemberSet, ProjectCreate, ProjectPublic, ProjectUpdate
@@ -31,6 +31,7 @@ from gpuforge.store.projects import (
     project_names,
     set_project,
 )
+from gpuforge.store.users import roles_of, set_table_role, user_of
 
 router = APIRouter(prefix="/api/v1/projects", tags=["projects"])
 Name = Annotated[str, PathParam(max_length=100, description="the project's name")]
@@ -114,6 +115,10 @@ def set_member(name: Name, member: KeyName, body: MemberSet, request: Request, k
     another project is its admin's."""
     with session(services(request).engine) as s:
         project_id = _maintained(s, key, name)
+        if (person := user_of(s, member)) is not None:  # a signed-in person: the server's table of them
+            public = _set_person(s, request, key, person, project_id, body.role)
+            forget_person(request, person.id)
+            return public
         target = _member_key(s, member)
         if target.project_id not in (None, project_id) and not key.admin:
             raise HTTPException(
@@ -136,6 +141,10 @@ def remove_member(name: Name, member: KeyName, request: Request, key: Key) -> Pr
     """Take the key `member` out of the project (to none; its jobs made so far stay in the project)."""
     with session(services(request).engine) as s:
         project_id = _maintained(s, key, name)
+        if (person := user_of(s, member)) is not None:
+            public = _set_person(s, request, key, person, project_id, None)
+            forget_person(request, person.id)
+            return public
         target = _member_key(s, member)
         if target.project_id != project_id:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"key {member!r} is not in project {name!r}")
@@ -146,6 +155,21 @@ def remove_member(name: Name, member: KeyName, request: Request, key: Key) -> Pr
         public = _public(figures(s, only=project_id)[0])
     forget_key(request, target.digest)
     return public
+
+
+def _set_person(s, request, key: ApiKey, person, project_id: int, role: Role | None) -> ProjectPublic:
+    """A signed-in person's role in the project, as the server's table holds it (their groups may give
+    more: the higher holds), audited."""
+    project = project_names(s, {project_id})[project_id]
+    before = {"project": project, "role": _str(roles_of(s, person.id).get(project_id))}
+    set_table_role(s, person.id, project_id, role)
+    after = {"project": project, "role": _str(roles_of(s, person.id).get(project_id))}
+    audited(s, request, key, f"user {person.email or person.subject}", project_id, before, after)
+    return _public(figures(s, only=project_id)[0])
+
+
+def _str(role: Role | None) -> str | None:
+    return None if role is None else str(role)
 
 
 def _maintained(s, key: ApiKey, name: str) -> int:
