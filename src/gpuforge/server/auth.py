@@ -22,6 +22,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from gpuforge.access import DOCUMENT_PATHS, OPEN_PATHS, carries_body, is_page_path, presented_key
 from gpuforge.server.oidc import OPEN_PATHS as SIGN_IN_PATHS
@@ -35,6 +36,7 @@ from gpuforge.store.users import capped, owned_ids
 
 KEY_RECHECK_S = 30.0
 FAILED_SIGN_IN_EVERY_S = 60.0  # one audit row a source address in this long, at most
+FAILED_SIGN_INS_A_MINUTE = 60  # and this many rows a minute from all sources together (many addresses)
 MAX_SOURCES_KEPT = 10_000  # addresses remembered for that: past it, forgotten all at once
 UNAUTHORIZED = "missing, unknown or revoked API key: send Authorization: Bearer <key>"
 
@@ -91,8 +93,8 @@ class RequireKey:
             refused, why = (code, told) if code else (refused, why)
         else:
             found = lookup_key(self.fastapi_app, given)
-        if found is None and given and refused != 503:
-            failed_sign_in(self.fastapi_app, source, scope["path"])
+        if found is None and given and refused != 503:  # the store off the event loop: it may wait a lock
+            await run_in_threadpool(failed_sign_in, self.fastapi_app, source, scope["path"])
         if found is None:
             closing = {"Connection": "close"} if carries_body(headers) else {}  # the body is never read
             response = JSONResponse(
@@ -110,11 +112,15 @@ def failed_sign_in(app, source: str, path: str) -> None:
     seen = state.failed_sign_ins
     now = time.monotonic()
     written, since = seen.get(source, (float("-inf"), 0))
-    if now - written < FAILED_SIGN_IN_EVERY_S:
-        seen[source] = (written, since + 1)
+    window, rows = seen.get("", (now, 0))  # all sources: the minute's window and the rows written in it
+    if now - window >= FAILED_SIGN_IN_EVERY_S:
+        window, rows = now, 0
+    if now - written < FAILED_SIGN_IN_EVERY_S or rows >= FAILED_SIGN_INS_A_MINUTE:
+        seen[source] = (written, since + 1)  # counted, told by this source's next row
         return
     if len(seen) >= MAX_SOURCES_KEPT:
         seen.clear()
+    seen[""] = (window, rows + 1)
     seen[source] = (now, 0)
     detail = {"path": path[:200], "refused_since_last_row": since}
     with session(state.engine) as s:
@@ -152,7 +158,7 @@ def forget_person(request: Request, user_id: int) -> None:
     for key in [k for k, (found, _) in state.known_keys.items() if found.user_id == user_id]:
         state.known_keys.pop(key, None)
     with state.sso.lock:
-        for tag in [t for t, (found, _) in state.sso.tokens.items() if found.user_id == user_id]:
+        for tag in [t for t, (found, *_) in state.sso.tokens.items() if found.user_id == user_id]:
             state.sso.tokens.pop(tag, None)
 
 

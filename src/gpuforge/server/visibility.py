@@ -83,7 +83,7 @@ def may_manage_target(key: ApiKey, owner_id: int, project_id: int | None) -> boo
     if key.admin:
         return True
     if project_id is None:
-        return owner_id == key.id
+        return owner_id in own_ids(key)
     return project_id == key.project_id and has(key, Role.MAINTAINER)
 
 
@@ -91,7 +91,8 @@ def manageable_targets(key: ApiKey) -> ColumnElement[bool]:
     """may_manage_target as a SQL condition, for the lists."""
     if key.admin:
         return true()
-    own = and_(NotificationTarget.owner_id == key.id, NotificationTarget.project_id.is_(None))
+    mine = NotificationTarget.owner_id.in_(sorted(own_ids(key)))
+    own = and_(mine, NotificationTarget.project_id.is_(None))
     if key.project_id is None or not has(key, Role.MAINTAINER):
         return own
     return or_(own, NotificationTarget.project_id == key.project_id)

@@ -107,20 +107,31 @@ def check_settable(key_name: str, admin: bool, quotas: dict[str, int | None]) ->
 
 
 def _locked(s: Session, key: ApiKey) -> ApiKey:
-    """The key's row, read fresh and held until the transaction ends: its quota-checked writes go one at a
-    time. A no-op UPDATE holds it on both stores (a row lock on PostgreSQL, where FOR UPDATE would do too;
-    the database's write lock on SQLite, which ignores FOR UPDATE), for the few statements that follow."""
-    from sqlalchemy import update
+    """The row whose quotas hold for `key`, read fresh and held until the transaction ends: its
+    quota-checked writes go one at a time. A signed-in person's keys (sessions, personal keys) share the
+    quotas of the person's own key row (store/users.py): more keys are not more quota. A no-op UPDATE holds
+    it on both stores (a row lock on PostgreSQL, where FOR UPDATE would do too; the database's write lock on
+    SQLite, which ignores FOR UPDATE), for the few statements that follow."""
+    from sqlalchemy import select, update
 
     from gpuforge.store.models import ApiKey
 
+    holder = key.id
+    if key.user_id is not None:
+        person = ApiKey.user_id == key.user_id, ApiKey.kind == "user"
+        holder = s.scalar(select(ApiKey.id).where(*person)) or key.id
     s.execute(
         update(ApiKey)
-        .where(ApiKey.id == key.id)
+        .where(ApiKey.id == holder)
         .values(admin=ApiKey.admin)
         .execution_options(synchronize_session=False)
     )
-    return s.get(ApiKey, key.id, populate_existing=True)
+    return s.get(ApiKey, holder, populate_existing=True)
+
+
+def _owners(key: ApiKey, row: ApiKey) -> list[int]:
+    """The key rows whose jobs, deployments and uploads count against `row`'s quotas."""
+    return sorted(key.owned or {row.id})
 
 
 def check_job(s: Session, key: ApiKey, priority: int) -> None:
@@ -135,7 +146,8 @@ def check_job(s: Session, key: ApiKey, priority: int) -> None:
         what = f"may ask for priority {limit['max_priority']} at most, not {priority}"
         raise QuotaExceeded(BY_NAME["max_priority"], row.name, what)
     if limit["max_queued"] is not None:
-        active = select(func.count()).where(Job.owner_id == row.id, Job.state.in_(ACTIVE_JOB_STATES))
+        owners = Job.owner_id.in_(_owners(key, row))
+        active = select(func.count()).where(owners, Job.state.in_(ACTIVE_JOB_STATES))
         count = s.scalar(active)
         if count >= limit["max_queued"]:
             what = f"has {count} jobs not ended (queued, running or paused), its limit"
@@ -152,7 +164,7 @@ def check_deployment(s: Session, key: ApiKey) -> None:
     limit = limits(row)["max_deployments"]
     if limit is None:
         return
-    owned = Deployment.owner_id == row.id
+    owned = Deployment.owner_id.in_(_owners(key, row))
     live = s.scalar(select(func.count()).where(owned, Deployment.state.in_(LIVE_DEPLOYMENT_STATES)))
     if live >= limit:
         what = f"has {live} live deployments (starting, ready, stopping or failing), its limit"
@@ -175,20 +187,25 @@ class UploadAllowance:
             raise QuotaExceeded(BY_NAME["max_upload_bytes"], self.key_name, what)
 
 
-def _uploaded(s: Session, key_id: int) -> int:
+def _uploaded(s: Session, key_ids: list[int]) -> int:
     from sqlalchemy import func, select
 
     from gpuforge.store.models import Upload
 
-    return s.scalar(select(func.coalesce(func.sum(Upload.size), 0)).where(Upload.key_id == key_id))
+    return s.scalar(select(func.coalesce(func.sum(Upload.size), 0)).where(Upload.key_id.in_(key_ids)))
 
 
 def upload_allowance(s: Session, key: ApiKey) -> UploadAllowance:
     """What `key` may still upload (read fresh: the admin may have changed it since the key was cached)."""
+    from sqlalchemy import select
+
     from gpuforge.store.models import ApiKey
 
     row = s.get(ApiKey, key.id, populate_existing=True)
-    return UploadAllowance(row.name, _uploaded(s, row.id), limits(row)["max_upload_bytes"])
+    if key.user_id is not None:  # a person's keys share their own key's quota
+        person = ApiKey.user_id == key.user_id, ApiKey.kind == "user"
+        row = s.scalar(select(ApiKey).where(*person)) or row
+    return UploadAllowance(row.name, _uploaded(s, _owners(key, row)), limits(row)["max_upload_bytes"])
 
 
 def charge_upload(s: Session, key: ApiKey, sha256: str, suffix: str, size: int) -> None:
@@ -201,7 +218,7 @@ def charge_upload(s: Session, key: ApiKey, sha256: str, suffix: str, size: int) 
     row = _locked(s, key)
     if s.scalar(select(Upload.id).where(Upload.sha256 == sha256, Upload.suffix == suffix)) is not None:
         return
-    UploadAllowance(row.name, _uploaded(s, row.id), limits(row)["max_upload_bytes"]).check(size)
+    UploadAllowance(row.name, _uploaded(s, _owners(key, row)), limits(row)["max_upload_bytes"]).check(size)
     s.add(Upload(sha256=sha256, suffix=suffix, key_id=row.id, size=size))
 
 

@@ -20,12 +20,17 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from gpuforge.store.keys import PREFIX, digest
 from gpuforge.store.models import MAX_NAME, ApiKey, Membership, Project, Role, User, utcnow
 
 ADMIN = "admin"
 SESSION_TTL = timedelta(hours=12)
+# a role read from the groups claim holds for a personal key this long after its person's last sign-in:
+# someone the provider has dropped stops acting through their keys within it
+CLAIM_TRUST = timedelta(days=7)
+MAX_PERSONAL_KEYS = 10  # live, a person
 NAME_SAFE = re.compile(r"[^A-Za-z0-9._@-]")
 
 
@@ -59,6 +64,10 @@ def parse_roles_rule(text: str) -> list[RoleRule]:
     return rules
 
 
+class Revoked(Exception):
+    """The person's own key was revoked by an admin: they sign in to nothing."""
+
+
 @dataclass(frozen=True)
 class Person:
     """A verified sign-in: who, as the ID token says."""
@@ -73,8 +82,11 @@ class Person:
 def sign_in(s: Session, person: Person, rules: list[RoleRule]) -> ApiKey:
     """The user of `person` (made at the first sign-in), their claimed memberships set from their groups,
     and the key row they act through, with the rights now in force. Unknown projects in a rule are
-    skipped (a rule may name a project the admin has not made yet)."""
+    skipped (a rule may name a project the admin has not made yet). Revoked: an admin revoked their key."""
     user = s.scalar(select(User).where(User.issuer == person.issuer, User.subject == person.subject))
+    own = _user_key(s, user.id) if user is not None else None
+    if own is not None and own.revoked_at is not None:
+        raise Revoked(f"{own.name!r} is revoked: an admin revoked this person's access")
     if user is None:
         user = User(issuer=person.issuer, subject=person.subject)
         s.add(user)
@@ -97,19 +109,27 @@ def sign_in(s: Session, person: Person, rules: list[RoleRule]) -> ApiKey:
     return refresh_user_key(s, user)
 
 
-def roles_of(s: Session, user_id: int) -> dict[int, Role]:
-    """project id -> the user's role there: the higher of the table's and the claim's."""
+def _user_key(s: Session, user_id: int) -> ApiKey | None:
+    return s.scalar(select(ApiKey).where(ApiKey.user_id == user_id, ApiKey.kind == "user"))
+
+
+def roles_of(s: Session, user_id: int, claims_too: bool = True) -> dict[int, Role]:
+    """project id -> the user's role there: the higher of the table's and (`claims_too`) the claim's."""
     held: dict[int, Role] = {}
-    for m in s.scalars(select(Membership).where(Membership.user_id == user_id)):
+    rows = select(Membership).where(Membership.user_id == user_id)
+    if not claims_too:
+        rows = rows.where(Membership.source == "table")
+    for m in s.scalars(rows):
         if m.project_id not in held or Role(m.role).rank > held[m.project_id].rank:
             held[m.project_id] = Role(m.role)
     return held
 
 
 def refresh_user_key(s: Session, user: User) -> ApiKey:
-    """The user's own key row (made at their first sign-in), set to the rights in force: admin, or the
-    first of their projects by name with its role (none: no project, a viewer of nothing)."""
-    key = s.scalar(select(ApiKey).where(ApiKey.user_id == user.id, ApiKey.kind == "user"))
+    """The user's own key row (made at their first sign-in), set to the rights in force: admin, or their
+    current project if they are still in it, else the first of their projects by name, with its role
+    (none: no project, a viewer of nothing). Another project taking them in does not move them."""
+    key = _user_key(s, user.id)
     if key is None:
         key = ApiKey(
             name=_free_name(s, user),
@@ -124,8 +144,8 @@ def refresh_user_key(s: Session, user: User) -> ApiKey:
         key.project_id, key.role = None, Role.VIEWER if not user.admin else Role.MEMBER
     else:
         names = dict(s.execute(select(Project.id, Project.name).where(Project.id.in_(held))).tuples().all())
-        first = min(held, key=lambda p: names[p])
-        key.project_id, key.role = first, held[first]
+        current = key.project_id if key.project_id in held else min(held, key=lambda p: names[p])
+        key.project_id, key.role = current, held[current]
     for other in s.scalars(select(ApiKey).where(ApiKey.user_id == user.id, ApiKey.kind == "session")):
         other.admin, other.project_id, other.role = key.admin, key.project_id, key.role
     s.flush()
@@ -157,38 +177,58 @@ def new_user_key(
     held = Role(user_key.role)
     if role is not None and role.rank > held.rank and not user_key.admin:
         raise ValueError(f"role: {role} is above the {held} {user_key.name!r} holds")
-    name = name or f"{user_key.name[: MAX_NAME - 17]}~{kind}-{secrets.token_hex(4)}"
+    tag = f"~{kind}-{secrets.token_hex(4)}"
+    name = name or f"{user_key.name[: MAX_NAME - len(tag)]}{tag}"
     if s.scalar(select(ApiKey.id).where(ApiKey.name == name)) is not None:
         raise LookupError(f"an API key named {name!r} exists already")
+    if kind == "personal" and len(personal_keys(s, user_key.user_id, live=True)) >= MAX_PERSONAL_KEYS:
+        raise ValueError(f"a person holds {MAX_PERSONAL_KEYS} live personal keys at most: revoke one first")
+    quotas = {q: getattr(user_key, q) for q in ("max_queued", "max_running", "max_upload_bytes",
+                                                "max_deployments", "max_priority")}  # fmt: skip
     row = ApiKey(
         name=name, digest=digest(key), user_id=user_key.user_id, kind=kind,
         admin=user_key.admin if kind == "session" else False,
         project_id=user_key.project_id, role=role or held,
-        expires_at=utcnow() + SESSION_TTL if kind == "session" else None,
+        expires_at=utcnow() + SESSION_TTL if kind == "session" else None, **quotas,
     )  # fmt: skip
     s.add(row)
     return key, row
 
 
-def personal_keys(s: Session, user_id: int) -> list[ApiKey]:
+def personal_keys(s: Session, user_id: int, live: bool = False) -> list[ApiKey]:
     kinds = ApiKey.user_id == user_id, ApiKey.kind == "personal"
+    if live:
+        kinds = (*kinds, ApiKey.revoked_at.is_(None))
     return list(s.scalars(select(ApiKey).where(*kinds).order_by(ApiKey.id)))
 
 
 def capped(s: Session, key: ApiKey, now: datetime | None = None) -> ApiKey | None:
-    """`key` as it may act now: None for an expired session; a personal key's rights lowered to its user's
-    in force (never an admin's, out of a project its user has left). Other keys as they are."""
-    if key.expires_at is not None and key.expires_at <= (now or utcnow()):
+    """`key` as it may act now: None for an expired session, or any key of a person whose own key an admin
+    revoked; a personal key's rights lowered to its user's in force (never an admin's, out of a project its
+    user has left; roles from the groups claim only within CLAIM_TRUST of their last sign-in). Other keys
+    as they are. What is lowered is this request's view, set as if loaded: nothing to write back."""
+    now = now or utcnow()
+    if key.expires_at is not None and key.expires_at <= now:
         return None
-    if key.kind != "personal" or key.user_id is None:
+    if key.user_id is None or key.kind == "user":
         return key
-    held = roles_of(s, key.user_id).get(key.project_id) if key.project_id is not None else None
-    s.expunge(key)  # what changes below is this request's view of it, never stored
-    key.admin = False
+    own = _user_key(s, key.user_id)
+    if own is None or own.revoked_at is not None:
+        return None
+    if key.kind != "personal":
+        return key
+    user = s.get(User, key.user_id)
+    trusted = (
+        user is not None and user.last_sign_in_at is not None and now - user.last_sign_in_at < CLAIM_TRUST
+    )
+    held = roles_of(s, key.user_id, claims_too=trusted).get(key.project_id) if key.project_id else None
+    s.expunge(key)
+    set_committed_value(key, "admin", False)
     if key.project_id is not None and held is None:
-        key.project_id, key.role = None, Role.VIEWER
+        set_committed_value(key, "project_id", None)
+        set_committed_value(key, "role", Role.VIEWER)
     elif held is not None and held.rank < Role(key.role).rank:
-        key.role = held
+        set_committed_value(key, "role", held)
     return key
 
 
@@ -207,11 +247,15 @@ def owned_ids(s: Session, key: ApiKey) -> frozenset[int]:
 
 
 def user_of(s: Session, member: str) -> User | None:
-    """The user a members route names: by the name of the key they act through, or by email."""
-    key = s.scalar(select(ApiKey).where(ApiKey.name == member, ApiKey.kind == "user"))
+    """The user a members route names: by the name of the key they act through, else by an email that one
+    user alone has (LookupError when several have it: name their key instead)."""
+    key = s.scalar(select(ApiKey).where(ApiKey.name == member))
     if key is not None:
-        return s.get(User, key.user_id)
-    return s.scalar(select(User).where(User.email == member))
+        return s.get(User, key.user_id) if key.kind == "user" else None
+    found = list(s.scalars(select(User).where(User.email == member).limit(2)))
+    if len(found) > 1:
+        raise LookupError(f"{member!r} is the email of several users: name the key they act through")
+    return found[0] if found else None
 
 
 def _free_name(s: Session, user: User) -> str:

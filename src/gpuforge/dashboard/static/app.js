@@ -285,9 +285,17 @@ async function singleSignOn() {
   const code = new URLSearchParams(location.hash.slice(1)).get("sso");
   if (code) {
     history.replaceState(null, "", location.pathname + location.search);
-    const answer = await api("/auth/oidc/session", { method: "POST", body: { code }, key: "" });
-    if (answer.ok) sessionStorage.setItem(KEY, answer.data.key);
-    else document.getElementById("signin-error").textContent = detailText(answer);
+    // the one request that sends a cookie: the HttpOnly one that ties the code to this browser
+    const traded = await fetch("/auth/oidc/session", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: "application/json" },
+      body: JSON.stringify({ code }),
+      credentials: "same-origin",
+      cache: "no-store",
+    });
+    const data = await traded.json().catch(() => ({}));
+    if (traded.ok) sessionStorage.setItem(KEY, data.key);
+    else document.getElementById("signin-error").textContent = detailText({ status: traded.status, data });
   }
   const config = await api("/auth/oidc/config", { key: "" }).catch(() => null);
   if (config?.ok) {

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi import Path as PathParam
 
 from gpuforge.errors import GpuforgeError
-from gpuforge.server.auth import Key, forget_key
+from gpuforge.server.auth import Key, forget_key, forget_person
 from gpuforge.server.permissions import audited, permit
 from gpuforge.server.schemas import KeyCreate, KeyCreated, KeyPublic, KeyUpdate
 from gpuforge.server.services import services
@@ -77,6 +77,8 @@ def change_key(name: Name, body: KeyUpdate, request: Request, key: Key) -> KeyPu
         public = _public(s, [changed])[0]
         audited(s, request, key, f"key {name}", made_in(s, public), before, _kept(public))
     forget_key(request, changed.digest)  # after the commit: a request meanwhile would cache the old row again
+    if changed.user_id is not None:
+        forget_person(request, changed.user_id)
     return public
 
 
@@ -96,6 +98,8 @@ def revoke(name: str, request: Request, key: Key) -> KeyPublic:
         audited(s, request, key, f"key {name}", revoked.project_id, {"revoked": False}, {"revoked": True})
     # after the commit, and for good: a lookup that read the store before it must not cache it again
     forget_key(request, revoked.digest, revoked=True)
+    if revoked.user_id is not None:  # a person's: their sessions and ID tokens stop with it
+        forget_person(request, revoked.user_id)
     return public
 
 

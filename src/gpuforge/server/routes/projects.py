@@ -115,10 +115,14 @@ def set_member(name: Name, member: KeyName, body: MemberSet, request: Request, k
     another project is its admin's."""
     with session(services(request).engine) as s:
         project_id = _maintained(s, key, name)
-        if (person := user_of(s, member)) is not None:  # a signed-in person: the server's table of them
+        person = _person(s, member)
+        if person is not None:  # a signed-in person: the server's table of them
             public = _set_person(s, request, key, person, project_id, body.role)
-            forget_person(request, person.id)
-            return public
+    if person is not None:
+        forget_person(request, person.id)  # after the commit: a lookup meanwhile would keep the old rights
+        return public
+    with session(services(request).engine) as s:
+        project_id = _maintained(s, key, name)
         target = _member_key(s, member)
         if target.project_id not in (None, project_id) and not key.admin:
             raise HTTPException(
@@ -141,10 +145,14 @@ def remove_member(name: Name, member: KeyName, request: Request, key: Key) -> Pr
     """Take the key `member` out of the project (to none; its jobs made so far stay in the project)."""
     with session(services(request).engine) as s:
         project_id = _maintained(s, key, name)
-        if (person := user_of(s, member)) is not None:
+        person = _person(s, member)
+        if person is not None:
             public = _set_person(s, request, key, person, project_id, None)
-            forget_person(request, person.id)
-            return public
+    if person is not None:
+        forget_person(request, person.id)
+        return public
+    with session(services(request).engine) as s:
+        project_id = _maintained(s, key, name)
         target = _member_key(s, member)
         if target.project_id != project_id:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"key {member!r} is not in project {name!r}")
@@ -168,6 +176,13 @@ def _set_person(s, request, key: ApiKey, person, project_id: int, role: Role | N
     return _public(figures(s, only=project_id)[0])
 
 
+def _person(s, member: str):
+    try:
+        return user_of(s, member)
+    except LookupError as err:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from None
+
+
 def _str(role: Role | None) -> str | None:
     return None if role is None else str(role)
 
@@ -187,6 +202,11 @@ def _member_key(s, name: str) -> ApiKey:
     if found.admin:
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT, f"{name!r} is an admin key: it belongs to no project"
+        )
+    if found.user_id is not None:  # a session's or a personal key: its person's rights hold, not its own
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            f"{name!r} is a signed-in person's {found.kind} key: name the person (their email or own key)",
         )
     return found
 
