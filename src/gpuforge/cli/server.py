@@ -556,13 +556,12 @@ def keys_list(url: Url = None, key_file: KeyFile = None, as_json: AsJson = False
         _print_json(rows)
         return
     table = Table(title="API keys")
-    for column in ("id", "name", "admin", "project", "role", "created", "revoked", *(q.name for q in QUOTAS)):
+    for column in ("id", "name", "role", "project", "created", "revoked", *(q.name for q in QUOTAS)):
         table.add_column(column)
     for k in rows:
         revoked = (k.get("revoked_at") or "")[:19]
         table.add_row(
-            str(k["id"]), k["name"], "yes" if k["admin"] else "", k.get("project") or "",
-            "" if k["admin"] else k["role"],
+            str(k["id"]), k["name"], "admin" if k["admin"] else k["role"], k.get("project") or "",
             k["created_at"][:19], revoked, *(q.show(k[q.name]) for q in QUOTAS),
         )  # fmt: skip
     out_console.print(table)
