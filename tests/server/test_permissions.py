@@ -12,6 +12,7 @@ from fastapi.routing import APIRoute
 from sqlalchemy import func, select, text
 
 from gpuforge.access import DOCUMENT_PATHS, OPEN_PATHS, is_page_path
+from gpuforge.server.auth import UNAUTHORIZED
 from gpuforge.server.permissions import ADMIN, RULES, Permit, has, rules_table
 from gpuforge.store.db import session
 from gpuforge.store.models import ApiKey, AuditEntry, Job, Role
@@ -304,9 +305,10 @@ def test_a_refused_key_is_one_audit_row_a_source_a_minute_counting_the_rest(serv
     assert client.get("/api/v1/jobs").status_code == 401  # no key at all: no sign-in was tried
     with session(client.app.state.services.engine) as s:
         rows = list(s.scalars(select(AuditEntry).where(AuditEntry.action == "sign_in")))
-    assert [(r.actor, r.source, r.outcome, r.after) for r in rows] == [
-        ("-", "testclient", "refused", {"path": "/api/v1/jobs", "refused_since_last_row": 0})
-    ]
+    assert [(r.actor, r.source, r.outcome, r.target, r.after) for r in rows] == [
+        ("-", "testclient", "refused", "api key",
+         {"path": "/api/v1/jobs", "reason": UNAUTHORIZED, "refused_since_last_row": 0})
+    ]  # fmt: skip
     client.app.state.services.failed_sign_ins["testclient"] = (-1e9, 2)  # as if a minute had gone by
     assert client.get("/api/v1/whoami", headers=unknown).status_code == 401
     read = client.get("/api/v1/audit", params={"action": "sign_in"}, headers=_auth(admin)).json()

@@ -85,7 +85,8 @@ def test_a_refused_token_is_401_with_its_reason_and_an_audit_row(sso_server, cla
     assert answer.status_code == 401 and answer.json()["detail"].startswith("ID token refused"), answer.text
     assert why in answer.json()["detail"]
     rows = client.get("/api/v1/audit", params={"action": "sign_in"}, headers=_auth(admin)).json()
-    assert [r["outcome"] for r in rows] == ["refused"]
+    assert [(r["outcome"], r["target"]) for r in rows] == [("refused", "id token")]
+    assert why in rows[0]["after"]["reason"]
 
 
 def test_the_table_raises_a_role_and_personal_keys_carry_at_most_it(sso_server):

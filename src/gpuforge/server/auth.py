@@ -94,7 +94,7 @@ class RequireKey:
         else:
             found = lookup_key(self.fastapi_app, given)
         if found is None and given and refused != 503:  # the store off the event loop: it may wait a lock
-            await run_in_threadpool(failed_sign_in, self.fastapi_app, source, scope["path"])
+            await run_in_threadpool(failed_sign_in, self.fastapi_app, source, scope["path"], why)
         if found is None:
             closing = {"Connection": "close"} if carries_body(headers) else {}  # the body is never read
             response = JSONResponse(
@@ -105,7 +105,7 @@ class RequireKey:
         await self.app(scope, receive, send)
 
 
-def failed_sign_in(app, source: str, path: str) -> None:
+def failed_sign_in(app, source: str, path: str, why: str = UNAUTHORIZED) -> None:
     """An audit row for a key (or an ID token) refused from `source`, unless that source had one in the last
     minute (then it is counted, and the next row says how many)."""
     state = services_of(app)
@@ -122,9 +122,10 @@ def failed_sign_in(app, source: str, path: str) -> None:
         seen.clear()
     seen[""] = (window, rows + 1)
     seen[source] = (now, 0)
-    detail = {"path": path[:200], "refused_since_last_row": since}
+    detail = {"path": path[:200], "reason": why[:300], "refused_since_last_row": since}
+    what = "api key" if why == UNAUTHORIZED else "id token"
     with session(state.engine) as s:
-        audit.record(s, audit.Actor("-", None, source), "sign_in", "api key", after=detail, outcome="refused")
+        audit.record(s, audit.Actor("-", None, source), "sign_in", what, after=detail, outcome="refused")
 
 
 _bearer = HTTPBearer(auto_error=False, description="an API key: gpuforge keys create NAME")

@@ -24,6 +24,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from gpuforge.store.keys import PREFIX, digest
 from gpuforge.store.models import MAX_NAME, ApiKey, Membership, Project, Role, User, utcnow
+from gpuforge.store.quotas import QUOTAS
 
 ADMIN = "admin"
 SESSION_TTL = timedelta(hours=12)
@@ -183,8 +184,7 @@ def new_user_key(
         raise LookupError(f"an API key named {name!r} exists already")
     if kind == "personal" and len(personal_keys(s, user_key.user_id, live=True)) >= MAX_PERSONAL_KEYS:
         raise ValueError(f"a person holds {MAX_PERSONAL_KEYS} live personal keys at most: revoke one first")
-    quotas = {q: getattr(user_key, q) for q in ("max_queued", "max_running", "max_upload_bytes",
-                                                "max_deployments", "max_priority")}  # fmt: skip
+    quotas = {q.name: getattr(user_key, q.name) for q in QUOTAS}  # counted as one person's (store/quotas.py)
     row = ApiKey(
         name=name, digest=digest(key), user_id=user_key.user_id, kind=kind,
         admin=user_key.admin if kind == "session" else False,
