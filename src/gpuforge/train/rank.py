@@ -20,6 +20,7 @@ from gpuforge.distributed.ranks import Ranks
 from gpuforge.errors import GpuforgeError, TrainingFailed
 from gpuforge.runs import RunResult
 from gpuforge.spec import load_spec
+from gpuforge.train.signals import hold_until_the_loop
 
 EXIT_OUT_OF_MEMORY = 4
 
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not quiet.verbose():  # as `gpuforge` itself: before torch's and transformers' heavy imports below
         quiet.quiet_third_party()
+    hold_until_the_loop()  # before the launcher's death can send one: set-up is never cut short
     _stop_with_launcher()
     ranks = Ranks.from_env()
     handler = logging.StreamHandler()  # gpuforge's own lines, tagged: the ranks share one stderr

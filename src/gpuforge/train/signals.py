@@ -14,6 +14,17 @@ class RunDropped(BaseException):
     `except Exception` on the way takes it for the run's own error."""
 
 
+_held: list[int] = []  # SIGTERMs that came before the loop's StopFlag was installed (hold_until_the_loop)
+
+
+def hold_until_the_loop() -> None:
+    """From a rank's first line: a SIGTERM that comes while it is still setting up (its launcher died,
+    PR_SET_PDEATHSIG) is kept for the loop's StopFlag, which then stops at the first step with the other
+    ranks, rather than killing this one while another waits for it in a collective (that one then fails
+    with no word: its launcher, which would have written it, is gone)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: _held.append(signum))
+
+
 class StopFlag:
     """SIGTERM/SIGINT set a flag the loop checks after each step; a second SIGINT interrupts at once.
     SIGUSR1 asks the loop to drop the run (RunDropped) at the end of the step."""
@@ -45,6 +56,8 @@ class StopFlag:
             return
         previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
         previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._drop)
+        if _held and self.signal_number is None:  # one came during set-up: stop at the first step
+            self.signal_number = _held[-1]
         try:
             yield
         finally:
