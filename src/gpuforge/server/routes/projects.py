@@ -118,23 +118,15 @@ def set_member(name: Name, member: KeyName, body: MemberSet, request: Request, k
         person = _person(s, member)
         if person is not None:  # a signed-in person: the server's table of them
             public = _set_person(s, request, key, person, project_id, body.role)
-    if person is not None:
-        forget_person(request, person.id)  # after the commit: a lookup meanwhile would keep the old rights
-        return public
-    with session(services(request).engine) as s:
-        project_id = _maintained(s, key, name)
-        target = _member_key(s, member)
-        if target.project_id not in (None, project_id) and not key.admin:
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN,
-                f"key {member!r} is in another project: only an admin moves it (`gpuforge keys set`)",
-            )
-        before = _membership(s, target)
-        target.project_id, target.role = project_id, body.role
-        s.flush()
-        audited(s, request, key, f"key {member}", project_id, before, _membership(s, target))
-        public = _public(figures(s, only=project_id)[0])
-    forget_key(request, target.digest)
+        else:
+            target = _member_key(s, member)
+            if target.project_id not in (None, project_id) and not key.admin:
+                raise HTTPException(
+                    status.HTTP_403_FORBIDDEN,
+                    f"key {member!r} is in another project: only an admin moves it (`gpuforge keys set`)",
+                )
+            public = _set_key(s, request, key, target, project_id, project_id, body.role)
+    _forget(request, person, None if person is not None else target)  # after the commit
     return public
 
 
@@ -148,21 +140,31 @@ def remove_member(name: Name, member: KeyName, request: Request, key: Key) -> Pr
         person = _person(s, member)
         if person is not None:
             public = _set_person(s, request, key, person, project_id, None)
+        else:
+            target = _member_key(s, member)
+            if target.project_id != project_id:
+                raise HTTPException(status.HTTP_404_NOT_FOUND, f"key {member!r} is not in project {name!r}")
+            public = _set_key(s, request, key, target, project_id, None, Role.MEMBER)
+    _forget(request, person, None if person is not None else target)
+    return public
+
+
+def _set_key(s, request, key: ApiKey, target: ApiKey, project_id: int, to: int | None, role: Role):
+    """Key `target` into project `to` (None: out of `project_id`) with `role`, audited in `s`."""
+    before = _membership(s, target)
+    target.project_id, target.role = to, role
+    s.flush()
+    audited(s, request, key, f"key {target.name}", project_id, before, _membership(s, target))
+    return _public(figures(s, only=project_id)[0])
+
+
+def _forget(request, person, target: ApiKey | None) -> None:
+    """After the commit (a lookup meanwhile would cache the old rights again): the changed key's or
+    person's keys read afresh."""
     if person is not None:
         forget_person(request, person.id)
-        return public
-    with session(services(request).engine) as s:
-        project_id = _maintained(s, key, name)
-        target = _member_key(s, member)
-        if target.project_id != project_id:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"key {member!r} is not in project {name!r}")
-        before = _membership(s, target)
-        target.project_id, target.role = None, Role.MEMBER
-        s.flush()
-        audited(s, request, key, f"key {member}", project_id, before, _membership(s, target))
-        public = _public(figures(s, only=project_id)[0])
-    forget_key(request, target.digest)
-    return public
+    else:
+        forget_key(request, target.digest)
 
 
 def _set_person(s, request, key: ApiKey, person, project_id: int, role: Role | None) -> ProjectPublic:
