@@ -95,6 +95,13 @@ def test_set_overrides(tmp_path, override, check):
             yaml.safe_dump({**MINIMAL, "resources": {"devices": 2}}),
             "resources.devices: 2 needs distributed.strategy ddp or fsdp",
         ),
+        (yaml.safe_dump({**MINIMAL, "resources": {"devices": 1.5}}), "resources.devices: 1.5: whole devices (1, 2, ...) or a fraction"),
+        (yaml.safe_dump({**MINIMAL, "resources": {"devices": 0.33}}), "a multiple of 0.05"),
+        (yaml.safe_dump({**MINIMAL, "resources": {"devices": 0}}), "resources.devices"),
+        (
+            yaml.safe_dump({**MINIMAL, "resources": {"devices": 0.5}, "distributed": {"strategy": "ddp"}}),
+            "resources.devices: 0.5 is a fraction of one device, one process",
+        ),
         (
             yaml.safe_dump({**MINIMAL, "distributed": {"strategy": "fsdp", "gradient_compression": "bf16"}}),
             "distributed.gradient_compression: bf16 compresses what DDP all-reduces",
@@ -212,3 +219,11 @@ def test_a_problem_made_by_set_names_the_set_not_the_file(tmp_path, override, me
     with pytest.raises(SpecError) as err:
         load_spec(_spec(tmp_path, yaml.safe_dump(MINIMAL)), [override])
     assert str(err.value) == message
+
+
+def test_a_fraction_of_a_device_is_one_process_on_that_share_and_whole_numbers_stay_whole(tmp_path):
+    half = parse_spec({**MINIMAL, "resources": {"devices": 0.5}}, tmp_path)
+    assert half.resources.share == 0.5 and half.resources.processes == 1
+    whole = parse_spec({**MINIMAL, "resources": {"devices": 1.0}}, tmp_path)
+    assert whole.resources.devices == 1 and isinstance(whole.resources.devices, int)
+    assert whole.resources.share is None

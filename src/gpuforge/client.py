@@ -202,8 +202,8 @@ class Client:
     # --- deployments ---
     def deploy(self, job_id: int, name: str, options: dict | None = None, **fields: Any) -> dict:
         """A new deployment, or on a live name its next version. `fields`: model (a variant, e.g.
-        compressed/onnx-int8), replicas, min_replicas, max_replicas, target_queue, scale_down_after_s,
-        max_metric_drop (None: the server's default)."""
+        compressed/onnx-int8), replicas, devices (a replica's: a fraction of one device), min_replicas,
+        max_replicas, target_queue, scale_down_after_s, max_metric_drop (None: the server's default)."""
         body = {"job_id": job_id, "name": name, **{k: v for k, v in fields.items() if v is not None}}
         if options:
             body["options"] = options

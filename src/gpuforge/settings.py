@@ -280,6 +280,18 @@ class Environment(ServerOptions):
         read_by="`gpuforge server`",
         shown_default="1; on a Ray cluster, its cores",
     )
+    mps: Annotated[bool, BeforeValidator(_is_yes)] = setting(
+        False,
+        meaning="the admin runs NVIDIA's MPS control daemon: a job on a fraction of a GPU gets that share of "
+        "its compute through MPS (else the fractions are time-sliced)",
+        read_by="`gpuforge server`",
+    )
+    grid_gco2e_per_kwh: str | None = setting(
+        None,
+        meaning="the grid's carbon intensity in gCO2e/kWh, for the CO2e beside each run's energy: one "
+        "number, or per site label `onprem=350,edge=50` (a device's `site` label picks; `*=` any other)",
+        read_by="`gpuforge server`",
+    )
     url: str = setting(
         f"http://{LOOPBACK}:{SERVER_PORT}",
         meaning="the server the client verbs talk to (or --url)",

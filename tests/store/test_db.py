@@ -22,7 +22,7 @@ def test_the_migrations_build_exactly_the_models_schema_and_run_twice_safely(eng
         if engine.dialect.name == "sqlite":  # the pragmas connect() sets on SQLite (and on nothing else)
             assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
             assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0013"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0014"
     migrate(engine)  # already at head: nothing to do, nothing lost
     assert {"jobs", "events", "devices", "api_keys", "deployments"} <= set(inspect(engine).get_table_names())
 

@@ -42,6 +42,10 @@ def deploy(
         str | None, typer.Option("--adapter-name", help="with --into: its name (default: the job's)")
     ] = None,
     replicas: Annotated[int | None, typer.Option(min=0, help="replicas at the start (default 1)")] = None,
+    devices: Annotated[
+        float | None,
+        typer.Option(help="what each replica holds: 1 (a whole device) or a fraction of one, e.g. 0.5"),
+    ] = None,
     min_replicas: Annotated[
         int | None, typer.Option(min=0, help="autoscaling's floor; 0 scales to zero")
     ] = None,
@@ -93,7 +97,7 @@ def deploy(
     options = {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "quantize": quantize}
     made = client.deploy(
         job_id, name, {k: v for k, v in options.items() if v is not None}, replicas=replicas,
-        min_replicas=min_replicas, max_replicas=max_replicas, target_queue=target_queue,
+        min_replicas=min_replicas, max_replicas=max_replicas, target_queue=target_queue, devices=devices,
         scale_down_after_s=scale_down_after, max_metric_drop=max_metric_drop, model=model,
     )  # fmt: skip
     version = made.get("rolling_version")

@@ -377,6 +377,12 @@ def wait(
         raise typer.Exit(1)
 
 
+def _energy_cells(kwh: float, co2e_g: float) -> tuple[str, str]:
+    """kWh and gCO2e as the costs table shows them: "-" where nothing was measured (older rows) or no
+    grid intensity is set, never 0 for unknown."""
+    return (f"{kwh:.4f}" if kwh else "-", f"{co2e_g:.1f}" if co2e_g else "-")
+
+
 @app.command()
 def costs(
     project: Annotated[str | None, typer.Option(help="only this project's spend")] = None,
@@ -398,16 +404,18 @@ def costs(
         return
     of = f", project {answer['project']}" if answer["project"] else ""
     table = Table(title=f"gpuforge costs, {answer['since']} to {answer['until']}{of}")
-    for column in (by, "$", "device-hours", "jobs", "deployments"):
+    for column in (by, "$", "device-hours", "kWh", "gCO2e", "jobs", "deployments"):
         table.add_column(column, justify="left" if column == by else "right")
     for g in answer["groups"]:
         name = g[by] or ("(no project)" if by == "project" else "-")
         usd = _usd_cell(g["usd"], g.get("unpriced", 0))
-        table.add_row(name, usd, f"{g['device_hours']:.3f}", str(g["jobs"]), str(g["deployments"]))
+        energy = _energy_cells(g.get("kwh", 0.0), g.get("co2e_g", 0.0))
+        table.add_row(name, usd, f"{g['device_hours']:.3f}", *energy, str(g["jobs"]), str(g["deployments"]))
     table.add_section()
     unpriced = answer.get("unpriced", [])
     total = _usd_cell(answer["total_usd"], len(unpriced))
-    table.add_row("total", total, f"{answer['total_device_hours']:.3f}", "", "")
+    energy = _energy_cells(answer.get("total_kwh", 0.0), answer.get("total_co2e_g", 0.0))
+    table.add_row("total", total, f"{answer['total_device_hours']:.3f}", *energy, "", "")
     out_console.print(table)
     for u in unpriced:
         out_console.print(f"no price set: {u['kind']} {u['id']} {u['name'] or ''} ran "

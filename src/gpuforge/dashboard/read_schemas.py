@@ -28,6 +28,10 @@ class JobPublic(BaseModel):
     device_type: str
     devices_wanted: int
     devices: str | None
+    device_share: float | None = Field(None, description="a fraction of one device (resources.devices < 1)")
+    isolation: str | None = Field(
+        None, description="what its fraction of a device got: cores pinned, a memory cap, MPS, time-sliced"
+    )
     step: int | None
     total_steps: int | None
     loss: float | None = Field(description="as the job reports it at its latest logged step")
@@ -38,6 +42,9 @@ class JobPublic(BaseModel):
     usd_per_hour: float | None = Field(
         None, description="what the server charges it an hour, all its devices together (the ledger's rate)"
     )
+    energy_kwh: float | None = Field(None, description="the energy the server measured or estimated for it")
+    energy_source: str | None = Field(None, description="how: nvml, rapl or estimated, with the rule used")
+    co2e_g: float | None = Field(None, description="its kWh x the grid's gCO2e/kWh, where one is set")
     search_id: int | None = Field(None, description="a search's trial: its search (gpuforge tune show ID)")
     trial: int | None = Field(None, description="a search's trial: its number there")
     restarts: int = Field(description="times its process was started again after dying")

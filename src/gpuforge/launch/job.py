@@ -72,7 +72,7 @@ def check_devices(spec: JobSpec) -> str:
     """The device type the ranks will use; an error naming what exists when there are too few."""
     import torch
 
-    wanted, kind = spec.resources.devices, spec.resources.device_type
+    wanted, kind = spec.resources.processes, spec.resources.device_type
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if kind == "cuda" or (kind == "auto" and gpus):
         if wanted > gpus:
@@ -93,7 +93,7 @@ def launch_local(spec: JobSpec, out: str | Path) -> dict[str, Any]:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     device_type = check_devices(spec)
-    nproc = spec.resources.devices
+    nproc = spec.resources.processes
     if device_type == "cpu":  # the cores this job holds, shared out: N processes must not each take all
         held = int(os.environ.get("OMP_NUM_THREADS") or usable_cores())
         os.environ["OMP_NUM_THREADS"] = str(max(1, held // nproc))
@@ -146,7 +146,7 @@ def launch_ray(spec: JobSpec, out: str | Path, address: str) -> dict[str, Any]:
         with _stop_on_signals() as (stop, stopped_by):
             result = run_ranks(
                 ["python", *argv[1:]],  # each node's own Python (the actor's), not this machine's path
-                spec.resources.devices,
+                spec.resources.processes,
                 Path(out),
                 env={**forwarded, **env, "OMP_NUM_THREADS": "1"},
                 gpus_per_rank=1 if on_gpu else 0,
@@ -187,7 +187,7 @@ def launch_slurm(spec: JobSpec, out: str | Path) -> dict[str, Any]:
         "partition": told.slurm_partition,
         "account": told.slurm_account,
         "qos": told.slurm_qos,
-        "cpus_per_task": str(max(1, held // spec.resources.devices)),
+        "cpus_per_task": str(max(1, held // spec.resources.processes)),
     }
     slurm.check_slurm(options)
     gpus = slurm.on_gpus(spec, told.slurm_partition)

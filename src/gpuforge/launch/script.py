@@ -357,11 +357,11 @@ def _device_env(spec: ScriptJobSpec) -> dict[str, str]:
         threads = os.environ.get("OMP_NUM_THREADS")
         return {"CUDA_VISIBLE_DEVICES": given, **({"OMP_NUM_THREADS": threads} if threads else {})}
     wanted = spec.resources.device_type
-    if wanted in ("auto", "cuda") and _cuda_devices() >= spec.resources.devices:
-        return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(spec.resources.devices))}
+    if wanted in ("auto", "cuda") and _cuda_devices() >= spec.resources.processes:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(spec.resources.processes))}
     if wanted == "cuda":
         raise GpuforgeError(f"resources.device_type: cuda asked for, {_cuda_devices()} GPU(s) here")
-    threads = str(max(1, usable_cores() // spec.resources.devices))
+    threads = str(max(1, usable_cores() // spec.resources.processes))
     return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
 
 
@@ -554,7 +554,7 @@ def _summary(
         mfu=None,
         cost_usd=before + wall / 3600 * usd_per_hour,
         usd_per_hour=usd_per_hour,
-        processes=spec.resources.devices,
+        processes=spec.resources.processes,
         wall_s=wall,
         kind="script",
         exit_code=code,

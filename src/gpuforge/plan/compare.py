@@ -245,7 +245,7 @@ class _Target:
         roof = self.roof(precision)
         capacity, budget = self.capacity(spec)
         strategy = spec.distributed.strategy
-        devices = spec.resources.devices if strategy != "none" else 1
+        devices = spec.resources.processes if strategy != "none" else 1
         # ranks on this one CPU share its cores: no faster than one process, and one machine's price
         machines = 1 if self.is_local_cpu else devices
         share = job.order.global_batch if self.is_local_cpu else -(-job.order.global_batch // devices)

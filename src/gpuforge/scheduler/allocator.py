@@ -9,6 +9,7 @@ GPUFORGE_CPU_SLOTS (default 1: one CPU job at a time, all cores).
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass, replace
 
 from gpuforge.runtime.host import usable_cores
@@ -23,6 +24,7 @@ class DeviceInfo:
     memory_bytes: int | None = None
     threads: int | None = None  # CPU slots: cores given to the job
     labels: tuple[tuple[str, str], ...] = ()  # sorted (name, value): what a spec's placement matches
+    cores: tuple[int, ...] = ()  # a CPU slot of this machine: its cores (a fraction is pinned to some)
 
 
 def inventory(cpu_slots: int | None = None) -> list[DeviceInfo]:
@@ -37,10 +39,11 @@ def inventory(cpu_slots: int | None = None) -> list[DeviceInfo]:
     slots = cpu_slots or (1 if configured is None else configured)
     cores = usable_cores()
     per_slot = max(1, cores // slots)
+    ids = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(cores))
     for i in range(slots):
-        devices.append(
-            DeviceInfo(f"cpu:{i}", "cpu", cpu_slot_name(i, slots, per_slot, cores), None, per_slot)
-        )
+        name = cpu_slot_name(i, slots, per_slot, cores)
+        own = tuple(ids[i * per_slot : (i + 1) * per_slot]) or tuple(ids[-per_slot:])  # more slots than cores
+        devices.append(DeviceInfo(f"cpu:{i}", "cpu", name, None, per_slot, cores=own))
     return devices
 
 

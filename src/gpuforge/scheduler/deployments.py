@@ -48,13 +48,15 @@ from gpuforge.runtime.host import free_port, is_alive
 from gpuforge.scheduler import replica_calls
 from gpuforge.scheduler.allocator import DeviceInfo
 from gpuforge.scheduler.autoscale import Autoscaler
+from gpuforge.scheduler.sharing import EPSILON, Isolation, best_fit, room
 from gpuforge.serve.options import serve_flags
 from gpuforge.store import outbox, states, versions
 from gpuforge.store.models import LIVE_DEPLOYMENT_STATES as LIVE
 from gpuforge.store.models import Deployment, DeploymentState, DeploymentVersion, VersionState
 
 log = logging.getLogger("gpuforge.scheduler")
-ReplicaEnv = Callable[[Session, Deployment, DeviceInfo], dict[str, str]]
+ReplicaEnv = Callable[[Session, Deployment, DeviceInfo, Isolation | None], dict[str, str]]
+ShareIsolation = Callable[[Session, str, float], Isolation]  # (s, device id, share): what a fraction gets
 STOP_GRACE_S = 30.0
 DRAIN_DELAY_S = 1.0
 
@@ -70,6 +72,7 @@ class Keeper:
     replica_key: Callable[[Deployment], str]
     adapters_root: Path
     autoscaler: Autoscaler
+    share_isolation: ShareIsolation | None = None  # for replicas on fractions of a device
     ports: range | None = None  # where replicas listen (GPUFORGE_REPLICA_PORTS); None: any free port
 
 
@@ -91,9 +94,22 @@ def replica_holders(s: Session, but: int | None = None) -> dict[str, str]:
     return held
 
 
-def keep(s: Session, held: dict[str, str], keeper: Keeper) -> None:
+def replica_shares(s: Session, but: int | None = None) -> dict[str, float]:
+    """device -> the fraction of it the replicas of live deployments that hold fractions hold."""
+    used: dict[str, float] = {}
+    query = select(Deployment.device_share, Deployment.workers).where(
+        Deployment.state.in_(LIVE), Deployment.id != (but or -1), Deployment.device_share.is_not(None)
+    )
+    for share, workers in s.execute(query):
+        for w in workers or []:
+            if w.get("pid") and w.get("device"):
+                used[w["device"]] = used.get(w["device"], 0.0) + share
+    return used
+
+
+def keep(s: Session, held: dict[str, str], keeper: Keeper, shares: dict[str, float] | None = None) -> None:
     """One pass over the live deployments (see the module's docstring). `held`: devices jobs hold, each
-    with its holder ("job 4").
+    with its holder ("job 4"); `shares`: of those, the fraction of each that fractions of jobs hold.
 
     The loop alone writes `workers` and `replicas`; the API writes `state` (undeploy: `stopping`). So a
     state is written only by a move of store/states.py, which leaves from the state this pass read alone:
@@ -113,18 +129,28 @@ def keep(s: Session, held: dict[str, str], keeper: Keeper) -> None:
             if rolling is not None:  # a rollout the deployment's end cut short
                 versions.refuse(s, rolling.id, f"the deployment {state} before it rolled out")
             continue
-        _Pass(s, deployment, state, held, keeper).run()
+        _Pass(s, deployment, state, held, keeper, shares or {}).run()
 
 
 class _Pass:
     """One deployment's replicas, for one tick."""
 
     def __init__(
-        self, s: Session, d: Deployment, state: DeploymentState, held: dict[str, str], keeper: Keeper
+        self,
+        s: Session,
+        d: Deployment,
+        state: DeploymentState,
+        held: dict[str, str],
+        keeper: Keeper,
+        shares: dict[str, float],
     ):
         self.s, self.d, self.state, self.keeper = s, d, state, keeper
         self.holders = held | replica_holders(s, but=d.id)  # device -> who holds it (a job, a replica)
-        self.taken = set(self.holders)  # and this one's live replicas', once watched
+        self.used = dict(shares)  # device -> the fraction of it fractions hold (jobs', other replicas')
+        for device, share in replica_shares(s, but=d.id).items():
+            self.used[device] = self.used.get(device, 0.0) + share
+        # held whole; and this one's live replicas', once watched
+        self.taken = set(self.holders) - set(self.used)
         self.workers = [dict(w) for w in d.workers or []]
         for w in self.workers:  # entries written before versions existed
             w.setdefault("version", d.version)
@@ -139,7 +165,7 @@ class _Pass:
         self._watch()
         for w in self.workers:
             if w.get("pid") and w.get("device"):
-                self.taken.add(w["device"])
+                self._hold(w["device"])
                 self.holders[w["device"]] = f"replica {w['index']} (v{w['version']}) of this deployment"
         if self.failure is None:
             self._measure()
@@ -292,28 +318,52 @@ class _Pass:
                 continue
             w.pop("waiting", None)
             measuring = measure and not any(x.get("eval") and x.get("pid") for x in self._active(version))
-            env = self.keeper.replica_env(self.s, self.d, device)
+            isolation = None
+            if self.d.device_share is not None and self.keeper.share_isolation is not None:
+                isolation = self.keeper.share_isolation(self.s, device.id, self.d.device_share)
+            env = self.keeper.replica_env(self.s, self.d, device, isolation)
             try:
                 launched = _launch(self.d, w, device, self.keeper, env, measuring)
             except GpuforgeError as err:  # every port of GPUFORGE_REPLICA_PORTS taken: it waits, saying so
-                self.taken.discard(device.id)
+                self._let_go(device.id)
                 w["waiting"], short = str(err), short + 1
                 continue
             w.update(launched, device=device.id, loaded=False, ready=False, eval=measuring, adapters=[],
-                     adapter_refusals={})  # fmt: skip
+                     adapter_refusals={}, isolation=isolation.said if isolation else None)  # fmt: skip
             w["restarts"] += 1
             _write_workers(self.s, self.d, self.workers)
             self.s.commit()  # the pid is in the store before anything else can fail
         return short
 
+    def _hold(self, device_id: str) -> None:
+        if self.d.device_share is None:
+            self.taken.add(device_id)
+        else:
+            self.used[device_id] = self.used.get(device_id, 0.0) + self.d.device_share
+
+    def _let_go(self, device_id: str) -> None:
+        if self.d.device_share is None:
+            self.taken.discard(device_id)
+        else:
+            self.used[device_id] = self.used.get(device_id, 0.0) - self.d.device_share
+
     def _free_device(self, previous: str | None) -> DeviceInfo | None:
-        """A device of the deployment's kind that nothing holds; a dead replica's own one first."""
-        free = [d for d in self.keeper.devices if d.kind == self.d.device_type and d.id not in self.taken]
-        free.sort(key=lambda d: d.id != previous)
-        if not free:
-            return None
-        self.taken.add(free[0].id)
-        return free[0]
+        """A device of the deployment's kind that nothing holds (for a fraction: best fit among those with
+        room, scheduler/sharing.py); a dead replica's own one first."""
+        share = self.d.device_share
+        mine = [d for d in self.keeper.devices if d.kind == self.d.device_type and d.id not in self.taken]
+        if share is None:
+            free = [d for d in mine if d.id not in self.used]
+            free.sort(key=lambda d: d.id != previous)
+            chosen = free[0] if free else None
+        else:
+            by_id = {d.id: d for d in mine}
+            again = previous in by_id and share <= room(self.used, previous) + EPSILON
+            picked = previous if again else best_fit(list(by_id), self.used, share)
+            chosen = by_id.get(picked) if picked is not None else None
+        if chosen is not None:
+            self._hold(chosen.id)
+        return chosen
 
     def _no_device(self) -> str:
         """Why a replica waits: "no cpu device free: cpu:0 held by job 4"."""

@@ -45,14 +45,16 @@ from gpuforge.scheduler import deployments
 from gpuforge.scheduler.allocator import DeviceInfo, job_environment
 from gpuforge.scheduler.autoscale import Autoscaler
 from gpuforge.scheduler.budgets import ProjectBudgets
+from gpuforge.scheduler.energy_use import EnergyUse
 from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Executor, Launched
 from gpuforge.scheduler.queue import HELD, Plan
 from gpuforge.scheduler.searches import Searches
+from gpuforge.scheduler.sharing import Isolation, cores_in, isolation_for
 from gpuforge.scheduler.snapshot import QueueSnapshot, read_queue
 from gpuforge.scheduler.traffic import Traffic
 from gpuforge.scheduler.usage import HALF_LIFE_S, recent_usage
 from gpuforge.scheduler.worker_keys import replicas_key
-from gpuforge.settings import as_environment
+from gpuforge.settings import as_environment, current
 from gpuforge.store import ledger, states
 from gpuforge.store.db import session
 from gpuforge.store.ingest import bad_input_error, ingest
@@ -103,6 +105,7 @@ class SchedulerOptions:
     max_preemptions: int = 3  # preempted this often in a row: lifted to its preemptor's priority
     runs_dir: Path | None = None  # where jobs' models lie (default: beside deployments_dir)
     replica_ports: range | None = None  # None: any free port
+    home: Path | None = None  # its prices.yaml and devices.yaml: the watts an energy estimate uses
 
 
 class Scheduler:
@@ -134,9 +137,11 @@ class Scheduler:
             devices, deployments_dir, self.replica_env,
             replica_key=lambda d: replicas_key(self.worker_secret, d),
             adapters_root=options.runs_dir or deployments_dir.parent / "runs",  # where jobs' models lie
-            autoscaler=Autoscaler(self.traffic), ports=options.replica_ports,
+            autoscaler=Autoscaler(self.traffic), share_isolation=self.share_isolation,
+            ports=options.replica_ports,
         )  # fmt: skip
         self.searches = Searches(engine, options.runs_dir or deployments_dir.parent / "runs")
+        self.energy = EnergyUse(devices, options.home)  # measured once a tick, charged by the ledger
         self._usage_read: tuple[float, tuple[dict, dict]] | None = None
         self._last_tick: float | None = None
         self._stop, self._wake = threading.Event(), threading.Event()
@@ -198,14 +203,16 @@ class Scheduler:
         with session(self.engine) as s:
             running = list(s.scalars(select(Job).where(Job.state == JobState.RUNNING)))
             self._count_busy(s, running)
-            live = s.scalars(select(Deployment).where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES)))
+            live = list(s.scalars(select(Deployment).where(Deployment.state.in_(LIVE_DEPLOYMENT_STATES))))
             now = utcnow()  # what the ledger charges to, and an ending seen this tick is dated
             alive = {j.id: self._alive(j) for j in running}  # asked before reading its files (_watch)
             charged = [j for j in running if self._ran_since_last_look(j, alive[j.id])]
             self.seen_alive = {job_id for job_id, yes in alive.items() if yes}
             self.executor.take_stock(running)  # before the ledger: the runs it charges within, if any
             within = {j.id: runs for j in charged if (runs := self.executor.runs_to_charge(j.id)) is not None}
-            ledger.accrue(s, charged, live, now, within=within)
+            # a cluster's ranks run on its nodes: the runner's process here says nothing of their energy
+            energy = self.energy.measure([] if self.executor.launches_ranks else running, live)
+            ledger.accrue(s, charged, live, now, within=within, energy=energy)
             self.budgets.refresh(s)
             watched = {j.id for j in charged}  # the others were found ended at this server's first look
             for job in running:
@@ -222,7 +229,11 @@ class Scheduler:
                 if job.state == JobState.RUNNING and job.devices
                 for d in job.devices.split(",")
             }
-            deployments.keep(s, jobs_hold, self.keeper)
+            job_shares: dict[str, float] = {}
+            for job in running:
+                if job.state == JobState.RUNNING and job.devices and job.device_share is not None:
+                    job_shares[job.devices] = job_shares.get(job.devices, 0.0) + job.device_share
+            deployments.keep(s, jobs_hold, self.keeper, job_shares)
             s.commit()  # what the tick did so far stands, whatever a search's pass does
             self.searches.keep(s)  # trials told, pruned, asked for: before the queue, which starts them
             self._start_queued(s)
@@ -253,9 +264,31 @@ class Scheduler:
         own = job_environment([by_id[d] for d in device_ids]) | policy.environment() | self.runner_env
         return child_environment(own)
 
-    def replica_env(self, s: Session, deployment: Deployment, device: DeviceInfo) -> dict[str, str]:
+    def replica_env(
+        self, s: Session, deployment: Deployment, device: DeviceInfo, isolation: Isolation | None = None
+    ) -> dict[str, str]:
         key = replicas_key(self.worker_secret, deployment)
-        return self.child_env(s, deployment.owner_id, [device.id]) | as_environment(api_key=key)
+        env = self.child_env(s, deployment.owner_id, [device.id]) | as_environment(api_key=key)
+        return env | (isolation.environment if isolation is not None else {})
+
+    def share_isolation(self, s: Session, device_id: str, share: float) -> Isolation:
+        """What a fraction `share` of `device_id` gets, beside the fractions running there (the cores they
+        are pinned to: running jobs' isolation words, live replicas' entries)."""
+        taken: set[int] = set()
+        held_by_jobs = select(Job.isolation).where(
+            Job.state == JobState.RUNNING, Job.devices == device_id, Job.device_share.is_not(None)
+        )
+        for said in s.scalars(held_by_jobs):
+            taken |= cores_in(said)
+        live = select(Deployment.workers).where(
+            Deployment.state.in_(LIVE_DEPLOYMENT_STATES), Deployment.device_share.is_not(None)
+        )
+        for workers in s.scalars(live):
+            for w in workers or ():
+                if w.get("pid") and w.get("device") == device_id:
+                    taken |= cores_in(w.get("isolation"))
+        by_id = {d.id: d for d in self.devices}
+        return isolation_for(by_id[device_id], share, taken, current().mps)
 
     def _alive(self, job: Job) -> bool:
         own = self.launched.get(job.id)
@@ -468,7 +501,10 @@ class Scheduler:
         # Claim it first, only if it is still queued (a cancel may have landed since the read), and
         # commit: the store says `running` before the process exists, never the other way round. A
         # server that dies between the two finds a running job with no pid: restarted, as if killed.
-        claimed = states.claim(s, job_id, device_ids, waiting_reason=HELD)
+        share = s.scalar(select(Job.device_share).where(Job.id == job_id))
+        isolation = self.share_isolation(s, device_ids[0], share) if share is not None else None
+        said = isolation.said if isolation is not None else None
+        claimed = states.claim(s, job_id, device_ids, waiting_reason=HELD, isolation=said)
         if backfilled:
             log.info("job %d backfilled: it should end before the blocked job could start", job_id)
         s.commit()
@@ -480,6 +516,8 @@ class Scheduler:
         spec_path.parent.mkdir(parents=True, exist_ok=True)
         spec_path.write_text(job.spec_yaml)
         env = self.child_env(s, job.owner_id, device_ids) | {JOB_ID_VARIABLE: str(job.id)}  # its id
+        if isolation is not None:
+            env |= isolation.environment
         launched = self.executor.start_runner(spec_path, run_dir, env)
         self.launched[job.id] = launched
         states.start(s, job.id, launched.pid)

@@ -19,6 +19,12 @@ Rules:
   lowest-priority of them that free enough devices with what is free (a job frees all its devices at
   once; if all of them together would not free enough, none is preempted); never a job marked not
   preemptible, nor one already stopping (its devices count as coming).
+- Fractions (resources.devices 0.5): a fraction of one device goes to the shared device it fills most
+  (best fit), else opens the last whole free one (scheduler/sharing.py), never one held back for a blocked
+  job. A whole-device job counts a shared device as held, by all the fractions on it: preempting for it
+  frees such a device only when every fraction on it goes. A fraction that finds no room waits in order
+  (later fractions of its kind wait behind it), preempts nobody and holds no whole device back. Quotas and
+  fair share count a fraction as that much of a device.
 - Never: a job asking for more devices (of its type and placement) than exist is impossible, returned
   for the caller to fail with a clear reason instead of queueing it forever.
 - Limits are not barriers: a job whose key runs its max_running jobs already, whose project holds its
@@ -34,6 +40,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
+
+from gpuforge.scheduler.sharing import best_fit, room
 
 HELD = "waiting"  # every reason the queue gives a waiting job starts so; cleared when it starts
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs: hashable, cheap to compare
@@ -51,6 +59,12 @@ class QueuedJob:
     project: int | None = None  # its project: max_devices, budget, share
     planned_s: float | None = None  # how long it should run (max_time, else the plan): for backfill
     placement: Labels = ()  # labels each of its devices must carry
+    share: float | None = None  # a fraction of one device (devices is 1); None: whole devices
+
+    @property
+    def amount(self) -> float:
+        """How much of a device it counts as: quotas and the reasons."""
+        return self.share if self.share is not None else float(self.devices)
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,7 @@ class RunningJob:
     preemptible: bool = True
     stopping: bool = False  # asked to stop already (preempted, paused, cancelled): its devices are coming
     ends_in_s: float | None = None  # from now, by its planned time; None: unknown
+    share: float | None = None  # a fraction of its one device; None: whole
 
 
 @dataclass(frozen=True)
@@ -71,7 +86,7 @@ class Limits:
 
     running: Mapping[int | None, int] = field(default_factory=dict)  # key -> its jobs running
     max_running: Mapping[int | None, int] = field(default_factory=dict)  # key -> its limit (absent: none)
-    project_devices: Mapping[int | None, int] = field(default_factory=dict)  # project -> devices it holds
+    project_devices: Mapping[int | None, float] = field(default_factory=dict)  # project -> devices it holds
     max_devices: Mapping[int | None, int] = field(default_factory=dict)  # project -> its cap (absent: none)
     spent: Mapping[int | None, str] = field(default_factory=dict)  # project -> why its budget stops it
     names: Mapping[int | None, str] = field(default_factory=dict)  # project -> its name, for reasons
@@ -94,6 +109,10 @@ class Plan:
     held: dict[int, str] = field(default_factory=dict)  # job id -> the limit that keeps it queued for now
     order: list[int] = field(default_factory=list)  # every queued job id, first to start first
     backfilled: list[int] = field(default_factory=list)  # of starts: those that went ahead of a blocked job
+
+
+# what holds a device a replica holds: preempting for a job never frees it, and its end is unknown
+_REPLICA = RunningJob(id=-1, priority=2**31, device_type="", device_ids=(), preemptible=False)
 
 
 def queue_order(jobs: Iterable[QueuedJob], fairness: Fairness | None = None) -> list[QueuedJob]:
@@ -175,9 +194,12 @@ class _Devices:
     """The devices of a pass: free ones by type (in hand-out order) and the ones held back for blocked
     jobs."""
 
-    def __init__(self, free: Mapping[str, list[str]], every: dict[str, list[str]], labels):
+    def __init__(
+        self, free: Mapping[str, list[str]], every: dict[str, list[str]], labels, shared: Mapping[str, float]
+    ):
         self.free = {kind: list(ids) for kind, ids in free.items()}
         self.every, self.labels = every, labels
+        self.shared = dict(shared)  # device -> the fraction of it fractions hold (not in `free`)
         self.reserved: set[str] = set()  # held back for a blocked job
         self.shadow: dict[str, float] = {}  # reserved device -> when its blocked job could start
         self.version = 0  # of `free` and `reserved`: a group's cache is good while it has the same
@@ -201,6 +223,12 @@ class _Devices:
         self.free[kind] = [d for d in self.free.get(kind, ()) if d not in taken]
         self.version += 1
 
+    def take_share(self, kind: str, device: str, share: float) -> None:
+        if device not in self.shared:
+            self.take(kind, [device])  # a whole free one opened for fractions
+        self.shared[device] = self.shared.get(device, 0.0) + share
+        self.version += 1
+
     def reserve(self, ids: list[str], shadow: float) -> None:
         for d in ids:
             self.reserved.add(d)
@@ -216,23 +244,31 @@ def plan_starts(
     fairness: Fairness | None = None,
     running: Iterable[RunningJob] = (),
     labels: Mapping[str, Labels] | None = None,
+    shared: Mapping[str, float] | None = None,
 ) -> Plan:
     """`free`: device type -> free device ids (in the order to hand them out); `devices`: device type ->
     every device id of that type (or just how many, for a server without labels: ids are then only
     counted); `running`: the jobs holding devices now, for preemption and backfill; `labels`: device id
-    -> its labels (absent: none)."""
+    -> its labels (absent: none); `shared`: device id -> the fraction of it that fractions (jobs and
+    replicas) hold, for a device neither free nor held whole."""
     plan = Plan()
     limits, labels = limits or Limits(), labels or {}
     every = {
         kind: (list(ids) if not isinstance(ids, int) else [f"{kind}:{i}" for i in range(ids)])
         for kind, ids in devices.items()
     }
-    pool = _Devices(free, every, labels)
+    pool = _Devices(free, every, labels, shared or {})
     running_count = dict(limits.running)
     project_devices = dict(limits.project_devices)
     limited = bool(limits.spent or limits.max_running or limits.max_devices)  # else nothing is ever held
-    holders = {d: r for r in running for d in r.device_ids}
+    holders: dict[str, list[RunningJob]] = defaultdict(list)
+    for r in running:
+        for d in r.device_ids:
+            holders[d].append(r)
+    for d in limits.replicas:  # a replica (whole, or a fraction beside jobs') is never preempted
+        holders[d].append(_REPLICA)
     groups: dict[tuple[str, Labels], _Group] = {}
+    fractions_wait: set[tuple[str, Labels]] = set()  # a fraction found no room: later ones wait behind it
     ordered = queue_order(jobs, fairness)
     plan.order = [job.id for job in ordered]
     for job in ordered:
@@ -245,6 +281,12 @@ def plan_starts(
             continue
         if limited and (why := _held(job, limits, running_count, project_devices)) is not None:
             plan.held[job.id] = why
+            continue
+        if job.share is not None:
+            _place_share(job, group, pool, fractions_wait, plan, limits)
+            if plan.starts and plan.starts[-1][0] == job.id:
+                running_count[job.owner] = running_count.get(job.owner, 0) + 1
+                project_devices[job.project] = project_devices.get(job.project, 0) + job.share
             continue
         if group.closed:  # it waits its turn behind the blocked job, unless it is sure to end first
             if job.planned_s is None:
@@ -283,7 +325,41 @@ def plan_starts(
     return plan
 
 
+def _place_share(
+    job: QueuedJob,
+    group: _Group,
+    pool: _Devices,
+    waiting: set[tuple[str, Labels]],
+    plan: Plan,
+    limits: Limits,
+) -> None:
+    """Start a fraction on the device best fit picks (none held back for a blocked job), or say why it
+    waits; a fraction that waits makes the later ones of its kind and placement wait behind it."""
+    where = (job.device_type, job.placement)
+    head = f"{HELD} for {job.share:g} of a {job.device_type} device"
+    if where in waiting:
+        plan.blocked[job.id] = f"{head}: behind an earlier fraction that waits for room"
+        return
+    free = set(pool.free.get(job.device_type, ()))
+    open_ = [d for d in group.candidates if d not in pool.reserved and (d in pool.shared or d in free)]
+    chosen = best_fit(open_, pool.shared, job.share)
+    if chosen is not None:
+        plan.starts.append((job.id, [chosen]))
+        pool.take_share(job.device_type, chosen, job.share)
+        return
+    waiting.add(where)
+    said = [
+        f"{d} held back for an earlier job" if d in pool.reserved else f"{d} has {room(pool.shared, d):g} free"
+        for d in group.candidates
+        if d in pool.shared or d in pool.reserved
+    ][:3]
+    said += [f"{d} held by {limits.replicas[d]}" for d in group.candidates if d in limits.replicas][:2]
+    plan.blocked[job.id] = f"{head}: none has room" + (f" ({'; '.join(said)})" if said else "")
+
+
 def _impossible(job: QueuedJob, of_type: int, matching: int) -> str:
+    if job.share is not None:
+        return f"asks for {job.share:g} of a {job.device_type} device; this server has none of that kind"
     if not job.placement:
         return f"asks for {job.devices} {job.device_type} device(s); this server has {of_type}"
     wanted = ", ".join(f"{k}={v}" for k, v in job.placement)
@@ -301,10 +377,11 @@ def _held(job: QueuedJob, limits: Limits, running: dict, project_devices: dict) 
         return f"{HELD} for quota max_running: its key runs {running.get(job.owner, 0)} jobs, its limit"
     cap = limits.max_devices.get(job.project)
     held = project_devices.get(job.project, 0)
-    if cap is not None and job.project is not None and held + job.devices > cap:
+    if cap is not None and job.project is not None and held + job.amount > cap + 1e-6:
         name = limits.names.get(job.project, job.project)
         return (
-            f"{HELD} for project {name}'s max_devices {cap}: it holds {held}, this job asks for {job.devices}"
+            f"{HELD} for project {name}'s max_devices {cap}: it holds {held:g}, this job asks for "
+            f"{job.amount:g}"
         )
     return None
 
@@ -318,77 +395,83 @@ def _victims(
     job: QueuedJob,
     candidates: list[str],
     free_now: list[str],
-    holders: Mapping[str, RunningJob],
+    holders: Mapping[str, list[RunningJob]],
     preempted: set[int],
 ) -> list[RunningJob]:
     """The fewest, lowest-priority running jobs to preempt so that `job` fits; [] when it cannot. Those
-    stopping, or preempted in this pass for an earlier job, free their devices already."""
-    coming = {
-        r.id: r for d in candidates if (r := holders.get(d)) is not None and (r.stopping or r.id in preempted)
-    }
-    have = len(free_now) + sum(sum(1 for d in r.device_ids if d in candidates) for r in coming.values())
-    needed = job.devices - have
+    stopping, or preempted in this pass for an earlier job, free their devices already. A device that
+    fractions share is freed by all of them going: they are one block, as low as the highest of them."""
+    coming = {r.id for d in candidates for r in holders.get(d, ()) if r.stopping or r.id in preempted}
+    freed_already = sum(1 for d in candidates if holders.get(d) and all(r.id in coming for r in holders[d]))
+    needed = job.devices - len(free_now) - freed_already
     if needed <= 0:
         return []  # enough is free or being freed already: wait for it
-    seen: dict[int, RunningJob] = {}
+    # blocks: the jobs that must all go to free some devices (one whole job; or every fraction on one device)
+    blocks: dict[tuple[int, ...], int] = {}
     for d in candidates:
-        r = holders.get(d)
-        if r is not None and r.id not in coming and r.preemptible and r.priority < job.priority:
-            seen[r.id] = r
-    # lowest priority first; among equals the one that frees most (fewest jobs), then the newest
-    pool = sorted(seen.values(), key=lambda r: (r.priority, -_freed(r, candidates), -r.id))
+        on_it = [r for r in holders.get(d, ()) if r.id not in coming]
+        if not on_it or not all(r.preemptible and r.priority < job.priority for r in on_it):
+            continue
+        ids = tuple(sorted(r.id for r in on_it))
+        blocks[ids] = blocks.get(ids, 0) + 1
+    by_id = {r.id: r for d in candidates for r in holders.get(d, ())}
+
+    def rank(block: tuple[int, ...]) -> tuple:
+        top = max(by_id[i].priority for i in block)
+        return top, len(block), -blocks[block], -max(block)  # lowest first; then fewest jobs, most freed
+
     chosen, freed = [], 0
-    for r in pool:
+    for block in sorted(blocks, key=rank):
         if freed >= needed:
             break
-        chosen.append(r)
-        freed += _freed(r, candidates)
+        chosen.append(block)
+        freed += blocks[block]
     if freed < needed:
         return []  # all of them would not free enough: preempting any would lose work for nothing
-    for r in sorted(chosen, key=lambda r: (-r.priority, _freed(r, candidates))):  # drop the needless
-        if freed - _freed(r, candidates) >= needed:
-            chosen.remove(r)
-            freed -= _freed(r, candidates)
-    return chosen
-
-
-def _freed(r: RunningJob, candidates: list[str]) -> int:
-    return sum(1 for d in r.device_ids if d in candidates)
+    for block in sorted(chosen, key=rank, reverse=True):  # drop the needless
+        if freed - blocks[block] >= needed:
+            chosen.remove(block)
+            freed -= blocks[block]
+    return [by_id[i] for block in chosen for i in sorted(block, reverse=True)]
 
 
 def _earliest_start(
     job: QueuedJob,
     candidates: list[str],
     free_now: list[str],
-    holders: Mapping[str, RunningJob],
+    holders: Mapping[str, list[RunningJob]],
     victims: set[int],
 ) -> float:
     """Seconds from now until enough of `job`'s devices are free, by the running jobs' planned ends
-    (preempted and stopping ones: now); infinity when an end it needs is unknown."""
+    (preempted and stopping ones: now; a shared device: when the last fraction on it ends); infinity when
+    an end it needs is unknown."""
     have = len(free_now)
     if have >= job.devices:
         return 0.0
-    ends: dict[int, tuple[float, int]] = {}
+    ends = []
     for d in candidates:
-        r = holders.get(d)
-        if r is None:
+        on_it = holders.get(d, ())
+        if not on_it:
             continue
-        end = (
-            0.0 if (r.stopping or r.id in victims) else (r.ends_in_s if r.ends_in_s is not None else math.inf)
-        )
-        ends[r.id] = (end, ends.get(r.id, (end, 0))[1] + 1)
-    for end, count in sorted(ends.values()):
-        have += count
+        ends.append(max(_end(r, victims) for r in on_it))
+    for end in sorted(ends):
+        have += 1
         if have >= job.devices:
             return end
     return math.inf
+
+
+def _end(r: RunningJob, victims: set[int]) -> float:
+    if r.stopping or r.id in victims:
+        return 0.0
+    return r.ends_in_s if r.ends_in_s is not None else math.inf
 
 
 def _waiting_reason(
     job: QueuedJob,
     candidates: list[str],
     free_now: list[str],
-    holders: Mapping[str, RunningJob],
+    holders: Mapping[str, list[RunningJob]],
     victims: list[RunningJob],
     limits: Limits,
 ) -> str:
@@ -401,9 +484,8 @@ def _waiting_reason(
     if victims:
         return head + "; preempting job(s) " + ", ".join(str(v.id) for v in victims)
     parts: dict[int | str, str] = {}  # job id or deployment name -> what it holds
-    for d in candidates:
-        r = holders.get(d)
-        if r is None or r.id in parts:
+    for r in (r for d in candidates for r in holders.get(d, ())):
+        if r.id in parts or r is _REPLICA:
             continue
         of = f" of project {names.get(r.project, r.project)}" if r.project is not None else ""
         if r.stopping:
@@ -414,11 +496,15 @@ def _waiting_reason(
             note = f"priority {r.priority}"
         else:
             note = "preemptible"
-        held = sum(1 for x in r.device_ids if x in candidates)
+        held = (
+            f"{r.share:g} of {r.device_ids[0]}"
+            if r.share is not None
+            else sum(1 for x in r.device_ids if x in candidates)
+        )
         parts[r.id] = f"{held} held by job {r.id}{of}, {note}"
     by_replicas: dict[str, list[str]] = {}  # deployment -> what its replicas hold here
     for d in candidates:
-        if d not in holders and d in limits.replicas:
+        if d in limits.replicas:
             replica, name = limits.replicas[d].rsplit(" of deployment ", 1)
             by_replicas.setdefault(name, []).append(f"{d} held by {replica} of deployment {name}")
     for name, held in by_replicas.items():

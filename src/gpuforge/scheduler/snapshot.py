@@ -34,11 +34,14 @@ class QueueSnapshot:
     limits: Limits
     fairness: Fairness | None  # None while one project (or key) alone waits: fair share changes nothing
     labels: Mapping[str, Labels]  # device id -> its labels, for placement
+    shared: Mapping[str, float]  # device id -> the fraction of it fractions hold (jobs', replicas')
 
     def plan(self) -> Plan:
         free = {kind: list(ids) for kind, ids in self.free.items()}  # the plan hands them out of its copy
         every = {kind: list(ids) for kind, ids in self.every.items()}
-        return plan_starts(self.queued, free, every, self.limits, self.fairness, self.running, self.labels)
+        return plan_starts(
+            self.queued, free, every, self.limits, self.fairness, self.running, self.labels, self.shared
+        )
 
 
 _RUNNING_COLUMNS = (
@@ -53,6 +56,7 @@ _RUNNING_COLUMNS = (
     Job.stop_requested,
     Job.max_time_s,
     Job.run_started_at,
+    Job.device_share,
 )
 _QUEUED_COLUMNS = (
     Job.id,
@@ -65,6 +69,7 @@ _QUEUED_COLUMNS = (
     Job.placement,
     Job.state,
     Job.reason,
+    Job.device_share,
 )
 
 
@@ -80,10 +85,13 @@ def read_queue(
     wait) the usage fair share weighs, at `now`. `holds_devices_since` is the executor's (a running job's
     max_time counts from there); `usage` is asked only when fair share matters (it reads hours of ledger)."""
     running, owners, project_devices = [], Counter(), Counter()
+    shared: Counter[str] = Counter()
     for row in s.execute(select(*_RUNNING_COLUMNS).where(Job.state == JobState.RUNNING)):
         ids = tuple(row.devices.split(",")) if row.devices else ()
         owners[row.owner_id] += 1  # max_running counts it
-        project_devices[row.project_id] += len(ids)
+        project_devices[row.project_id] += row.device_share if row.device_share is not None else len(ids)
+        if row.device_share is not None:
+            shared.update({d: row.device_share for d in ids})
         ends = None  # unknown unless its max_time promises it (an ETA may run long: backfill would delay)
         began = holds_devices_since(row)  # from where the loop's _stop_for counts it
         if row.max_time_s is not None and began is not None:
@@ -98,9 +106,11 @@ def read_queue(
                 preemptible=row.preemptible,  # one preempted too often is lifted (boost), not shielded
                 stopping=bool(row.cancel_requested or row.stop_requested),
                 ends_in_s=ends,
+                share=row.device_share,
             )
         )
     replicas = deployments.replica_holders(s)
+    shared.update(deployments.replica_shares(s))
     held = {d for r in running for d in r.device_ids} | set(replicas)
     free: dict[str, list[str]] = {}
     every: dict[str, list[str]] = {}
@@ -110,7 +120,7 @@ def read_queue(
             free.setdefault(d.kind, []).append(d.id)
     queued, shown = [], {}
     for row in s.execute(select(*_QUEUED_COLUMNS).where(Job.state.in_(QUEUE_JOB_STATES))):
-        queued.append(QueuedJob(*row[:7], tuple(sorted((row[7] or {}).items()))))
+        queued.append(QueuedJob(*row[:7], tuple(sorted((row[7] or {}).items())), row[10]))
         shown[row[0]] = (row[8], row[9])
     groups = {(j.project, None) if j.project is not None else (None, j.owner) for j in queued}
     fairness = None
@@ -126,4 +136,4 @@ def read_queue(
         replicas=replicas,
     )
     labels = {d.id: d.labels for d in devices if d.labels}
-    return QueueSnapshot(running, queued, shown, free, every, limits, fairness, labels)
+    return QueueSnapshot(running, queued, shown, free, every, limits, fairness, labels, dict(shared))

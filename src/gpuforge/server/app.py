@@ -169,6 +169,7 @@ def scheduler_options(
         max_preemptions=settings.max_preemptions,
         runs_dir=settings.runs_dir,
         replica_ports=replica_ports,
+        home=settings.home,
     )
 
 

@@ -28,6 +28,10 @@ SET_PRICE = "gpuforge prices set {kind} --usd-per-hour N (on the server's machin
 class Price:
     source: str  # "cpu (prices.yaml)", "H100 SXM (the device catalog's on-demand price)"
     usd_per_hour: float
+    # an owned device's: what a kWh costs, and the part of usd_per_hour that is its nominal energy (watts
+    # x usd_per_kwh), which a job's rate leaves out since the ledger charges the kWh it measures instead
+    usd_per_kwh: float | None = None
+    energy_usd_per_hour: float = 0.0
 
 
 def set_price_command(kind: str) -> str:
@@ -61,7 +65,11 @@ def prices_of(home: Path, devices: Iterable[DeviceInfo]) -> dict[str, Price | No
         found = price_of(prices, device.name, device.kind)
         if found is not None:
             name, price = found
-            answer[device.id] = _priced(f"{name} (prices.yaml)", price.hourly())
+            priced = _priced(f"{name} (prices.yaml)", price.hourly())
+            if priced is not None and price.usd_per_kwh is not None:
+                energy = price.parts().get("energy", 0.0)
+                priced = Price(priced.source, priced.usd_per_hour, price.usd_per_kwh, energy)
+            answer[device.id] = priced
             continue
         if catalog is None:
             try:

@@ -211,6 +211,13 @@ class DeploymentCreate(BaseModel):
         description="a variant its compress: section made, served instead of model/: compressed/onnx-int8",
     )
     replicas: int | None = Field(None, ge=0, le=64, description="at the start (default: 1, within min..max)")
+    devices: float = Field(
+        1,
+        gt=0,
+        le=1,
+        description="what each replica holds: a whole device (1), or a fraction of one (0.5, 0.25: a "
+        "multiple of 0.05), packed beside jobs and other replicas (scheduler/sharing.py)",
+    )
     min_replicas: int | None = Field(None, ge=0, le=64, description="autoscaling's floor; 0: scales to zero")
     max_replicas: int | None = Field(None, ge=1, le=64, description="autoscaling's ceiling")
     target_queue: float = Field(
@@ -363,6 +370,8 @@ class CostGroup(BaseModel):
     jobs: int = Field(description="jobs that ran in it")
     deployments: int = Field(description="deployments whose replicas ran in it")
     unpriced: int = Field(0, description="of those, how many ran with no price set (none of usd is theirs)")
+    kwh: float = Field(0.0, description="energy the server measured or estimated (each job says how)")
+    co2e_g: float = Field(0.0, description="its kWh x the grid's gCO2e/kWh (GPUFORGE_GRID_GCO2E_PER_KWH)")
 
 
 class UnpricedSubject(BaseModel):
@@ -388,6 +397,8 @@ class CostsPublic(BaseModel):
     rows: list[CostGroup] = Field(description="one a day and key that spent (the dashboard's table)")
     total_usd: float
     total_device_hours: float
+    total_kwh: float = 0.0
+    total_co2e_g: float = 0.0
     unpriced: list[UnpricedSubject] = Field(
         default_factory=list, description="jobs and deployments that ran with no price set: not $0, unknown"
     )

@@ -79,7 +79,7 @@ def admitted_job(body: JobCreate, key: ApiKey, server: Server) -> tuple[JobSpec 
             "resources.preemptible: false is for admin keys (a job nobody can "
             "preempt holds its devices against every priority)",
         )
-    _fill_price(spec, device_type, key, server)
+    usd_per_kwh, energy_part = _fill_price(spec, device_type, key, server)
     priority = body.priority if body.priority is not None else spec.priority
     return spec, Job(
         name=body.name or spec.name,
@@ -87,8 +87,10 @@ def admitted_job(body: JobCreate, key: ApiKey, server: Server) -> tuple[JobSpec 
         project_id=key.project_id,
         priority=priority,
         device_type=device_type,
-        devices_wanted=spec.resources.devices,
-        usd_per_hour=spec.cost.usd_per_hour * spec.resources.devices,
+        devices_wanted=spec.resources.processes,
+        device_share=spec.resources.share,
+        usd_per_hour=(spec.cost.usd_per_hour - energy_part) * spec.resources.devices,
+        usd_per_kwh=usd_per_kwh,
         preemptible=spec.resources.preemptible,
         max_time_s=spec.resources.max_time_s,
         placement=dict(spec.resources.placement) or None,
@@ -262,7 +264,7 @@ def _check_devices(spec: JobSpec, device_type: str, devices: Sequence[DeviceInfo
     """A job asking for more devices than the server has could never start: said now, with what exists,
     rather than failed at its turn in the queue."""
     have = [d.id for d in devices if d.kind == device_type]
-    if spec.resources.devices > len(have):
+    if spec.resources.processes > len(have):
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT,
             f"resources.devices: {spec.resources.devices} {device_type} devices asked for; this server has "
@@ -278,7 +280,7 @@ def _check_placement(spec: JobSpec, device_type: str, devices: Sequence[DeviceIn
         return
     of_type = [d for d in devices if d.kind == device_type]
     matching = [d for d in of_type if all((k, v) in d.labels for k, v in wanted.items())]
-    if len(matching) >= spec.resources.devices:
+    if len(matching) >= spec.resources.processes:
         return
     exist = sorted({f"{k}={v}" for d in of_type for k, v in d.labels})
     asked = ", ".join(f"{k}={v}" for k, v in wanted.items())
@@ -289,17 +291,24 @@ def _check_placement(spec: JobSpec, device_type: str, devices: Sequence[DeviceIn
     )
 
 
-def _fill_price(spec: JobSpec | ScriptJobSpec, device_type: str, key: ApiKey, server: Server) -> None:
+def _fill_price(
+    spec: JobSpec | ScriptJobSpec, device_type: str, key: ApiKey, server: Server
+) -> tuple[float | None, float]:
     """cost.usd_per_hour: what one device of the kind the job gets costs on this server (pricing.py:
     prices.yaml, else the catalog's price of its model), else nothing (0: no price set). A spec's own rate
     is kept for admin keys alone (docs/decisions.md): any other key's job costs what the server says,
-    whatever its file says, and a budget cannot be escaped by declaring a rate of 0."""
+    whatever its file says, and a budget cannot be escaped by declaring a rate of 0. Returns (what a kWh
+    costs, the nominal energy part of the hourly rate) for an owned device whose price gives usd_per_kwh:
+    the ledger charges the kWh measured in place of that part (never both); (None, 0) otherwise."""
     if key.admin and "usd_per_hour" in spec.cost.model_fields_set:
-        return
+        return None, 0.0
     device = next((d for d in server.devices if d.kind == device_type), None)  # the first of its kind
     found = prices_of(server.settings.home, [device])[device.id] if device is not None else None
     spec.cost.usd_per_hour = found.usd_per_hour if found is not None else 0.0
     spec.cost.instance = found.source if found is not None else None
+    if found is None or found.usd_per_kwh is None:
+        return None, 0.0
+    return found.usd_per_kwh, found.energy_usd_per_hour
 
 
 def _earlier(server: Server, key: ApiKey, idempotency_key: str) -> Job | None:

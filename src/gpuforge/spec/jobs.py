@@ -44,7 +44,12 @@ class JobSpec(Section):
 
     @model_validator(mode="after")
     def _processes(self) -> JobSpec:
-        devices, dist = self.resources.devices, self.distributed
+        devices, dist = self.resources.processes, self.distributed
+        if self.resources.share is not None and dist.strategy != "none":
+            raise ValueError(
+                f"resources.devices: {self.resources.devices} is a fraction of one device, one process: "
+                f"distributed.strategy {dist.strategy} needs whole devices (never two shared ones)"
+            )
         if devices > 1 and dist.strategy == "none":
             raise ValueError(
                 f"resources.devices: {devices} needs distributed.strategy ddp or fsdp (one process a device)"
@@ -156,7 +161,7 @@ class ScriptJobSpec(Section):
 
     @model_validator(mode="after")
     def _one_device_without_torchrun(self) -> ScriptJobSpec:
-        if self.resources.devices > 1 and self.script.launcher != "torchrun":
+        if self.resources.processes > 1 and self.script.launcher != "torchrun":
             raise ValueError(
                 f"resources.devices: {self.resources.devices} needs script.launcher torchrun "
                 "(one process a device); a script that uses several devices itself asks for one job's worth"

@@ -236,8 +236,16 @@ class AdaptSpec(Section):
 LabelText = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
 
 
+SHARE_STEP = 0.05  # a fraction of a device is a multiple of this: 0.05 .. 0.95
+
+
 class ResourcesSpec(Section):
-    devices: int = Field(1, ge=1)
+    devices: int | float = Field(
+        1,
+        gt=0,
+        description="whole devices (one process each), or a fraction of one below 1, e.g. 0.5 or 0.25: the "
+        "job shares a device (a share of a CPU slot's cores, pinned; a GPU's memory, capped)",
+    )
     device_type: Literal["auto", "cuda", "mps", "cpu"] = "auto"
     max_memory: str | None = Field(
         None, description="memory budget, e.g. 8GiB: the batch search's; plan and train refuse a job over it"
@@ -255,6 +263,28 @@ class ResourcesSpec(Section):
         description="labels its devices must carry, e.g. {site: onprem} (server; labels: gpuforge devices)",
         max_length=16,
     )
+
+    @field_validator("devices")
+    @classmethod
+    def _whole_or_fraction(cls, v: int | float) -> int | float:
+        if v >= 1:
+            if v != int(v):
+                raise ValueError(f"{v}: whole devices (1, 2, ...) or a fraction of one below 1 (0.5, 0.25)")
+            return int(v)
+        steps = round(v / SHARE_STEP)
+        if steps < 1 or abs(steps * SHARE_STEP - v) > 1e-9:
+            raise ValueError(f"{v}: a fraction of a device is a multiple of {SHARE_STEP} (0.05 .. 0.95)")
+        return round(steps * SHARE_STEP, 2)
+
+    @property
+    def processes(self) -> int:
+        """Processes (one a device) it runs: its devices, or 1 for a fraction of one."""
+        return int(self.devices) if self.devices >= 1 else 1
+
+    @property
+    def share(self) -> float | None:
+        """The fraction of one device it holds; None for whole devices."""
+        return float(self.devices) if self.devices < 1 else None
 
     @field_validator("max_memory")
     @classmethod

@@ -84,6 +84,8 @@ class CostGroup:
     day: str | None = None
     key: str | None = None
     project: str | None = None
+    kwh: float = 0.0  # the energy the server measured (or estimated: each job says how)
+    co2e_g: float = 0.0  # its kWh times the grid's intensity, where GPUFORGE_GRID_GCO2E_PER_KWH gives one
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ class Costs:
     total_usd: float
     total_device_hours: float
     unpriced: list[UnpricedSubject] = field(default_factory=list)
+    total_kwh: float = 0.0
+    total_co2e_g: float = 0.0
 
 
 def costs_for(s: Session, key: ApiKey, when: Period, by: CostBy, project: str | None = None) -> Costs:
@@ -145,6 +149,8 @@ def costs_for(s: Session, key: ApiKey, when: Period, by: CostBy, project: str | 
         total_usd=sum(r.usd for r in spent),
         total_device_hours=sum(r.device_seconds for r in spent) / 3600.0,
         unpriced=unpriced,
+        total_kwh=sum(r.kwh for r in spent),
+        total_co2e_g=sum(r.co2e_g for r in spent),
     )
 
 
@@ -187,9 +193,11 @@ def _sums(
     apart (their time is in device_hours, nothing in usd)."""
     sums: dict[tuple, tuple[list[float], set[str]]] = {}
     for labels, r in labelled:
-        figures, subjects = sums.setdefault(tuple(labels[f] for f in fields), ([0.0, 0.0], set()))
+        figures, subjects = sums.setdefault(tuple(labels[f] for f in fields), ([0.0] * 4, set()))
         figures[0] += r.usd
         figures[1] += r.device_seconds
+        figures[2] += r.kwh
+        figures[3] += r.co2e_g
         subjects.add(r.subject)
     ordered = sorted(sums.items(), key=lambda item: ["" if v is None else v for v in item[0]])
     return [
@@ -200,6 +208,8 @@ def _sums(
             deployments=sum(1 for x in subjects if x.startswith("deployment:")),
             unpriced=len(subjects & unpriced),
             **dict(zip(fields, group, strict=True)),
+            kwh=kwh,
+            co2e_g=co2e,
         )
-        for group, ((usd, seconds), subjects) in ordered
+        for group, ((usd, seconds, kwh, co2e), subjects) in ordered
     ]

@@ -42,7 +42,7 @@ class Charge:
     subject: str  # "job:12" | "deployment:3"
     key_id: int | None
     project_id: int | None
-    devices: int  # held: device-seconds count each
+    devices: float  # held: device-seconds count each (a fraction of one: that much of its seconds)
     usd_per_hour: float  # for all of them together
 
 
@@ -97,6 +97,8 @@ def charge(
                 project_id=what.project_id,
                 device_seconds=0.0,
                 usd=0.0,
+                kwh=0.0,
+                co2e_g=0.0,
             )
             s.add(entry)
             entries[(what.subject, minute)] = entry
@@ -120,6 +122,8 @@ def _read_entries(s: Session, marks: dict[str, datetime]) -> Entries:
 
 def _job_charge(job: Job) -> Charge:
     devices = len(job.devices.split(",")) if job.devices else job.devices_wanted
+    if job.device_share is not None:
+        devices = job.device_share
     return Charge(f"job:{job.id}", job.owner_id, job.project_id, devices, job.usd_per_hour or 0.0)
 
 
@@ -132,8 +136,19 @@ def charge_job(s: Session, job: Job, until: datetime, within: Sequence[Span] | N
 
 
 def _deployment_charge(deployment: Deployment, up: int) -> Charge:
-    rate = (deployment.usd_per_hour or 0.0) * up  # one replica's device, times the replicas up
-    return Charge(f"deployment:{deployment.id}", deployment.owner_id, deployment.project_id, up, rate)
+    rate = (deployment.usd_per_hour or 0.0) * up  # one replica's device (or fraction), times those up
+    held = up * (deployment.device_share or 1.0)
+    return Charge(f"deployment:{deployment.id}", deployment.owner_id, deployment.project_id, held, rate)
+
+
+@dataclass(frozen=True)
+class Energy:
+    """What one job or deployment used since the last tick, as the server measured it (never a job's own
+    figure): joules, the source (nvml, rapl, estimated) with its rule, and the grid's intensity there."""
+
+    joules: float
+    source: str  # "estimated: 65 W x 0.48 utilisation ... (watts: prices.yaml cpu)"
+    gco2e_per_kwh: float | None = None
 
 
 def accrue(
@@ -142,9 +157,12 @@ def accrue(
     deployments: Iterable[Deployment],
     now: datetime | None = None,
     within: Mapping[int, Sequence[Span]] | None = None,
+    energy: Mapping[str, Energy] | None = None,
 ) -> None:
     """Charge every job that runs (with a process) and every deployment with replicas up, to `now`; a job
-    in `within` (id -> spans) for the time in those spans alone (a Slurm job: while its Slurm job ran)."""
+    in `within` (id -> spans) for the time in those spans alone (a Slurm job: while its Slurm job ran).
+    `energy`: subject -> what it used since the last tick, added to now's minute (and, for a job whose
+    price gives usd_per_kwh, charged at that rate: its hourly rate then leaves the energy out)."""
     now = now or utcnow()
     due: list[tuple[Job | Deployment, Charge, Sequence[Span] | None]] = []
     for job in jobs:
@@ -165,6 +183,38 @@ def accrue(
     entries = _read_entries(s, {k: v for k, v in marks.items() if v < now})
     for row, what, spans in due:
         charge(s, row, what, now, entries, spans)
+        if energy and (used := energy.get(what.subject)) is not None:
+            _add_energy(s, row, what, used, now, entries)
+
+
+def _add_energy(
+    s: Session, row: Job | Deployment, what: Charge, used: Energy, now: datetime, entries
+) -> None:
+    kwh = used.joules / 3.6e6
+    co2e = kwh * used.gco2e_per_kwh if used.gco2e_per_kwh is not None else 0.0
+    usd = kwh * (row.usd_per_kwh or 0.0) if isinstance(row, Job) else 0.0
+    minute = minute_of(now)
+    entry = entries.get((what.subject, minute))
+    if entry is None:  # written by an earlier run of the job in this minute, perhaps: never a second row
+        entry = s.scalar(
+            select(LedgerEntry).where(LedgerEntry.subject == what.subject, LedgerEntry.minute == minute)
+        )
+    if entry is None:
+        entry = LedgerEntry(
+            subject=what.subject, minute=minute, key_id=what.key_id, project_id=what.project_id,
+            device_seconds=0.0, usd=0.0, kwh=0.0, co2e_g=0.0,
+        )  # fmt: skip
+        s.add(entry)
+        entries[(what.subject, minute)] = entry
+    entry.kwh = (entry.kwh or 0.0) + kwh
+    entry.co2e_g = (entry.co2e_g or 0.0) + co2e
+    entry.usd += usd
+    if isinstance(row, Job):
+        row.energy_kwh = (row.energy_kwh or 0.0) + kwh
+        row.energy_source = used.source[:300]
+        if used.gco2e_per_kwh is not None:
+            row.co2e_g = (row.co2e_g or 0.0) + co2e
+        row.cost_usd = (row.cost_usd or 0.0) + usd
 
 
 def month_spend(s: Session, now: datetime | None = None) -> dict[int, float]:
@@ -190,6 +240,8 @@ class Spent:
     subject: str
     usd: float
     device_seconds: float
+    kwh: float = 0.0
+    co2e_g: float = 0.0
 
 
 def _day(s: Session) -> ColumnElement[str]:
@@ -205,11 +257,17 @@ def spend(s: Session, since: datetime, until: datetime, *where: ColumnElement[bo
     day = _day(s).label("day")
     columns = (day, LedgerEntry.key_id, LedgerEntry.project_id, LedgerEntry.subject)
     query = (
-        select(*columns, func.sum(LedgerEntry.usd), func.sum(LedgerEntry.device_seconds))
+        select(
+            *columns,
+            func.sum(LedgerEntry.usd),
+            func.sum(LedgerEntry.device_seconds),
+            func.sum(LedgerEntry.kwh),
+            func.sum(LedgerEntry.co2e_g),
+        )
         .where(LedgerEntry.minute >= since, LedgerEntry.minute < until, *where)
         .group_by(*columns)
     )
     return [
-        Spent(d, k, p, subject, float(usd or 0.0), float(ds or 0.0))
-        for d, k, p, subject, usd, ds in s.execute(query)
+        Spent(d, k, p, subject, float(usd or 0.0), float(ds or 0.0), float(kwh or 0.0), float(co2 or 0.0))
+        for d, k, p, subject, usd, ds, kwh, co2 in s.execute(query)
     ]

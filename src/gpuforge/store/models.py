@@ -236,6 +236,10 @@ class Job(Base):
     device_type: Mapped[str] = mapped_column(String(8), default="cpu")  # what it asked for, resolved
     devices_wanted: Mapped[int] = mapped_column(default=1)
     devices: Mapped[str | None] = mapped_column(String(200))  # given, e.g. "cuda:0,cuda:1"
+    device_share: Mapped[float | None] = mapped_column(default=None)  # a fraction of one device; None: whole
+    # what its share of a device got, in words (scheduler/sharing.py): "cores 1 of 2 (pinned)", "memory cap
+    # 40 GiB (PyTorch allocator; not enforced for other libraries)", "time-sliced, no cap"
+    isolation: Mapped[str | None] = mapped_column(Text, default=None)
     spec_yaml: Mapped[str] = mapped_column(Text, deferred=True)  # read only to launch: not with every list
     run_dir: Mapped[str] = mapped_column(String(1000))
     pid: Mapped[int | None] = mapped_column()
@@ -249,6 +253,11 @@ class Job(Base):
     # the project of its key when it was submitted: its costs and devices count there
     project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), default=None)
     usd_per_hour: Mapped[float | None] = mapped_column(default=None)  # all its devices: the ledger's rate
+    # what a kWh costs where its price gives it (an owned device: its hourly rate then leaves energy out)
+    usd_per_kwh: Mapped[float | None] = mapped_column(default=None)
+    energy_kwh: Mapped[float | None] = mapped_column(default=None)  # measured by the server (ledger's sum)
+    energy_source: Mapped[str | None] = mapped_column(String(300), default=None)  # how: nvml, rapl, estimated
+    co2e_g: Mapped[float | None] = mapped_column(default=None)  # its kWh times the grid's intensity
     preemptible: Mapped[bool] = mapped_column(default=True)  # resources.preemptible (false: admin keys only)
     preemptions: Mapped[int] = mapped_column(default=0)  # preempted in a row: past a limit it gains priority
     boost: Mapped[int] = mapped_column(default=0)  # added to its priority in the queue (never preempted)
@@ -333,6 +342,7 @@ class Deployment(Base):
     options: Mapped[dict[str, Any]] = mapped_column(default=dict)  # gpuforge serve options
     replicas: Mapped[int] = mapped_column(default=1)
     device_type: Mapped[str] = mapped_column(String(8), default="cpu")
+    device_share: Mapped[float | None] = mapped_column(default=None)  # a replica's fraction of a device
     state: Mapped[DeploymentState] = mapped_column(
         StateColumn(DeploymentState), default=DeploymentState.STARTING
     )
@@ -449,6 +459,8 @@ class LedgerEntry(Base):
     project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"))
     device_seconds: Mapped[float] = mapped_column(default=0.0)
     usd: Mapped[float] = mapped_column(default=0.0)
+    kwh: Mapped[float] = mapped_column(default=0.0, server_default="0")  # measured or estimated: its source
+    co2e_g: Mapped[float] = mapped_column(default=0.0, server_default="0")  # on the job or deployment row
 
 
 class AuditEntry(Base):

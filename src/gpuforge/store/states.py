@@ -118,9 +118,12 @@ _QUEUED, _RUNNING, _PAUSED = QUEUE_JOB_STATES, (JobState.RUNNING,), (JobState.PA
 STOPS = ("preempt", "pause", "timeout", "prune")  # what the server stops a running job for (stop_requested)
 
 
-def claim(s: Session, job_id: int, device_ids: list[str], waiting_reason: str) -> bool:
+def claim(
+    s: Session, job_id: int, device_ids: list[str], waiting_reason: str, isolation: str | None = None
+) -> bool:
     """queued or preempted → running on `device_ids`, before its process exists (no pid yet); a reason
-    that says why it waited (it starts with `waiting_reason`) is cleared, any other kept."""
+    that says why it waited (it starts with `waiting_reason`) is cleared, any other kept. `isolation`:
+    what its fraction of a device got, in words (scheduler/sharing.py)."""
     waited = or_(Job.reason.startswith(waiting_reason), Job.reason.startswith("preempted"))
     kept_reason = case((waited, None), else_=Job.reason)
     devices = ",".join(device_ids)
@@ -131,6 +134,7 @@ def claim(s: Session, job_id: int, device_ids: list[str], waiting_reason: str) -
         state=JobState.RUNNING,
         pid=None,
         devices=devices,
+        isolation=isolation,
         reason=kept_reason,
         accrued_at=None,  # the ledger charges it from its first tick running, not from its last run
     )

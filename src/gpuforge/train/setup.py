@@ -6,6 +6,7 @@ writes anything: a refused job leaves no trace.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from dataclasses import dataclass
@@ -20,12 +21,15 @@ from gpuforge.distributed.ranks import Ranks
 from gpuforge.errors import ModelError
 from gpuforge.hardware.probe import select_device
 from gpuforge.models import BuiltModel, ModelRequest, build_model, load_tokenizer
+from gpuforge.runtime.device_share import cap_cuda_memory
 from gpuforge.runtime.precision import Precision, choose_precision
 from gpuforge.spec import JobSpec, parse_bytes
 from gpuforge.train.adapt import apply_lora, enable_activation_checkpointing
 from gpuforge.train.batch import BatchSearch, search_micro_batch
 from gpuforge.train.fast_dropout import use_fast_dropout
 from gpuforge.weights.qlora import quantize_base
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,6 +80,8 @@ def build_job(spec: JobSpec, resume: dict[str, Any] | None = None, ranks: Ranks 
     if device.type == "cuda" and ranks.local_world > 1:
         device = torch.device("cuda", ranks.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
+    if (capped := cap_cuda_memory(device)) is not None:  # a fraction of a GPU: every rank under its cap
+        log.info("CUDA memory capped at %s", capped)
     if spec.train.precision == "auto" and resume.get("precision"):  # a resumed run keeps its numerics
         precision = Precision(resume["precision"], "auto, kept from the checkpoint this run resumes")
     else:

@@ -21,6 +21,7 @@ from gpuforge.errors import SpecError
 from gpuforge.hardware.bench import peak_flops
 from gpuforge.hardware.probe import is_out_of_memory, peak_memory_bytes, release_memory, reset_peak_memory
 from gpuforge.runs import RunDir
+from gpuforge.runtime.device_share import memory_cap, over_cap_words
 from gpuforge.runtime.evaluate import eval_batch_size, evaluate, to_device
 from gpuforge.runtime.phases import phase
 from gpuforge.runtime.precision import MixedPrecision
@@ -220,7 +221,11 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         gradients = self._gradients(state, step)
         if gradients is None:
-            state.end("failed", f"out of memory at step {step} even with a micro-batch of 1")
+            capped = memory_cap() if self.job.device.type == "cuda" else None
+            if capped is not None:  # its share's cap, not the device: a smaller batch is the user's call
+                state.end("failed", f"out of memory at step {step}: over {over_cap_words(capped)}")
+            else:
+                state.end("failed", f"out of memory at step {step} even with a micro-batch of 1")
             return None
         loss, samples, tokens, data_wait = gradients
         stopping, over_budget = stop.signal_name is not None, self.over_budget(state)
@@ -266,6 +271,11 @@ class Trainer:
             except Exception as err:
                 if not is_out_of_memory(err) or self.ranks.world > 1:
                     raise  # several processes: a retry on one alone would desynchronise them
+                capped = memory_cap() is not None and self.job.device.type == "cuda"
+            if capped:  # over its fraction's cap: failed with the cap named, never retried as a plain OOM
+                self.optimizer.zero_grad(set_to_none=True)
+                release_memory(job.device)
+                return None
             # out of the except block: the error's traceback no longer holds the failed step's tensors
             self.optimizer.zero_grad(set_to_none=True)
             release_memory(job.device)

@@ -45,11 +45,12 @@ export async function render(root, { params }) {
       return;
     }
     error.textContent = "";
-    const { keys = [], days = [], rows = [], total_usd: total, total_device_hours: hours, unpriced = [], set_price: setPrice = [] } = answer.data;
+    const { keys = [], days = [], rows = [], total_usd: total, total_device_hours: hours, total_kwh: kwh = 0, total_co2e_g: co2e = 0, unpriced = [], set_price: setPrice = [] } = answer.data;
     const cell = new Map(rows.map((r) => [`${r.day}\n${r.key}`, r]));
     const dayTotal = (day) => keys.reduce((n, k) => n + (cell.get(`${day}\n${k}`)?.usd ?? 0), 0);
     const keyTotal = (key) => rows.filter((r) => r.key === key).reduce((n, r) => n + (r.usd ?? 0), 0);
-    const ran = (r) => [r.jobs && `${r.jobs} job${r.jobs === 1 ? "" : "s"}`, r.deployments && `${r.deployments} deployment${r.deployments === 1 ? "" : "s"}`, `${f.duration(r.device_hours * 3600)} of device time`].filter(Boolean).join(", ");
+    const ran = (r) => [r.jobs && `${r.jobs} job${r.jobs === 1 ? "" : "s"}`, r.deployments && `${r.deployments} deployment${r.deployments === 1 ? "" : "s"}`, `${f.duration(r.device_hours * 3600)} of device time`, r.kwh && energyText(r.kwh, r.co2e_g)].filter(Boolean).join(", ");
+    const keyEnergy = (key) => rows.filter((r) => r.key === key).reduce((n, r) => n + (r.kwh ?? 0), 0);
     const usdText = (usd, unpricedCount) => {
       if (!unpricedCount) return usd ? f.dollars(usd) : "—";
       return usd ? `${f.dollars(usd)} + ${unpricedCount} unpriced` : "no price set";
@@ -81,11 +82,12 @@ export async function render(root, { params }) {
         "tfoot",
         {},
         el("tr", { class: "total" }, el("th", { scope: "row", text: "total" }), keys.map((k) => el("td", { class: "num", text: usdText(keyTotal(k), keyUnpriced(k)) })), el("td", { class: "num", "data-field": "total_usd", text: usdText(total ?? keys.reduce((n, k) => n + keyTotal(k), 0), unpriced.length) })),
+        el("tr", { class: "energy" }, el("th", { scope: "row", text: "kWh" }), keys.map((k) => el("td", { class: "num", text: keyEnergy(k) ? keyEnergy(k).toPrecision(3) : "—" })), el("td", { class: "num", "data-field": "total_kwh", text: kwh ? kwh.toPrecision(3) : "—" })),
       ),
     );
     const div = el("div", { class: "chart wide", "data-metric": "costs", "data-points": days.length });
     fill(out,
-      keys.length ? el("p", { class: "muted", "data-field": "total_device_hours", text: `${f.duration((hours ?? 0) * 3600)} of device time in all` }) : el("p", { class: "muted", text: "nothing spent in this period" }),
+      keys.length ? el("p", { class: "muted", "data-field": "total_device_hours", text: `${f.duration((hours ?? 0) * 3600)} of device time in all${kwh ? `, ${energyText(kwh, co2e)}` : ""}` }) : el("p", { class: "muted", text: "nothing spent in this period" }),
       unpriced.length ? notPriced(unpriced, setPrice) : null,
       days.length ? el("div", { class: "charts" }, div) : null,
       spentDays.length ? el("div", { class: "table-wrap" }, table) : null,
@@ -111,4 +113,9 @@ function notPriced(unpriced, commands) {
     el("p", { text: `No price set for ${what.join(", ")}: not costed, so the dollars here leave them out.` }),
     el("p", {}, "Set one with ", ...commands.flatMap((c, i) => [i ? " or " : "", el("code", { text: c })])),
   );
+}
+
+// energy as the server measured or estimated it (each job's page says how), CO2e where a grid intensity is set
+function energyText(kwh, co2e) {
+  return `${kwh.toPrecision(3)} kWh${co2e ? ` (${co2e.toPrecision(3)} g CO2e)` : ""}`;
 }

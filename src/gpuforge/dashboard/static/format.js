@@ -117,3 +117,11 @@ export function ticks(metric) {
   return (u, splits, ax, space, incr) =>
     splits.map((v) => (Math.abs(v) >= 1000 && decimals(incr) === 0 ? num(v) : fixed(v, incr)));
 }
+
+// a job's devices: those it holds ("cpu:0", "cuda:0 (0.5 of it)"), else what it asks for
+export function devices(j) {
+  const share = j.device_share != null ? j.device_share : null;
+  if (j.devices) return share != null ? `${j.devices} (${share} of it)` : j.devices;
+  if (share != null) return `${share} of a ${j.device_type}`;
+  return j.devices_wanted ? `${j.devices_wanted} × ${j.device_type}` : "—";
+}

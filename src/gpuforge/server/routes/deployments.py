@@ -21,6 +21,7 @@ from typing import Annotated
 
 import httpx
 from fastapi import APIRouter, HTTPException, Query, Request, status
+from pydantic import ValidationError
 
 from gpuforge.artifact.manifest import MANIFEST, ArtifactError, Manifest, read_manifest
 from gpuforge.errors import GpuforgeError
@@ -41,6 +42,7 @@ from gpuforge.server.schemas import (
 )
 from gpuforge.server.services import services
 from gpuforge.server.visibility import check_change, may_change, may_read, readable
+from gpuforge.spec.sections import ResourcesSpec
 from gpuforge.store import deployments, states, versions
 from gpuforge.store.db import session
 from gpuforge.store.keys import digest, key_name
@@ -60,6 +62,7 @@ router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"])
 STATS_WINDOW_S = 10.0  # the stats' figures cover at least this long (after the first look)
 KEPT_BY_A_NEW_VERSION = (
     "replicas",
+    "devices",
     "min_replicas",
     "max_replicas",
     "target_queue",
@@ -196,9 +199,21 @@ def _replica_counts(body: DeploymentCreate, have: int, device_type: str) -> tupl
     return start, low, high
 
 
+def _share(devices: float) -> float | None:
+    """A replica's fraction of a device (None: a whole one), as a spec's resources.devices reads it."""
+    try:
+        share = ResourcesSpec(devices=devices).share
+    except ValidationError as err:
+        raise _unprocessable(f"devices: {err.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    return share
+
+
 def _first_version(s, request, key, job, model_dir, body, existing) -> DeploymentPublic:
     devices = services(request).devices
+    share = _share(body.devices)
     have = sum(1 for d in devices if d.kind == job.device_type)
+    if share is not None:  # replicas that fit on them, each on a fraction of one
+        have = int(have / share + 1e-6)
     start, low, high = _replica_counts(body, have, job.device_type)
     price = device_price(request, job.device_type)  # one replica's device: the ledger's rate
     with quota_refusal():  # 429 past max_deployments, counted in this transaction
@@ -207,12 +222,12 @@ def _first_version(s, request, key, job, model_dir, body, existing) -> Deploymen
         s.delete(existing)  # a stopped or failed one gives its name back
         s.flush()
     deployment = Deployment(
-        name=body.name, owner_id=key.id, job_id=job.id, model_dir=str(model_dir),
+        name=body.name, owner_id=key.id, job_id=job.id, model_dir=str(model_dir), device_share=share,
         options=body.options.model_dump(exclude_none=True), replicas=start, min_replicas=low,
         max_replicas=high, target_queue=body.target_queue, scale_down_after_s=body.scale_down_after_s,
         max_metric_drop=body.max_metric_drop, adapters={}, device_type=job.device_type, worker_key="",
         workers=[], created_at=utcnow(), project_id=key.project_id,
-        usd_per_hour=price[1] if price is not None else 0.0,
+        usd_per_hour=(price[1] if price is not None else 0.0) * (share or 1.0),
     )  # fmt: skip
     if not deployments.add_named(s, deployment):
         raise HTTPException(status.HTTP_409_CONFLICT, f"a deployment named {body.name!r} exists")

@@ -133,6 +133,8 @@ def costs(
         "rows": [asdict(r) for r in spent.rows],
         "total_usd": spent.total_usd,
         "total_device_hours": spent.total_device_hours,
+        "total_kwh": spent.total_kwh,
+        "total_co2e_g": spent.total_co2e_g,
         "unpriced": unpriced,
         "set_price": sorted({u["set_price"] for u in unpriced}),
     }
