@@ -17,8 +17,9 @@ from pathlib import Path
 
 LOCKS = Path(__file__).resolve().parents[1] / "locks"
 PINNED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$")
-# torch comes from GPUFORGE_TORCH (a CPU build here, a CUDA one elsewhere), and these with its CUDA builds
-NOT_LOCKED = re.compile(r"^(torch|triton|nvidia-.*|pytorch-triton.*)$")
+# torch comes from GPUFORGE_TORCH (a CPU build here, a CUDA one elsewhere), and these with its CUDA builds;
+# nvidia-ml-py (NVML's bindings, hardware/energy_sources.py) is not one of them: locked like any other
+NOT_LOCKED = re.compile(r"^(torch|triton|nvidia-(?!ml-py$).*|pytorch-triton.*)$")
 
 
 def name() -> str:
