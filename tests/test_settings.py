@@ -68,6 +68,12 @@ def test_internal_variables_are_marked_and_the_rest_are_not():
         "GPUFORGE_ATTEMPT",
         "GPUFORGE_RUN_DIR",
         "GPUFORGE_JOB_ID",
+        "GPUFORGE_CPU_CORES",
+        "GPUFORGE_DEVICE_SHARE",
+        "GPUFORGE_CUDA_MEMORY_FRACTION",
+        "GPUFORGE_CUDA_MEMORY_CAP",
+        "GPUFORGE_DEVICE_WATTS",
+        "GPUFORGE_DEVICE_WATTS_FROM",
     }
     assert all(v.meaning and v.read_by and v.type for v in variables())
 

@@ -95,7 +95,10 @@ def test_set_overrides(tmp_path, override, check):
             yaml.safe_dump({**MINIMAL, "resources": {"devices": 2}}),
             "resources.devices: 2 needs distributed.strategy ddp or fsdp",
         ),
-        (yaml.safe_dump({**MINIMAL, "resources": {"devices": 1.5}}), "resources.devices: 1.5: whole devices (1, 2, ...) or a fraction"),
+        (
+            yaml.safe_dump({**MINIMAL, "resources": {"devices": 1.5}}),
+            "resources.devices: 1.5: whole devices (1, 2, ...) or a fraction",
+        ),
         (yaml.safe_dump({**MINIMAL, "resources": {"devices": 0.33}}), "a multiple of 0.05"),
         (yaml.safe_dump({**MINIMAL, "resources": {"devices": 0}}), "resources.devices"),
         (

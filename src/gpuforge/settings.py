@@ -416,6 +416,44 @@ class Environment(ServerOptions):
         read_by="job runners, script jobs (gpuforge.track)",
         kind="internal",
     )
+    cpu_cores: str | None = setting(
+        None,
+        meaning="the cores a job or replica on a fraction of a CPU slot is pinned to (set by the server; "
+        "the process pins itself at start)",
+        read_by="job runners, replicas",
+        kind="internal",
+    )
+    device_share: str | None = setting(
+        None,
+        meaning="the fraction of its device a job or replica holds (set by the server): its energy per step",
+        read_by="job runners, replicas",
+        kind="internal",
+    )
+    cuda_memory_fraction: str | None = setting(
+        None,
+        meaning="a fraction of a GPU: the cap PyTorch's allocator is given in every rank (set by the server)",
+        read_by="job runners",
+        kind="internal",
+    )
+    cuda_memory_cap: str | None = setting(
+        None,
+        meaning="the same cap in bytes, named when a job runs out of memory under it (set by the server)",
+        read_by="job runners",
+        kind="internal",
+    )
+    device_watts: str | None = setting(
+        None,
+        meaning="what the job's whole device draws under load, for an energy estimate per step (set by the "
+        "server from prices.yaml or the catalog)",
+        read_by="job runners",
+        kind="internal",
+    )
+    device_watts_from: str | None = setting(
+        None,
+        meaning="where those watts come from (set by the server), named beside every estimate",
+        read_by="job runners",
+        kind="internal",
+    )
     pg_dir: str | None = setting(
         None,
         meaning="the directory of the tests' PostgreSQL cluster",

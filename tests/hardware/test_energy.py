@@ -269,7 +269,7 @@ def test_step_energy_reads_what_the_server_set():
     gpu = StepEnergy.from_environment(env).holder
     assert (gpu.kind, gpu.indices, gpu.share, gpu.pids) == ("cuda", (3,), 0.5, (os.getpid(),))
     assert (gpu.watts, gpu.watts_from) == (700.0, "catalog NVIDIA H100 80GB HBM3")
-    cpu = StepEnergy.from_environment({"CUDA_VISIBLE_DEVICES": "", "GPUFORGE_CPU_CORES": "2"}).holder
+    cpu = StepEnergy.from_environment({"CUDA_VISIBLE_DEVICES": "", "GPUFORGE_CPU_CORES": "0,1"}).holder
     assert (cpu.kind, cpu.indices, cpu.cores, cpu.watts, cpu.share) == ("cpu", (), 2, None, 1.0)
     with pytest.raises(ValueError, match="GPUFORGE_DEVICE_WATTS='lots'"):
         StepEnergy.from_environment({"GPUFORGE_DEVICE_WATTS": "lots"})
@@ -278,7 +278,7 @@ def test_step_energy_reads_what_the_server_set():
 
 
 def test_step_energy_windows_on_this_machine():
-    env = {"CUDA_VISIBLE_DEVICES": "", "GPUFORGE_CPU_CORES": "1", "GPUFORGE_DEVICE_WATTS": "65"}
+    env = {"CUDA_VISIBLE_DEVICES": "", "GPUFORGE_CPU_CORES": "0", "GPUFORGE_DEVICE_WATTS": "65"}
     step = StepEnergy.from_environment(env)
     assert step.window() is None  # the baseline
     sum(i * i for i in range(200_000))

@@ -95,7 +95,8 @@ def test_a_share_of_a_gpu_is_capped_in_memory_and_says_how_its_compute_is_shared
     assert sliced.environment["CUDA_VISIBLE_DEVICES"] == "1"
     assert sliced.environment["GPUFORGE_CUDA_MEMORY_FRACTION"] == "0.5"
     assert sliced.environment["CUDA_DEVICE_MEMORY_LIMIT"] == "40960m"
-    assert sliced.said.startswith("memory cap 40 GiB (PyTorch allocator;") and sliced.said.endswith("time-sliced")
+    assert sliced.said.startswith("memory cap 40 GiB (PyTorch allocator;")
+    assert sliced.said.endswith("time-sliced")
     shared = gpu_share(0.25, "0", 80 * 2**30, mps=True)
     assert shared.environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert shared.environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"

@@ -229,7 +229,7 @@ class StepEnergy:
             indices=indices if kind == "cuda" else (),
             share=share,
             pids=(os.getpid(),),
-            cores=int(_number(env, "GPUFORGE_CPU_CORES", float(_usable_cores())) or 0),
+            cores=_cores(env),
             watts=watts,
             watts_from=named if watts is not None else None,
         )
@@ -239,6 +239,12 @@ class StepEnergy:
         """Energy since the previous call; the first call sets the baseline and returns None, as does a
         process with no counter and no watts."""
         return self.meter.measure([self.holder]).get(self.SUBJECT)
+
+
+def _cores(env: Mapping[str, str]) -> int:
+    """The cores it holds: those GPUFORGE_CPU_CORES names ("0,1", a share of a slot), else all it may use."""
+    named = [c for c in env.get("GPUFORGE_CPU_CORES", "").split(",") if c.strip().isdigit()]
+    return len(named) or _usable_cores()
 
 
 def _number(env: Mapping[str, str], name: str, default: float | None) -> float | None:

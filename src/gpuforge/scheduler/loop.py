@@ -271,6 +271,14 @@ class Scheduler:
         env = self.child_env(s, deployment.owner_id, [device.id]) | as_environment(api_key=key)
         return env | (isolation.environment if isolation is not None else {})
 
+    def _watts_environment(self, device_id: str) -> dict[str, str]:
+        """What its device draws, and from where, for the runner's energy estimate per step."""
+        device = next((d for d in self.devices if d.id == device_id), None)
+        watts = self.energy.watts_of(device) if device is not None else None
+        if watts is None:
+            return {}
+        return {"GPUFORGE_DEVICE_WATTS": f"{watts[0]:g}", "GPUFORGE_DEVICE_WATTS_FROM": watts[1]}
+
     def share_isolation(self, s: Session, device_id: str, share: float) -> Isolation:
         """What a fraction `share` of `device_id` gets, beside the fractions running there (the cores they
         are pinned to: running jobs' isolation words, live replicas' entries)."""
@@ -518,6 +526,7 @@ class Scheduler:
         env = self.child_env(s, job.owner_id, device_ids) | {JOB_ID_VARIABLE: str(job.id)}  # its id
         if isolation is not None:
             env |= isolation.environment
+        env |= self._watts_environment(device_ids[0])
         launched = self.executor.start_runner(spec_path, run_dir, env)
         self.launched[job.id] = launched
         states.start(s, job.id, launched.pid)

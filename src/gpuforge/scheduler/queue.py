@@ -349,7 +349,9 @@ def _place_share(
         return
     waiting.add(where)
     said = [
-        f"{d} held back for an earlier job" if d in pool.reserved else f"{d} has {room(pool.shared, d):g} free"
+        f"{d} held back for an earlier job"
+        if d in pool.reserved
+        else f"{d} has {room(pool.shared, d):g} left"
         for d in group.candidates
         if d in pool.shared or d in pool.reserved
     ][:3]

@@ -19,6 +19,7 @@ from gpuforge.distributed.parallel import Parallel, wrap
 from gpuforge.distributed.ranks import Ranks
 from gpuforge.errors import SpecError
 from gpuforge.hardware.bench import peak_flops
+from gpuforge.hardware.energy import StepEnergy
 from gpuforge.hardware.probe import is_out_of_memory, peak_memory_bytes, release_memory, reset_peak_memory
 from gpuforge.runs import RunDir
 from gpuforge.runtime.device_share import memory_cap, over_cap_words
@@ -113,6 +114,8 @@ class Trainer:
     trained: list[torch.Tensor]  # the optimizer's parameters (LoRA: a few of many), whose norm is clipped
     shape: Shape  # the schedule: warm-up, then cosine, wsd or constant
     watch: Watch | None = None  # train.early_stop, stop_at, keep_best: None when the spec sets none
+    energy: StepEnergy | None = None  # step_energy_j: set by start_meter (None where it cannot be read)
+    energy_mark: int = 0  # the step the energy window began after
 
     @classmethod
     def build(
@@ -174,7 +177,8 @@ class Trainer:
 
     @property
     def usd_per_hour(self) -> float:
-        return self.spec.cost.usd_per_hour * self.ranks.world  # the price of one device, times those held
+        # the price of one device, times those held (a fraction of one: that much of it)
+        return self.spec.cost.usd_per_hour * (self.spec.resources.share or self.ranks.world)
 
     # --- the start ------------------------------------------------------------------------------------
 
@@ -208,6 +212,11 @@ class Trainer:
         flops = FlopModel(job.built, job.task, first_batch, job.precision)
         meter = Meter(flops, peak_flops(job.device, job.precision.name), self.ranks.world)
         reset_peak_memory(job.device)
+        try:  # the energy of each logged window, by the server's rules (the job's own figure, labelled)
+            self.energy = StepEnergy.from_environment(kind=job.device.type)
+            self.energy.window()  # the baseline
+        except ValueError as err:
+            log.warning("no step_energy_j: %s", err)
         return meter
 
     # --- one step -------------------------------------------------------------------------------------
@@ -379,6 +388,7 @@ class Trainer:
             "step_cost_usd": usd(seconds, self.usd_per_hour),
             "eta_s": state.clock.eta(self.job.total_steps - step),
             **result.comm,
+            **self._energy_since_last_line(step),
         }
         if evaluation:
             record.update({f"eval_{k}": v for k, v in evaluation.items()})
@@ -387,6 +397,14 @@ class Trainer:
         self.run.metric(record)
         self.reporter.step(record)
         return record
+
+    def _energy_since_last_line(self, step: int) -> dict[str, Any]:
+        """step_energy_j: the energy since the last logged line over its steps, with its source and rule."""
+        reading = self.energy.window() if self.energy is not None else None
+        steps, self.energy_mark = step - self.energy_mark, step
+        if reading is None or steps <= 0:
+            return {}
+        return {"step_energy_j": reading.joules / steps, "energy_source": f"{reading.source}: {reading.rule}"}
 
     def checkpoint_if_due(self, state: LoopState) -> None:
         """Every checkpoint_every steps; the last step's checkpoint is the end's (summary.py)."""
