@@ -47,6 +47,7 @@ printf '%-28s %s\n' "GPU tests (pytest -m gpu)" "$(tail -n 1 "$OUT/gpu_tests.log
 printf '%-28s %s\n' "benchmarks/train_overhead" "rc $bench_rc"
 grep -E "^(ratio|gpuforge|hand|HF|naive)" "$OUT/train_overhead.log" || true
 grep -E "^gpu_mfu" "$OUT/gpu_mfu.log" || echo "gpu_mfu: failed (rc $mfu_rc)"
+cat "$OUT/gpu_share.txt" 2>/dev/null || echo "gpu_share: not measured (tests/train/test_share_gpu.py)"
 grep -E "^ratio" "$OUT/auto_batch.log" || true
 grep -E "^gpu_compress" "$OUT/gpu_compress.log" || echo "gpu_compress: failed"
 grep -E "memory bandwidth|matmul (bf16|fp16|tf32)|host -> device|all-reduce" "$OUT/hw.log" || echo "hw: failed"

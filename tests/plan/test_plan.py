@@ -1,6 +1,7 @@
 """The pre-flight plan, checked against the real run of the same job (both in their own processes)."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -202,3 +203,17 @@ def test_figures_read_in_units_that_fit_them():
     assert [dollars(u) for u in (7e-6, 1e-8, 0.0123, 0.5, 123.456)] == [
         "0.0007 cents", "under 0.0001 cents", "1.2 cents", "50 cents", "$123.46",
     ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_fraction_of_the_device_says_what_it_changes_in_the_plan():
+    whole, plan = _plan(str(EXAMPLES / "digits-cnn.yaml"))
+    half, shared = _plan(str(EXAMPLES / "digits-cnn.yaml"), "--set", "resources.devices=0.5")
+    assert whole.returncode == 0 and half.returncode == 0, (whole.stderr, half.stderr)
+    assert plan["share"] == "" and shared["share"].startswith("0.5 of the CPU slot: ")
+    cores = os.cpu_count() and len(os.sched_getaffinity(0))
+    slower = cores / max(1, round(cores / 2))
+    # the step measured on the whole machine, slowed by its share of the cores (two runs differ a little)
+    assert shared["step_time_s"] == pytest.approx(plan["step_time_s"] * slower, rel=0.5)
+    assert f"steps x{slower:.2g}" in shared["share"]
+    assert shared["fits"] and shared["capacity_bytes"] == pytest.approx(plan["capacity_bytes"], rel=0.1)

@@ -30,6 +30,7 @@ from typing import Any
 from gpuforge.child_env import passed
 from gpuforge.errors import GpuforgeError, TrainingFailed
 from gpuforge.runs import RunDir
+from gpuforge.runtime.device_share import memory_cap, over_cap_words
 from gpuforge.runtime.host import usable_cores
 from gpuforge.settings import PREFIX, as_environment, current, env_name
 from gpuforge.spec import JobSpec
@@ -292,6 +293,8 @@ def _failed(rank: int, code: int | None, message: str = "", where: list[str] = (
         how = f"was killed by {signal.Signals(-code).name}"
     else:
         how = NOT_RETRIED.get(code, f"exited with code {code}")
+        if code == 4 and (capped := memory_cap()) is not None:  # out of memory under its fraction's cap
+            how = f"ran out of memory: over {over_cap_words(capped)} (ask for a larger fraction)"
     on = f" on {where[0]}" if where else ""
     # torch's placeholders when the rank left no message: not worth repeating
     useful = message and "<N/A>" not in message and "To enable traceback" not in message

@@ -28,6 +28,7 @@ from gpuforge.hardware.machine import machine
 from gpuforge.hardware.probe import device_name, proc_status_bytes, synchronize
 from gpuforge.hardware.timing import NOISY, Timing
 from gpuforge.plan.estimate import Traces, evaluations, local_evaluations_s, local_step
+from gpuforge.runtime.host import usable_cores
 from gpuforge.runtime.precision import MixedPrecision
 from gpuforge.spec import JobSpec, parse_bytes
 from gpuforge.train.batch import (
@@ -107,6 +108,7 @@ class Plan:
     evaluation_s: float = 0.0  # all of them, on the step's roofline (scaled as the step is with --measure)
     checkpoints: int = 0  # writes the run makes (train.checkpoint_every and the end's), not in the total
     checkpoint_bytes: int = 0  # each: weights (or the adapter) and optimizer state
+    share: str = ""  # resources.devices below 1: what its fraction of the device changes in this plan
     verdict: str = ""  # one line when it does not fit: by how much, and what would (or why nothing can)
     suggestions: list[str] = field(default_factory=list)  # options that fit, each with its predicted peak
 
@@ -127,6 +129,9 @@ def make_plan(spec: JobSpec, measure: bool = False, launched_s: float = 0.0) -> 
 
     breakdown = memory_breakdown(module, memory, job.micro)
     capacity, capacity_source = _capacity(device, max_memory)
+    fraction = spec.resources.share
+    if fraction is not None and device.type == "cuda" and not max_memory:  # its cap (runtime/device_share.py)
+        capacity, capacity_source = int(capacity * fraction), f"{fraction:g} of the GPU's memory, its cap"
 
     samples, tokens = _global_batch_size_and_tokens(job)
     flops = FlopModel(job.built, job.task, _sample_batch(job), job.precision).step_flops(samples, tokens)
@@ -137,6 +142,8 @@ def make_plan(spec: JobSpec, measure: bool = False, launched_s: float = 0.0) -> 
     local = local_step(job, traces, here, flops / peak, timing)
     step_time = local.seconds
     evaluation = local_evaluations_s(job, traces, here) * local.factor
+    slower, share_said = _on_a_share(fraction, device)
+    step_time, evaluation = step_time * slower, evaluation * slower
     lr_find_steps = range_test_steps(spec.train)  # train.lr auto: the range test's steps, before step 1
     total_time = startup + step_time * (lr_find_steps + job.total_steps) + evaluation
     plan = Plan(
@@ -176,11 +183,30 @@ def make_plan(spec: JobSpec, measure: bool = False, launched_s: float = 0.0) -> 
         evaluation_s=evaluation,
         checkpoints=_checkpoints(job),
         checkpoint_bytes=_checkpoint_bytes(job, breakdown),
+        share=share_said,
     )
     if not plan.fits:
         plan.suggestions = what_would_fit(job, memory, breakdown, capacity)
         plan.verdict = fit_verdict(breakdown, capacity, capacity_source, plan.suggestions)
     return plan
+
+
+def _on_a_share(fraction: float | None, device: torch.device) -> tuple[float, str]:
+    """How much slower its steps are on a fraction of the device, and the rule in words. A CPU share runs
+    on round(fraction x cores) of them (scheduler/sharing.py): the step's compute scales with the cores at
+    best, so the whole machine's step times cores / its cores (an upper bound where memory bandwidth, not
+    the cores, limits the step). A GPU share is time-sliced with the other jobs on it (or gets that share
+    of its compute through MPS): 1 / fraction when its neighbours are busy, less when they are not."""
+    if fraction is None:
+        return 1.0, ""
+    if device.type == "cuda":
+        return 1 / fraction, f"{fraction:g} of the GPU: steps x{1 / fraction:.2g} (its share of the compute)"
+    cores = usable_cores()
+    mine = max(1, min(cores, round(fraction * cores)))
+    return cores / mine, (
+        f"{fraction:g} of the CPU slot: {mine} of {cores} cores, steps x{cores / mine:.2g} (compute scales "
+        "with the cores at best)"
+    )
 
 
 def _capacity(device: torch.device, max_memory: int | None) -> tuple[int, str]:
@@ -319,6 +345,7 @@ def table(p: Plan) -> Table:
             f"{'fits' if p.fits else 'DOES NOT FIT'}",
         ),
         ("step time", f"{duration(p.step_time_s)} ({p.step_time_method})"),
+        *([("on a fraction", p.share)] if p.share else []),
         *_time_rows(p),
     ]
     if p.measured_peak_bytes:
