@@ -260,6 +260,7 @@ class ReplicaPublic(BaseModel):
     restarts: int = Field(0, description="times its process was started again (0: not yet, or once)")
     adapters: list[str] = Field(default_factory=list)
     waiting: str | None = Field(None, description="why it has not started: no device free, who holds each")
+    isolation: str | None = Field(None, description="on a fraction of a device: what it got (cores, a cap)")
 
     @field_validator("draining", mode="before")
     @classmethod
@@ -289,6 +290,7 @@ class DeploymentPublic(BaseModel):
     max_metric_drop: float
     adapters: list[str] = Field(default_factory=list, description="adapters added to it (deploy --into)")
     device_type: str
+    device_share: float | None = Field(None, description="each replica's fraction of a device; null: whole")
     state: str
     reason: str | None
     url: str = Field("", description="where clients send requests: POST {url}/predict")
