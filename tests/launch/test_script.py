@@ -256,6 +256,18 @@ def test_a_failing_script_fails_with_the_end_of_its_log(tmp_path):
             {"env": {"GPUFORGE_RUN_DIR": "/"}},
             "script.env: GPUFORGE_RUN_DIR: gpuforge sets",
         ),
+        (  # what caps a fraction of a GPU: a script may not lift its own
+            "python loop.py 3",
+            [],
+            {"env": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}},
+            "script.env: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: gpuforge sets",
+        ),
+        (
+            "python loop.py 3",
+            [],
+            {"env": {"CUDA_DEVICE_MEMORY_LIMIT": "80g"}},
+            "script.env: CUDA_DEVICE_MEMORY_LIMIT: gpuforge sets",
+        ),
     ],
 )
 def test_bad_script_jobs_are_refused_before_anything_runs(tmp_path, command, files, script, message):

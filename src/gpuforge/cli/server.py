@@ -643,7 +643,7 @@ def projects_list(url: Url = None, key_file: KeyFile = None, as_json: AsJson = F
         table.add_column(column)
     for p in rows:
         budget = f"{p['budget_usd_month']:.2f}" if p["budget_usd_month"] is not None else "none"
-        devices = f"{p['devices_held']}/{p['max_devices'] if p['max_devices'] is not None else '-'}"
+        devices = f"{p['devices_held']:g}/{p['max_devices'] if p['max_devices'] is not None else '-'}"
         table.add_row(
             p["name"], f"{p['spend_usd_month']:.4f}", budget, devices, str(p["jobs_queued"]),
             str(p["jobs_running"]), f"{p['share']:g}",

@@ -166,8 +166,8 @@ def make_plan(spec: JobSpec, measure: bool = False, launched_s: float = 0.0) -> 
         step_time_method=local.method(),
         total_steps=job.total_steps,
         total_time_s=total_time,
-        usd_per_hour=spec.cost.usd_per_hour,
-        cost_usd=total_time * spec.cost.usd_per_hour / 3600,
+        usd_per_hour=spec.cost.usd_per_hour * (fraction or 1.0),  # a fraction pays that much of the device
+        cost_usd=total_time * spec.cost.usd_per_hour * (fraction or 1.0) / 3600,
         measured_peak_bytes=timing.peak_bytes if timing else None,
         step_time_spread=timing.spread if timing else None,
         step_time_reliable=timing.reliable if timing else None,

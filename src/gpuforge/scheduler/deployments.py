@@ -107,9 +107,16 @@ def replica_shares(s: Session, but: int | None = None) -> dict[str, float]:
     return used
 
 
-def keep(s: Session, held: dict[str, str], keeper: Keeper, shares: dict[str, float] | None = None) -> None:
+def keep(
+    s: Session,
+    held: dict[str, str],
+    keeper: Keeper,
+    shares: dict[str, float] | None = None,
+    closing: set[str] = frozenset(),
+) -> None:
     """One pass over the live deployments (see the module's docstring). `held`: devices jobs hold, each
-    with its holder ("job 4"); `shares`: of those, the fraction of each that fractions of jobs hold.
+    with its holder ("job 4"); `shares`: of those, the fraction of each that fractions of jobs hold;
+    `closing`: those a stopping job is freeing, which no replica takes before the queue has had them.
 
     The loop alone writes `workers` and `replicas`; the API writes `state` (undeploy: `stopping`). So a
     state is written only by a move of store/states.py, which leaves from the state this pass read alone:
@@ -129,7 +136,7 @@ def keep(s: Session, held: dict[str, str], keeper: Keeper, shares: dict[str, flo
             if rolling is not None:  # a rollout the deployment's end cut short
                 versions.refuse(s, rolling.id, f"the deployment {state} before it rolled out")
             continue
-        _Pass(s, deployment, state, held, keeper, shares or {}).run()
+        _Pass(s, deployment, state, held, keeper, shares or {}, closing).run()
 
 
 class _Pass:
@@ -143,6 +150,7 @@ class _Pass:
         held: dict[str, str],
         keeper: Keeper,
         shares: dict[str, float],
+        closing: set[str] = frozenset(),
     ):
         self.s, self.d, self.state, self.keeper = s, d, state, keeper
         self.holders = held | replica_holders(s, but=d.id)  # device -> who holds it (a job, a replica)
@@ -150,7 +158,7 @@ class _Pass:
         for device, share in replica_shares(s, but=d.id).items():
             self.used[device] = self.used.get(device, 0.0) + share
         # held whole; and this one's live replicas', once watched
-        self.taken = set(self.holders) - set(self.used)
+        self.taken = set(self.holders) - set(self.used) | set(closing)
         self.workers = [dict(w) for w in d.workers or []]
         for w in self.workers:  # entries written before versions existed
             w.setdefault("version", d.version)

@@ -233,7 +233,15 @@ class Scheduler:
             for job in running:
                 if job.state == JobState.RUNNING and job.devices and job.device_share is not None:
                     job_shares[job.devices] = job_shares.get(job.devices, 0.0) + job.device_share
-            deployments.keep(s, jobs_hold, self.keeper, job_shares)
+            # a device a stopping job frees goes to the queue's pass (the job it was preempted for), not
+            # to a replica's fraction placed first: replicas are never preempted
+            closing = {
+                d
+                for job in running
+                if job.devices and (job.stop_requested or job.cancel_requested)
+                for d in job.devices.split(",")
+            }
+            deployments.keep(s, jobs_hold, self.keeper, job_shares, closing)
             s.commit()  # what the tick did so far stands, whatever a search's pass does
             self.searches.keep(s)  # trials told, pruned, asked for: before the queue, which starts them
             self._start_queued(s)

@@ -305,9 +305,11 @@ def load_engine(
     from gpuforge.artifact import load_artifact
     from gpuforge.errors import GpuforgeError
     from gpuforge.hardware.probe import select_device
+    from gpuforge.runtime.device_share import cap_cuda_memory
     from gpuforge.runtime.precision import choose_precision
 
     torch_device = select_device(device)
+    cap_cuda_memory(torch_device)  # a fraction of a GPU: held to its share of the memory
     module, tokenizer, manifest = load_artifact(model_dir, torch_device)
     if manifest.task != "causal-lm" or tokenizer is None:
         raise GpuforgeError(f"{model_dir}: a {manifest.task} model; generation needs a causal-lm")

@@ -23,6 +23,7 @@ from gpuforge.artifact import Manifest, built_from, load_artifact, read_manifest
 from gpuforge.errors import GpuforgeError
 from gpuforge.hardware.probe import select_device
 from gpuforge.runtime import tasks
+from gpuforge.runtime.device_share import cap_cuda_memory
 from gpuforge.runtime.precision import Precision, autocast, choose_precision
 from gpuforge.serve.adapters import OWN, Adapters, check_adapters
 from gpuforge.serve.batch_precision import PrecisionPlan, plan_precision
@@ -200,6 +201,7 @@ def load_predictor(
     if adapters and quantize:
         raise GpuforgeError("--quantize with --adapter: quantizing merges one adapter into the base")
     torch_device = select_device(device)
+    cap_cuda_memory(torch_device)  # a replica on a fraction of a GPU: held to its share of the memory
     stored = read_manifest(model_dir)
     if stored.format == "onnx":
         _check_onnx(model_dir, stored, quantize, adapters)

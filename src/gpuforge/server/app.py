@@ -22,6 +22,7 @@ from gpuforge.errors import GpuforgeError
 from gpuforge.executors import build as build_executor
 from gpuforge.notify.worker import Notifier, NotifierOptions
 from gpuforge.runtime.host import port_range
+from gpuforge.scheduler.energy_use import parse_intensity
 from gpuforge.scheduler.executor import Executor
 from gpuforge.scheduler.loop import Scheduler, SchedulerOptions
 from gpuforge.scheduler.worker_keys import load_secret
@@ -48,6 +49,7 @@ from gpuforge.server.routes import (
 from gpuforge.server.services import Services
 from gpuforge.server.settings import Settings, job_policy
 from gpuforge.server.sso import session_router, single_sign_on
+from gpuforge.settings import current
 from gpuforge.store.db import connect, migrate, session
 from gpuforge.store.keys import ensure_admin_key, has_admin_key
 
@@ -59,6 +61,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     """The app; `executor`: the one check_executor built and checked (else built here from the settings)."""
     settings = settings or Settings()
     replica_ports = port_range(settings.replica_ports)  # a bad range stops the server before it starts
+    parse_intensity(current().grid_gco2e_per_kwh)  # as a bad grid intensity does (GpuforgeError, one line)
     executor = executor or build_executor(settings, settings.runs_dir)  # where its kind is read
 
     @asynccontextmanager

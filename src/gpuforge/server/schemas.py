@@ -170,7 +170,7 @@ class ProjectPublic(BaseModel):
     share: float
     created_at: datetime
     spend_usd_month: float = Field(description="charged to it this month (UTC), from the ledger")
-    devices_held: int = Field(description="devices its running jobs hold now")
+    devices_held: float = Field(description="devices its running jobs hold now (a fraction: that much)")
     jobs_queued: int = Field(description="its jobs waiting for devices (queued or preempted)")
     jobs_running: int
     keys: list[str] = Field(description="its live keys, by name")

@@ -73,6 +73,14 @@ def admitted_job(body: JobCreate, key: ApiKey, server: Server) -> tuple[JobSpec 
     device_type = _device_type(spec, server.devices)
     _check_devices(spec, device_type, server.devices)
     _check_placement(spec, device_type, server.devices)
+    on_a_cluster = server.settings.executor != "local"
+    if spec.resources.share is not None and on_a_cluster:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            f"resources.devices: {spec.resources.devices}: fractions of a device run on this machine's "
+            f"devices (the local executor); this server's executor is {server.settings.executor}, whose "
+            "nodes place ranks on whole devices",
+        )
     if not spec.resources.preemptible and not key.admin:
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
@@ -80,6 +88,8 @@ def admitted_job(body: JobCreate, key: ApiKey, server: Server) -> tuple[JobSpec 
             "preempt holds its devices against every priority)",
         )
     usd_per_kwh, energy_part = _fill_price(spec, device_type, key, server)
+    if on_a_cluster:  # its ranks run on other machines: no kWh is measured, the hourly rate stays whole
+        usd_per_kwh, energy_part = None, 0.0
     priority = body.priority if body.priority is not None else spec.priority
     return spec, Job(
         name=body.name or spec.name,

@@ -161,6 +161,11 @@ class ScriptJobSpec(Section):
 
     @model_validator(mode="after")
     def _one_device_without_torchrun(self) -> ScriptJobSpec:
+        if self.resources.share is not None and self.script.launcher == "torchrun":
+            raise ValueError(
+                f"resources.devices: {self.resources.devices} is a fraction of one device: one process, "
+                "not script.launcher torchrun"
+            )
         if self.resources.processes > 1 and self.script.launcher != "torchrun":
             raise ValueError(
                 f"resources.devices: {self.resources.devices} needs script.launcher torchrun "

@@ -354,6 +354,8 @@ class TrackingSpec(Section):
 
 EnvName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 SCRIPT_ENV_RESERVED = ("GPUFORGE_", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH")
+# what isolates a fraction of a GPU (scheduler/sharing.py): a script may not lift its own cap or MPS share
+SCRIPT_ENV_RESERVED_PREFIXES = ("GPUFORGE_", "CUDA_MPS_", "CUDA_DEVICE_MEMORY_")
 
 
 class ScriptSpec(Section):
@@ -393,7 +395,7 @@ class ScriptSpec(Section):
     @classmethod
     def _not_ours(cls, v: dict[str, str]) -> dict[str, str]:
         for name in v:
-            if name.startswith(SCRIPT_ENV_RESERVED[0]) or name in SCRIPT_ENV_RESERVED[1:]:
+            if name.startswith(SCRIPT_ENV_RESERVED_PREFIXES) or name in SCRIPT_ENV_RESERVED[1:]:
                 raise ValueError(f"{name}: gpuforge sets this one itself")
         return v
 

@@ -67,7 +67,7 @@ class ProjectFigures:
 
     project: Project
     spend_usd_month: float = 0.0
-    devices_held: int = 0  # devices its running jobs hold now
+    devices_held: float = 0  # devices its running jobs hold now (a fraction counts as that much)
     jobs_queued: int = 0  # queued or preempted: waiting for devices
     jobs_running: int = 0
     keys: list[str] = field(default_factory=list)  # its live keys, by name
@@ -137,11 +137,11 @@ def figures(s: Session, only: int | None = None) -> list[ProjectFigures]:
     for project_id, usd in month_spend(s, utcnow()).items():
         if project_id in rows:
             rows[project_id].spend_usd_month = usd
-    running = select(Job.project_id, Job.devices).where(
+    running = select(Job.project_id, Job.devices, Job.device_share).where(
         Job.project_id.in_(rows), Job.state == JobState.RUNNING, Job.devices.is_not(None)
     )
-    for project_id, devices in s.execute(running):  # the devices a claim gave it ("cuda:0,cuda:1")
-        rows[project_id].devices_held += len(devices.split(","))
+    for project_id, devices, share in s.execute(running):  # the devices a claim gave it ("cuda:0,cuda:1")
+        rows[project_id].devices_held += share if share is not None else len(devices.split(","))
     states = (
         select(Job.project_id, Job.state, func.count())
         .where(Job.project_id.in_(rows), Job.state.in_((*QUEUE_JOB_STATES, JobState.RUNNING)))

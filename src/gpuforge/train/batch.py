@@ -22,6 +22,7 @@ import torch
 from gpuforge.errors import GpuforgeError
 from gpuforge.hardware.probe import proc_status_bytes
 from gpuforge.runtime import tasks
+from gpuforge.runtime.device_share import memory_cap
 from gpuforge.runtime.precision import Precision, autocast
 from gpuforge.spec import parse_bytes
 from gpuforge.train.adapt import ADAPTABLE, DEFAULT_TARGETS, adaptable_names, resolve_targets
@@ -153,6 +154,13 @@ def _budget(device, max_memory: int | None) -> tuple[int, int, str]:
         if max_memory:
             return held, max_memory, "resources.max_memory"
         total = torch.cuda.get_device_properties(device).total_memory
+        if (capped := memory_cap()) is not None:  # a fraction of the GPU: its cap is the memory it has
+            share, cap = capped
+            return (
+                held,
+                int(cap * CUDA_TOTAL_SHARE),
+                f"{CUDA_TOTAL_SHARE:.0%} of its cap ({share:g} of the GPU)",
+            )
         return held, int(total * CUDA_TOTAL_SHARE), f"{CUDA_TOTAL_SHARE:.0%} of the GPU's memory"
     return_freed_heap()
     held = _proc_status("VmRSS")

@@ -73,7 +73,7 @@ def train(spec: JobSpec, out: str | Path, reporter: Reporter | None = None) -> d
     with _running(run, spec, stop, ranks), tracker.opened(run, spec, state.resumed_from):
         _pick_lr(trainer, state)  # train.lr auto: the range test, before step 1 (not on resume)
         _announce(trainer, state)
-        meter = trainer.start_meter()
+        meter = trainer.start_meter(state.start_step)
         trainer.reporter.start(job.total_steps, state.start_step)
         steps = range(state.start_step + 1, job.total_steps + 1)
         profiler = _profiling(trainer, run, steps)

@@ -204,7 +204,7 @@ class Trainer:
         """early_stop or stop_at ended the run (as of the checkpoint it resumed from)."""
         return self.watch is not None and self.watch.state.stopped is not None
 
-    def start_meter(self) -> Meter:
+    def start_meter(self, start_step: int = 0) -> Meter:
         """FLOPs of a step (measured on the first micro-batch where no formula gives them) against the
         device's peak; the memory peak counts from here."""
         job = self.job
@@ -215,6 +215,7 @@ class Trainer:
         try:  # the energy of each logged window, by the server's rules (the job's own figure, labelled)
             self.energy = StepEnergy.from_environment(kind=job.device.type)
             self.energy.window()  # the baseline
+            self.energy_mark = start_step  # a resumed run's first window counts its own steps
         except ValueError as err:
             log.warning("no step_energy_j: %s", err)
         return meter

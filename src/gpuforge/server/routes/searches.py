@@ -94,8 +94,8 @@ def create_search(body: SearchCreate, request: Request, key: Key) -> Search:
         raise _unprocessable(str(err)) from err
     trial_job = {
         column: getattr(template, column)
-        for column in ("priority", "device_type", "devices_wanted", "usd_per_hour", "preemptible",
-                       "max_time_s", "placement", "files")
+        for column in ("priority", "device_type", "devices_wanted", "device_share", "usd_per_hour",
+                       "usd_per_kwh", "preemptible", "max_time_s", "placement", "files")
     }  # fmt: skip
     with session(state.engine) as s:
         with quota_refusal():  # one trial's worth now; each trial is counted as a job when queued
