@@ -117,42 +117,50 @@ def test_an_onnx_export_its_compress_section_made_is_deployed_by_name(api, tmp_p
     assert answer.status_code == 200 and len(answer.json()["outputs"]) == 3, answer.text
 
 
-def test_replicas_on_half_a_slot_each_share_it_with_a_half_slot_job(tmp_path, monkeypatch):
+@pytest.fixture
+def one_slot_api(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUFORGE_CPU_SLOTS", "1")  # one slot: what fractions share
     settings = Settings(home=tmp_path / "home", data_roots=str(TEST_MODELS.parent))
-    with TestClient(create_app(settings)) as api:
-        api.headers["Authorization"] = "Bearer " + (tmp_path / "home" / "admin.key").read_text().strip()
-        spec = image_spec(tmp_path, max_steps=4)
-        job_id = api.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)}).json()["id"]
-        wait_for(api, f"/api/v1/jobs/{job_id}", lambda j: j["state"] == "finished")
-        odd = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits", "devices": 0.33})
-        assert odd.status_code == 422 and "devices: 0.33: a fraction of a device is a multiple of" in odd.text
-        too_many = api.post(
-            "/api/v1/deployments", json={"job_id": job_id, "name": "digits", "devices": 0.5, "replicas": 3}
-        )
-        assert too_many.status_code == 422 and "this server has 2 cpu device(s)" in too_many.text
-        made = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits", "devices": 0.5})
-        assert made.status_code == 201 and made.json()["device_share"] == 0.5, made.text
-        ready = wait_for(api, "/api/v1/deployments/digits", lambda d: d["state"] == "ready")
-        replica = ready["workers"][0]
-        assert replica["device"] == "cpu:0" and replica["isolation"].startswith("cores "), replica
-        # the other half of the slot runs a job beside it, on cores of its own; a whole-slot job waits
-        long = image_spec(tmp_path, max_steps=400, options={"sleep_s": 0.02})
-        half = api.post(
-            "/api/v1/jobs", json={"spec": yaml.safe_dump({**long, "resources": {"devices": 0.5}})}
-        )
-        whole = api.post("/api/v1/jobs", json={"spec": yaml.safe_dump(long)})
-        running = wait_for(api, f"/api/v1/jobs/{half.json()['id']}", lambda j: j["state"] == "running")
-        assert running["devices"] == "cpu:0" and running["isolation"].startswith("cores "), running
-        if len(os.sched_getaffinity(0)) >= 2:
-            assert running["isolation"].split()[1] != replica["isolation"].split()[1]
-        waiting = wait_for(api, f"/api/v1/jobs/{whole.json()['id']}", lambda j: j["reason"] is not None)
-        assert waiting["state"] == "queued" and "replica 0" in waiting["reason"], waiting
-        answer = api.post(
-            "/api/v1/deployments/digits/predict", json={"inputs": load_digits().images[:1].tolist()}
-        )
-        assert answer.status_code == 200, answer.text
-        api.delete("/api/v1/deployments/digits")
-        api.post(f"/api/v1/jobs/{half.json()['id']}/cancel")
-        api.post(f"/api/v1/jobs/{whole.json()['id']}/cancel")
-    kill_processes_under(tmp_path)
+    try:
+        with TestClient(create_app(settings)) as client:
+            client.headers["Authorization"] = (
+                "Bearer " + (tmp_path / "home" / "admin.key").read_text().strip()
+            )
+            yield client
+    finally:  # replicas outlive the server: none is left running, whatever failed
+        kill_processes_under(tmp_path)
+
+
+def test_replicas_on_half_a_slot_each_share_it_with_a_half_slot_job(one_slot_api, tmp_path):
+    api = one_slot_api
+    spec = image_spec(tmp_path, max_steps=4)
+    job_id = api.post("/api/v1/jobs", json={"spec": yaml.safe_dump(spec)}).json()["id"]
+    wait_for(api, f"/api/v1/jobs/{job_id}", lambda j: j["state"] == "finished")
+    odd = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits", "devices": 0.33})
+    assert odd.status_code == 422 and "devices: 0.33: a fraction of a device is a multiple of" in odd.text
+    too_many = api.post(
+        "/api/v1/deployments", json={"job_id": job_id, "name": "digits", "devices": 0.5, "replicas": 3}
+    )
+    assert too_many.status_code == 422 and "room for 2 at 0.5 on its 1 cpu device(s)" in too_many.text
+    made = api.post("/api/v1/deployments", json={"job_id": job_id, "name": "digits", "devices": 0.5})
+    assert made.status_code == 201 and made.json()["device_share"] == 0.5, made.text
+    ready = wait_for(api, "/api/v1/deployments/digits", lambda d: d["state"] == "ready")
+    replica = ready["workers"][0]
+    assert replica["device"] == "cpu:0" and replica["isolation"].startswith("cores "), replica
+    # the other half of the slot runs a job beside it, on cores of its own; a whole-slot job waits
+    long = image_spec(tmp_path, max_steps=400, options={"sleep_s": 0.02})
+    half = api.post("/api/v1/jobs", json={"spec": yaml.safe_dump({**long, "resources": {"devices": 0.5}})})
+    whole = api.post("/api/v1/jobs", json={"spec": yaml.safe_dump(long)})
+    running = wait_for(api, f"/api/v1/jobs/{half.json()['id']}", lambda j: j["state"] == "running")
+    assert running["devices"] == "cpu:0" and running["isolation"].startswith("cores "), running
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert running["isolation"].split()[1] != replica["isolation"].split()[1]
+    waiting = wait_for(api, f"/api/v1/jobs/{whole.json()['id']}", lambda j: j["reason"] is not None)
+    assert waiting["state"] == "queued" and "replica 0" in waiting["reason"], waiting
+    answer = api.post(
+        "/api/v1/deployments/digits/predict", json={"inputs": load_digits().images[:1].tolist()}
+    )
+    assert answer.status_code == 200, answer.text
+    api.delete("/api/v1/deployments/digits")
+    api.post(f"/api/v1/jobs/{half.json()['id']}/cancel")
+    api.post(f"/api/v1/jobs/{whole.json()['id']}/cancel")

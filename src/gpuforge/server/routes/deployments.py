@@ -185,14 +185,18 @@ def deploy(body: DeploymentCreate, request: Request, key: Key) -> DeploymentPubl
     return shown
 
 
-def _replica_counts(body: DeploymentCreate, have: int, device_type: str) -> tuple[int, int, int]:
+def _replica_counts(
+    body: DeploymentCreate, have: int, device_type: str, room: str | None = None
+) -> tuple[int, int, int]:
     """(replicas at the start, min, max), checked against the devices this server has."""
     low = body.min_replicas if body.min_replicas is not None else (body.replicas or 1)
     high = body.max_replicas if body.max_replicas is not None else max(low, body.replicas or 1)
     if low > high:
         raise _unprocessable(f"min_replicas {low} is above max_replicas {high}")
     if high > have:
-        raise _unprocessable(f"replicas: {high} asked, this server has {have} {device_type} device(s)")
+        raise _unprocessable(
+            f"replicas: {high} asked, this server has {room or f'{have} {device_type} device(s)'}"
+        )
     start = body.replicas if body.replicas is not None else max(low, 1)
     if not low <= start <= high:
         raise _unprocessable(f"replicas {start} is outside min_replicas..max_replicas ({low}..{high})")
@@ -212,9 +216,11 @@ def _first_version(s, request, key, job, model_dir, body, existing) -> Deploymen
     devices = services(request).devices
     share = _share(body.devices)
     have = sum(1 for d in devices if d.kind == job.device_type)
+    room = None
     if share is not None:  # replicas that fit on them, each on a fraction of one
+        room = f"room for {int(have / share + 1e-6)} at {share:g} on its {have} {job.device_type} device(s)"
         have = int(have / share + 1e-6)
-    start, low, high = _replica_counts(body, have, job.device_type)
+    start, low, high = _replica_counts(body, have, job.device_type, room)
     price = device_price(request, job.device_type)  # one replica's device: the ledger's rate
     with quota_refusal():  # 429 past max_deployments, counted in this transaction
         check_deployment(s, key)
