@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from gpuforge.scheduler.allocator import DeviceInfo
+    from gpuforge.server.services import Services
 
 MAX_SPEC_BYTES = 256 * 2**10  # a spec is a page of YAML; its data travel as uploads
 MAX_SPEC_NODES = 2000  # values in a spec (a real one holds a few dozen): past it, no more work is done
@@ -58,6 +59,15 @@ class Server:
     settings: Settings
     devices: Sequence[DeviceInfo]
     engine: Engine
+    # its jobs' ranks run on this machine (the executor launches none elsewhere): fractions of a device can
+    # be isolated here, and the energy they use measured
+    ranks_here: bool = True
+
+    @classmethod
+    def of(cls, state: Services) -> Server:
+        scheduler = state.scheduler
+        here = scheduler is None or not scheduler.executor.launches_ranks
+        return cls(state.settings, state.devices, state.engine, here)
 
 
 @dataclass(frozen=True)
@@ -73,13 +83,12 @@ def admitted_job(body: JobCreate, key: ApiKey, server: Server) -> tuple[JobSpec 
     device_type = _device_type(spec, server.devices)
     _check_devices(spec, device_type, server.devices)
     _check_placement(spec, device_type, server.devices)
-    on_a_cluster = server.settings.executor != "local"
-    if spec.resources.share is not None and on_a_cluster:
+    if spec.resources.share is not None and not server.ranks_here:
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT,
             f"resources.devices: {spec.resources.devices}: fractions of a device run on this machine's "
-            f"devices (the local executor); this server's executor is {server.settings.executor}, whose "
-            "nodes place ranks on whole devices",
+            "devices; this server's executor runs ranks on a cluster's nodes, which place them on whole "
+            "devices",
         )
     if not spec.resources.preemptible and not key.admin:
         raise HTTPException(
@@ -88,7 +97,7 @@ def admitted_job(body: JobCreate, key: ApiKey, server: Server) -> tuple[JobSpec 
             "preempt holds its devices against every priority)",
         )
     usd_per_kwh, energy_part = _fill_price(spec, device_type, key, server)
-    if on_a_cluster:  # its ranks run on other machines: no kWh is measured, the hourly rate stays whole
+    if not server.ranks_here:  # its ranks run on other machines: no kWh measured, the hourly rate whole
         usd_per_kwh, energy_part = None, 0.0
     priority = body.priority if body.priority is not None else spec.priority
     return spec, Job(

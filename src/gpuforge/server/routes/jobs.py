@@ -62,7 +62,7 @@ def submit(
     is safe to send again: the same key (of the same API key) and the same request answer 200 with the
     job the first one queued; the same key with another spec, name or priority answers 409."""
     state = services(request)
-    server = Server(state.settings, state.devices, state.engine)
+    server = Server.of(state)
 
     def record(s, job: Job) -> None:  # in the transaction that queues it
         audited(s, request, key, f"job {job.id}", job.project_id, after={"name": job.name, "state": "queued"})

@@ -69,7 +69,7 @@ def create_search(body: SearchCreate, request: Request, key: Key) -> Search:
     job lacks, a range it cannot take, an objective its evaluation does not report); nothing is stored
     then. Its trials are its key's jobs: quotas, priorities, fair share and budgets apply to each."""
     state = services(request)
-    server = Server(state.settings, state.devices, state.engine)
+    server = Server.of(state)
     tune_raw, raw = _tune_and_job(body)
     try:
         tune = parse_tune(tune_raw, "tune")
