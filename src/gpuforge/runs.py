@@ -75,6 +75,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+OPTIONAL_KEYS = ("energy_j", "energy_source")  # written only where the run measured them
+
+
 class RunSummary(BaseModel):
     """<run>/summary.json (contract): a run's final figures, written when its process stops.
 
@@ -122,10 +125,16 @@ class RunSummary(BaseModel):
     gradient_compression: str | None = None
     comm_bytes_per_step: float | None = None
     wall_s: float
+    # what this process measured of its own energy over its logged windows (rank 0's; hardware/energy.py),
+    # with the source and rule of the last window: the run's own figure (the server's is the ledger's)
+    energy_j: float | None = None
+    energy_source: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The file's JSON object (NaN stays NaN here; the writer makes it null)."""
-        return self.model_dump(exclude={"schema_version"} if self.schema_version == 1 else None)
+        left_out = {"schema_version"} if self.schema_version == 1 else set()
+        left_out |= {k for k in OPTIONAL_KEYS if getattr(self, k) is None}  # absent where not measured
+        return self.model_dump(exclude=left_out or None)
 
     def as_result(self, signal: int | None) -> dict[str, Any]:
         """What `train()` and the launcher return (a RunResult's fields, as a dict)."""

@@ -96,6 +96,8 @@ def test_two_half_slot_jobs_run_side_by_side_pinned_and_are_charged_their_half_a
             lines = Path(job["run_dir"], "metrics.jsonl").read_text().splitlines()
             energies = [json.loads(x) for x in lines if "step_energy_j" in x]
             assert energies and all(e["energy_source"].startswith("estimated: ") for e in energies)
+            summary = json.loads(Path(job["run_dir"], "summary.json").read_text())  # the run's own figure
+            assert summary["energy_j"] > 0 and summary["energy_source"].startswith("estimated: ")
         costs = http.get("/api/v1/costs").json()
         assert costs["total_kwh"] == pytest.approx(sum(_ledger(engine, i)[2] for i in ids), rel=1e-6)
         shown = run_cli("costs", env=as_admin)

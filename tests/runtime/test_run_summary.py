@@ -5,7 +5,15 @@ import math
 
 import pytest
 
-from gpuforge.runs import ReaderRunDir, RunDir, RunResult, RunSummary, read_summary, write_summary
+from gpuforge.runs import (
+    OPTIONAL_KEYS,
+    ReaderRunDir,
+    RunDir,
+    RunResult,
+    RunSummary,
+    read_summary,
+    write_summary,
+)
 
 # A summary.json the engine wrote before RunSummary existed (examples/digits-cnn.yaml, 30 steps on a CPU).
 WRITTEN = {
@@ -64,7 +72,11 @@ def test_the_file_is_byte_for_byte_what_the_engine_wrote_before(tmp_path):
     path = tmp_path / "summary.json"
     write_summary(path, RunSummary.model_validate(WRITTEN))
     assert path.read_text() == json.dumps(WRITTEN, indent=2) + "\n"  # keys, order, values, layout
-    assert list(RunSummary.model_fields)[1:] == list(WRITTEN)  # after schema_version: the file's keys
+    always = [k for k in RunSummary.model_fields if k not in OPTIONAL_KEYS]
+    assert always[1:] == list(WRITTEN)  # after schema_version: the file's keys
+    # a run that measured its energy writes it after them, with its source
+    measured = RunSummary.model_validate({**WRITTEN, "energy_j": 12.5, "energy_source": "rapl: x"})
+    assert list(measured.as_dict())[-2:] == list(OPTIONAL_KEYS)
 
 
 def test_a_summary_round_trips_typed(tmp_path):

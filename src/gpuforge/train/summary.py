@@ -116,6 +116,8 @@ def summarize(t: Trainer, state: LoopState, meter: Meter) -> RunSummary:
             state.comm_bytes_done / (state.done_step - state.start_step) if state.comm_bytes_done else None
         ),
         wall_s=time.perf_counter() - t.started,
+        energy_j=t.energy_j if t.energy_source else None,
+        energy_source=t.energy_source,
     )
 
 

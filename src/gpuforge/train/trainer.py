@@ -116,6 +116,8 @@ class Trainer:
     watch: Watch | None = None  # train.early_stop, stop_at, keep_best: None when the spec sets none
     energy: StepEnergy | None = None  # step_energy_j: set by start_meter (None where it cannot be read)
     energy_mark: int = 0  # the step the energy window began after
+    energy_j: float = 0.0  # this process's run so far, over its windows (summary.json)
+    energy_source: str | None = None  # the last window's source and rule
 
     @classmethod
     def build(
@@ -405,7 +407,9 @@ class Trainer:
         steps, self.energy_mark = step - self.energy_mark, step
         if reading is None or steps <= 0:
             return {}
-        return {"step_energy_j": reading.joules / steps, "energy_source": f"{reading.source}: {reading.rule}"}
+        self.energy_j += reading.joules
+        self.energy_source = f"{reading.source}: {reading.rule}"
+        return {"step_energy_j": reading.joules / steps, "energy_source": self.energy_source}
 
     def checkpoint_if_due(self, state: LoopState) -> None:
         """Every checkpoint_every steps; the last step's checkpoint is the end's (summary.py)."""
