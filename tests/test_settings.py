@@ -69,6 +69,7 @@ def test_internal_variables_are_marked_and_the_rest_are_not():
         "GPUFORGE_RUN_DIR",
         "GPUFORGE_JOB_ID",
         "GPUFORGE_CPU_CORES",
+        "GPUFORGE_CPU_NICE",
         "GPUFORGE_DEVICE_SHARE",
         "GPUFORGE_CUDA_MEMORY_FRACTION",
         "GPUFORGE_CUDA_MEMORY_CAP",

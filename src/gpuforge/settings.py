@@ -423,6 +423,13 @@ class Environment(ServerOptions):
         read_by="job runners, replicas",
         kind="internal",
     )
+    cpu_nice: str | None = setting(
+        None,
+        meaning="the nice a training job on a share of a CPU slot runs at (set by the server: serving and "
+        "the server's own threads go first on shared cores)",
+        read_by="job runners",
+        kind="internal",
+    )
     device_share: str | None = setting(
         None,
         meaning="the fraction of its device a job or replica holds (set by the server): its energy per step",

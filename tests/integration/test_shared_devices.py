@@ -1,8 +1,8 @@
 """Issue 42 on a real server: two jobs asking for half of the one CPU slot run side by side, each pinned to
-cores of its own (the runner's affinity says so, the job's record names them); the ledger charges each
-half a device's time, and the energy the server estimated from the CPU's watts, priced at its usd_per_kwh
-in place of the hourly energy part (never both) and with its CO2e; the runner's metrics carry
-step_energy_j with its source."""
+cores of its own (the runner's affinity says so, the job's record names them), niced below serving; the
+ledger charges each half a device's time, and the energy the server estimated from the CPU's watts,
+priced at its usd_per_kwh in place of the hourly energy part (never both) and with its CO2e; the runner's
+metrics carry step_energy_j with its source."""
 
 import json
 import os
@@ -74,6 +74,7 @@ def test_two_half_slot_jobs_run_side_by_side_pinned_and_are_charged_their_half_a
             assert job["isolation"].startswith("cores "), job
             pid = runner_pid(job["run_dir"])
             assert pid is not None and os.sched_getaffinity(pid) == own, (job, pid)
+            assert os.getpriority(os.PRIO_PROCESS, pid) == 10 and job["isolation"].endswith(", nice 10")
         if usable_cores() >= 2:
             assert not cores[0] & cores[1] and "shared" not in both[0]["isolation"], both
         ended = [wait_for_job(http, i, lambda j: j["state"] not in ("queued", "running")) for i in ids]

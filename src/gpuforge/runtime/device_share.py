@@ -10,6 +10,7 @@ PIN_VARIABLE = "GPUFORGE_CPU_CORES"  # the cores a process pins itself to at sta
 MEMORY_FRACTION_VARIABLE = "GPUFORGE_CUDA_MEMORY_FRACTION"  # the PyTorch allocator's cap, a fraction
 MEMORY_CAP_VARIABLE = "GPUFORGE_CUDA_MEMORY_CAP"  # the same cap in bytes, for the failure's reason
 SHARE_VARIABLE = "GPUFORGE_DEVICE_SHARE"  # the fraction held: energy per step, the failure's reason
+NICE_VARIABLE = "GPUFORGE_CPU_NICE"  # a training job on a share of a slot yields to serving and the server
 
 
 def pin_from_environment() -> None:
@@ -18,6 +19,12 @@ def pin_from_environment() -> None:
     given = os.environ.get(PIN_VARIABLE)
     if not given or not hasattr(os, "sched_setaffinity"):
         return
+    nice = os.environ.get(NICE_VARIABLE, "")
+    if nice.isdigit():  # only ever lower: a job cannot raise itself above the server
+        try:
+            os.nice(min(int(nice), 19))
+        except OSError:
+            pass
     try:
         os.sched_setaffinity(0, {int(c) for c in given.split(",")})
     except (ValueError, OSError) as err:  # a core gone since (a container resized): run unpinned, say so

@@ -49,7 +49,7 @@ from gpuforge.scheduler.energy_use import EnergyUse
 from gpuforge.scheduler.executor import BAD_INPUT_EXIT, Executor, Launched
 from gpuforge.scheduler.queue import HELD, Plan
 from gpuforge.scheduler.searches import Searches
-from gpuforge.scheduler.sharing import Isolation, cores_in, isolation_for
+from gpuforge.scheduler.sharing import Isolation, as_batch_work, cores_in, isolation_for
 from gpuforge.scheduler.snapshot import QueueSnapshot, read_queue
 from gpuforge.scheduler.traffic import Traffic
 from gpuforge.scheduler.usage import HALF_LIFE_S, recent_usage
@@ -518,7 +518,9 @@ class Scheduler:
         # commit: the store says `running` before the process exists, never the other way round. A
         # server that dies between the two finds a running job with no pid: restarted, as if killed.
         share = s.scalar(select(Job.device_share).where(Job.id == job_id))
-        isolation = self.share_isolation(s, device_ids[0], share) if share is not None else None
+        isolation = (
+            as_batch_work(self.share_isolation(s, device_ids[0], share)) if share is not None else None
+        )
         said = isolation.said if isolation is not None else None
         claimed = states.claim(s, job_id, device_ids, waiting_reason=HELD, isolation=said)
         if backfilled:

@@ -25,12 +25,16 @@ from dataclasses import dataclass
 from gpuforge.runtime.device_share import (
     MEMORY_CAP_VARIABLE,
     MEMORY_FRACTION_VARIABLE,
+    NICE_VARIABLE,
     PIN_VARIABLE,
     SHARE_VARIABLE,
 )
 from gpuforge.scheduler.allocator import DeviceInfo
 
 EPSILON = 1e-6  # shares are multiples of 0.05: sums compare within this
+# a training job on a share of a CPU slot runs at this nice: beside a replica's share, or with the server's
+# own threads landing on its cores, batch work yields to requests (the kernel weighs nice 10 at ~1/10)
+BATCH_NICE = 10
 
 
 def room(used: Mapping[str, float], device_id: str) -> float:
@@ -128,3 +132,12 @@ def isolation_for(device: DeviceInfo, share: float, cores_taken: set[int], mps: 
     threads = str(max(1, round(share * (device.threads or 1))))
     environment = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, SHARE_VARIABLE: f"{share:g}"}
     return Isolation(environment, f"{threads} thread(s), not pinned (the cluster's node places it)")
+
+
+def as_batch_work(isolation: Isolation) -> Isolation:
+    """A training job's share of a CPU slot, niced below serving (replicas and the server stay at 0)."""
+    if PIN_VARIABLE not in isolation.environment:
+        return isolation
+    return Isolation(
+        {**isolation.environment, NICE_VARIABLE: str(BATCH_NICE)}, f"{isolation.said}, nice {BATCH_NICE}"
+    )
