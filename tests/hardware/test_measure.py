@@ -24,9 +24,12 @@ def test_matmul_peaks_name_each_precision_the_cpu_has_and_skip_what_it_emulates(
 
 
 def test_small_matmuls_reach_less_of_the_peak_than_large_ones():
-    curve = measure.matmul_curve(CPU, "fp32", seconds=0.2)
-    assert sorted(curve) == [64, 128, 256, 512, 1024]
-    assert curve[64] < max(curve.values())
+    # each size's best over its window: on a shared machine a busy moment can take a large size's whole
+    # window (CI saw 64 come out on top once), so the best of a few curves, size by size, is compared
+    curves = [measure.matmul_curve(CPU, "fp32", seconds=0.2) for _ in range(3)]
+    assert all(sorted(curve) == [64, 128, 256, 512, 1024] for curve in curves)
+    best = {size: max(curve[size] for curve in curves) for size in curves[0]}
+    assert best[64] < max(best.values())
 
 
 def test_op_overhead_and_special_ops_are_measured_per_operation_and_per_element():
