@@ -52,7 +52,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -67,6 +66,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from gpuforge.hardware.probe import cpu_model_name  # noqa: E402
 from gpuforge.server.local import LocalServer  # noqa: E402
 from gpuforge.spec import load_spec  # noqa: E402
 
@@ -80,17 +80,6 @@ P99_FLOOR = 1.5  # issue 42: replica p99 beside a training job / alone, at most
 ENDED = ("finished", "failed", "cancelled", "pruned")
 DEPLOYMENT = "share"
 NOISY_CORES = 0.2  # other processes' load above which a run or window is said to be disturbed
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo), else what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def stamp(iso: str | None) -> float | None:
@@ -625,7 +614,7 @@ def main() -> None:
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p),
     }
     began = time.monotonic()
-    result = {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0))}
+    result = {"cpu": cpu_model_name(), "cores": len(os.sched_getaffinity(0))}
     result["args"] = vars(args) | {"json": str(args.json)}
     print(f"{result['cpu']}, {result['cores']} cores; server log {tmp / 'server.log'}", flush=True)
     with LocalServer(tmp / "home", log=tmp / "server.log", **env) as server:
